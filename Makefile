@@ -1,0 +1,46 @@
+# minicb: every target builds what it needs first, so a fresh clone needs only python3.
+#   make lab     open the book (JupyterLab on notebooks/)
+#   make test    run every test: unit, parity with transformers, kernels (Triton interpreter),
+#                notebooks (nbval), exercises (graded against solutions/)
+PYTHON     ?= python3
+VENV       ?= .venv
+BIN        := $(VENV)/bin
+# Torch goes in first and pinned: a loose `torch` pulled in by another package would fetch a
+# multi-GB CUDA build. CUDA users: make test TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128"
+TORCH_SPEC ?= torch==2.13.0
+STAMP      := $(VENV)/.minicb-installed
+CH         ?=
+
+.PHONY: setup test lab demo lint grade env-check clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet $(TORCH_SPEC)
+	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
+	@touch $(STAMP)
+
+test: setup
+	TRITON_INTERPRET=1 $(BIN)/python -m pytest tests
+
+lab: setup
+	$(BIN)/jupyter lab notebooks/
+
+demo: setup
+	$(BIN)/python -m minicb demo
+
+env-check: setup
+	$(BIN)/python -m minicb env-check
+
+lint: setup
+	$(BIN)/ruff check minicb kernels tests exercises solutions scripts
+
+# Grade the student's exercises/ (all chapters, or one: make grade CH=04).
+grade: setup
+	MINICB_IMPL=exercises TRITON_INTERPRET=1 $(BIN)/python -m pytest tests/exercises $(if $(CH),-k "ch$(CH)",) -p no:cacheprovider
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache
