@@ -1,0 +1,105 @@
+"""One dataclass of engine knobs, validated up front so a bad setting fails with a clear message."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+SCHEDULERS = ("naive", "static", "continuous")
+KV_CACHES = ("contiguous", "paged")
+ATTENTIONS = ("torch", "triton")
+DTYPES = ("float32", "float16", "bfloat16")
+POLICIES = ("fcfs", "priority", "shortest_prompt_first")
+STEP_ORDERS = ("decode_first", "prefill_first")
+
+
+def _check(condition: bool, message: str) -> None:
+    if not condition:
+        raise ValueError(message)
+
+
+@dataclass
+class EngineConfig:
+    """Every knob of the engine. `LLM(**kwargs)` builds one of these.
+
+    max_num_seqs            requests that may be running at once (the batch's "slots")
+    max_num_batched_tokens  tokens one step may carry (prefill chunks + decodes)
+    max_model_len           longest sequence (prompt + output) a request may reach
+    block_size              tokens per KV block (paged) and the reservation unit (contiguous)
+    num_kv_blocks           size of the KV pool in blocks; None = enough for max_num_seqs
+                            requests of max_model_len tokens (no preemption ever needed)
+    """
+
+    model: str | None = None
+    scheduler: str = "continuous"
+    kv_cache: str = "paged"
+    attention: str = "torch"
+    device: str = "cpu"
+    dtype: str = "float32"
+    max_num_seqs: int = 32
+    max_num_batched_tokens: int = 2048
+    max_model_len: int | None = None
+    block_size: int = 16
+    num_kv_blocks: int | None = None
+    seed: int = 0
+    policy: str = "fcfs"
+    step_order: str = "decode_first"
+    max_prefill_tokens_per_step: int | None = None
+    max_wait_steps: int | None = None
+    watermark_blocks: int = 0
+    enable_prefix_caching: bool = False
+    extra: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _check(self.scheduler in SCHEDULERS,
+               f"scheduler={self.scheduler!r} is not one of {SCHEDULERS}; pick one of those.")
+        _check(self.kv_cache in KV_CACHES,
+               f"kv_cache={self.kv_cache!r} is not one of {KV_CACHES}; pick one of those.")
+        _check(self.attention in ATTENTIONS,
+               f"attention={self.attention!r} is not one of {ATTENTIONS}; pick one of those.")
+        _check(self.dtype in DTYPES, f"dtype={self.dtype!r} is not one of {DTYPES}; pick one of those.")
+        _check(self.policy in POLICIES, f"policy={self.policy!r} is not one of {POLICIES}; pick one of those.")
+        _check(self.step_order in STEP_ORDERS,
+               f"step_order={self.step_order!r} is not one of {STEP_ORDERS}; pick one of those.")
+        _check(isinstance(self.block_size, int) and self.block_size >= 1,
+               f"block_size must be an integer >= 1 (got {self.block_size!r}); 16 is the usual choice.")
+        _check(isinstance(self.max_num_seqs, int) and self.max_num_seqs >= 1,
+               f"max_num_seqs must be an integer >= 1 (got {self.max_num_seqs!r}).")
+        _check(isinstance(self.max_num_batched_tokens, int)
+               and self.max_num_batched_tokens >= self.max_num_seqs,
+               f"max_num_batched_tokens ({self.max_num_batched_tokens}) is below max_num_seqs "
+               f"({self.max_num_seqs}): a step could not give every running request its next token. "
+               f"Raise max_num_batched_tokens or lower max_num_seqs.")
+        _check(self.max_model_len is None or (isinstance(self.max_model_len, int) and self.max_model_len >= 2),
+               f"max_model_len must be an integer >= 2 or None (got {self.max_model_len!r}).")
+        _check(self.num_kv_blocks is None or (isinstance(self.num_kv_blocks, int) and self.num_kv_blocks >= 1),
+               f"num_kv_blocks must be an integer >= 1 or None (got {self.num_kv_blocks!r}).")
+        _check(self.max_prefill_tokens_per_step is None or self.max_prefill_tokens_per_step >= 1,
+               f"max_prefill_tokens_per_step must be >= 1 or None (got {self.max_prefill_tokens_per_step!r}).")
+        _check(self.max_wait_steps is None or self.max_wait_steps >= 1,
+               f"max_wait_steps must be >= 1 or None (got {self.max_wait_steps!r}).")
+        _check(isinstance(self.watermark_blocks, int) and self.watermark_blocks >= 0,
+               f"watermark_blocks must be an integer >= 0 (got {self.watermark_blocks!r}).")
+        _check(not (self.enable_prefix_caching and self.kv_cache != "paged"),
+               "enable_prefix_caching needs kv_cache='paged': only blocks can be shared.")
+
+    def blocks_per_seq(self) -> int:
+        """Blocks a request of max_model_len tokens occupies."""
+        assert self.max_model_len is not None
+        return -(-self.max_model_len // self.block_size)
+
+    def finalize(self, model_max_len: int) -> None:
+        """Fill the knobs that depend on the model, once it is loaded."""
+        if self.max_model_len is None:
+            self.max_model_len = model_max_len
+        _check(self.max_model_len <= model_max_len,
+               f"max_model_len={self.max_model_len} exceeds the model's context "
+               f"({model_max_len}); lower max_model_len.")
+        if self.num_kv_blocks is None:
+            self.num_kv_blocks = self.max_num_seqs * self.blocks_per_seq()
+        if self.kv_cache == "contiguous":
+            _check(self.num_kv_blocks >= self.blocks_per_seq(),
+                   f"num_kv_blocks={self.num_kv_blocks} cannot hold one contiguous reservation of "
+                   f"max_model_len={self.max_model_len} tokens ({self.blocks_per_seq()} blocks); "
+                   "raise num_kv_blocks or lower max_model_len.")
+        _check(self.watermark_blocks < self.num_kv_blocks,
+               f"watermark_blocks={self.watermark_blocks} must be below num_kv_blocks={self.num_kv_blocks}.")

@@ -1,0 +1,182 @@
+"""LLMEngine (add_request / step / abort) and LLM.generate, shaped like vLLM's."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import torch
+
+from minicb.config import EngineConfig
+from minicb.kv import make_kv_manager
+from minicb.metrics import RequestMetrics
+from minicb.model.loader import load_model, load_tokenizer, resolve_model_path
+from minicb.outputs import CompletionOutput, RequestOutput
+from minicb.request import Request, RequestStatus
+from minicb.runner import ModelRunner
+from minicb.sampling import SamplingParams
+from minicb.scheduler import make_scheduler
+
+Prompt = str | Sequence[int]
+
+
+class LLMEngine:
+    """One engine, swappable parts: scheduler × KV manager × attention backend."""
+
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        path = resolve_model_path(config.model)
+        self.model_path = str(path)
+        self.tokenizer = load_tokenizer(path)
+        self.model = load_model(path, config.device, config.dtype, config.attention)
+        config.finalize(self.model.args.max_position_embeddings)
+        self.vocab_size = self.model.args.vocab_size
+        self.eos_token_ids = _eos_ids(path, self.tokenizer)
+        self.kv = make_kv_manager(config.kv_cache, config.num_kv_blocks, config.block_size,
+                                  config.max_model_len, config.enable_prefix_caching)
+        self.scheduler = make_scheduler(config, self.kv, self._check_stop, time.perf_counter)
+        pad = self.tokenizer.pad_token_id if self.tokenizer is not None else None
+        self.runner = ModelRunner(self.model, config, self.kv, pad_token_id=pad or 0)
+        self.requests: dict[str, Request] = {}
+        self._arrivals = 0
+        self._seed_generator = torch.Generator().manual_seed(config.seed)
+
+    # --- requests --------------------------------------------------------------------------
+    def validate(self, prompt: Prompt, params: SamplingParams) -> list[int]:
+        """Tokenise and check a prompt; raise ValueError naming the problem and the fix."""
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"params must be a SamplingParams (got {type(params).__name__}).")
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError(f"this checkpoint ({self.model_path}) has no tokenizer; pass prompts as "
+                                 "lists of token ids.")
+            token_ids = self.tokenizer.encode(prompt, add_special_tokens=False)
+        elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool)
+                                                      for t in prompt):
+            token_ids = list(prompt)
+        else:
+            raise ValueError("a prompt must be a string or a list of token ids (ints); "
+                             f"got {type(prompt).__name__}.")
+        if not token_ids:
+            raise ValueError("the prompt is empty; give at least one token.")
+        bad = [t for t in token_ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"token ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size}); "
+                             "check the tokenizer matches the model.")
+        limit = self.config.max_model_len
+        if len(token_ids) >= limit:
+            raise ValueError(f"the prompt has {len(token_ids)} tokens but max_model_len is {limit}, "
+                             f"leaving no room for output; shorten the prompt to under {limit} tokens "
+                             "or raise max_model_len.")
+        if params.stop and self.tokenizer is None:
+            raise ValueError("stop strings need a tokenizer; this checkpoint has none: use stop_token_ids.")
+        total = min(len(token_ids) + params.max_tokens, limit)
+        if not self.kv.can_ever_fit(total):
+            raise ValueError(f"this request may reach {total} tokens but the whole KV pool holds "
+                             f"{self.kv.num_blocks * self.kv.block_size}; raise num_kv_blocks or lower max_tokens.")
+        return token_ids
+
+    def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams,
+                    arrival_time: float | None = None, priority: int = 0) -> Request:
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already in use; ids must be unique.")
+        if params.n != 1:
+            raise ValueError("n > 1 is served by LLM.generate, which forks one request per sample.")
+        token_ids = self.validate(prompt, params)
+        seed = params.seed if params.seed is not None else \
+            int(torch.randint(0, 2**62, (1,), generator=self._seed_generator))
+        request = Request(request_id, token_ids, params,
+                          arrival_time=time.perf_counter() if arrival_time is None else arrival_time,
+                          arrival_step=self.scheduler.step_count,
+                          generator=torch.Generator().manual_seed(seed),
+                          prompt=prompt if isinstance(prompt, str) else None,
+                          priority=priority, arrival_index=self._arrivals)
+        self._arrivals += 1
+        self.requests[request_id] = request
+        self.scheduler.add_request(request)
+        return request
+
+    def abort(self, request_id: str) -> None:
+        request = self.requests.get(request_id)
+        if request is None:
+            raise ValueError(f"cannot abort {request_id!r}: no such request (it may have finished already).")
+        if not request.finished:
+            self.scheduler.abort(request_id)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.scheduler.waiting) + sum(not r.finished for r in self.scheduler.running)
+
+    # --- the loop ------------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """One scheduler iteration: schedule, run the model once, sample, update."""
+        plan = self.scheduler.schedule()
+        touched: list[Request] = []
+        if not plan.is_empty:
+            sampled = self.runner.execute(plan)
+            touched = self.scheduler.update(plan, sampled.token_ids)
+            rows = [s.request for s in plan.seqs if s.needs_logits]
+            for request, logprob in zip(rows, sampled.logprobs):
+                if logprob is not None:
+                    request.logprobs.append(logprob)
+        # finished requests leave self.requests once reported, so any finished one still here ended
+        # without a token this step (an abort) and is reported now
+        ended = [r for r in self.requests.values() if r.finished and r not in touched]
+        outputs = {r.request_id: r for r in touched + ended}
+        result = [self._output(r) for r in outputs.values()]
+        for request in ended + [r for r in touched if r.finished]:
+            self.requests.pop(request.request_id, None)
+        return result
+
+    # --- stopping -------------------------------------------------------------------------------
+    def _check_stop(self, request: Request) -> RequestStatus | None:
+        token, params = request.output_token_ids[-1], request.params
+        if not params.ignore_eos and token in self.eos_token_ids:
+            return RequestStatus.FINISHED_STOPPED
+        if token in params.stop_token_ids:
+            request.stop_reason = token
+            return RequestStatus.FINISHED_STOPPED
+        if params.stop:
+            text = self.tokenizer.decode(request.output_token_ids, skip_special_tokens=True)
+            hits = [(text.find(s), s) for s in params.stop if s in text]
+            if hits:
+                index, stop = min(hits)
+                request.stop_reason, request.output_text = stop, text[:index]
+                return RequestStatus.FINISHED_STOPPED
+        if request.num_output_tokens >= params.max_tokens or request.num_tokens >= self.config.max_model_len:
+            return RequestStatus.FINISHED_LENGTH
+        return None
+
+    def decode(self, request: Request) -> str:
+        if self.tokenizer is None:
+            return ""
+        if request.stop_reason is not None and isinstance(request.stop_reason, str):
+            return request.output_text
+        return self.tokenizer.decode(request.output_token_ids, skip_special_tokens=True)
+
+    def _output(self, request: Request) -> RequestOutput:
+        logprobs = [top for _, top in request.logprobs] if request.params.logprobs is not None else None
+        cumulative = sum(c for c, _ in request.logprobs) if request.logprobs else None
+        completion = CompletionOutput(0, self.decode(request) if request.finished else "",
+                                      list(request.output_token_ids), request.finish_reason,
+                                      request.stop_reason, logprobs, cumulative)
+        new = request.output_token_ids[request.num_reported_tokens:]
+        request.num_reported_tokens = request.num_output_tokens
+        return RequestOutput(request.request_id, request.prompt, list(request.prompt_token_ids), [completion],
+                             request.finished, RequestMetrics.from_request(request), new, request.error)
+
+
+def _eos_ids(path, tokenizer) -> set[int]:
+    import json
+
+    ids: set[int] = set()
+    for name in ("generation_config.json", "config.json"):
+        file = path / name
+        if file.exists():
+            value = json.loads(file.read_text()).get("eos_token_id")
+            ids.update(value if isinstance(value, list) else [] if value is None else [value])
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return ids

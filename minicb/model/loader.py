@@ -1,0 +1,103 @@
+"""Load a Hugging Face checkpoint (a local directory or a hub id) into minicb's decoder."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from minicb.model.llama import LlamaForCausalLM, ModelArgs, rope_inv_freq
+
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM")
+SUPPORTED_ROPE_TYPES = ("default", "llama3")
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def resolve_model_path(model: str | os.PathLike | None) -> Path:
+    """None → the shipped default model; a directory → itself; anything else → a hub download."""
+    if model is None:
+        from minicb.default_model import default_model_path
+
+        return Path(default_model_path())
+    path = Path(model).expanduser()
+    if path.is_dir():
+        return path
+    if path.exists():
+        raise ValueError(f"model={str(model)!r} is a file; pass the checkpoint's directory.")
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(str(model), allow_patterns=["*.json", "*.safetensors", "tokenizer*",
+                                                                   "*.model", "*.txt"]))
+    except Exception as error:  # offline, unknown id, gated repo...
+        raise ValueError(f"model={str(model)!r} is neither a local directory nor a hub id that could be "
+                         f"downloaded ({type(error).__name__}: {error}). Pass a local checkpoint directory, "
+                         "or model=None for the shipped default model.") from error
+
+
+def model_args_from_config(config: dict) -> ModelArgs:
+    architectures = config.get("architectures") or [config.get("model_type", "?")]
+    if architectures[0] not in SUPPORTED_ARCHITECTURES:
+        raise ValueError(f"architecture {architectures[0]!r} is not supported; minicb runs "
+                         f"{', '.join(SUPPORTED_ARCHITECTURES)}.")
+    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type not in SUPPORTED_ROPE_TYPES:
+        raise ValueError(f"rope_type {rope_type!r} is not supported; minicb handles {SUPPORTED_ROPE_TYPES}.")
+    num_heads = config["num_attention_heads"]
+    is_qwen2 = architectures[0] == "Qwen2ForCausalLM"
+    return ModelArgs(
+        vocab_size=config["vocab_size"],
+        hidden_size=config["hidden_size"],
+        intermediate_size=config["intermediate_size"],
+        num_layers=config["num_hidden_layers"],
+        num_heads=num_heads,
+        num_kv_heads=config.get("num_key_value_heads") or num_heads,
+        head_dim=config.get("head_dim") or config["hidden_size"] // num_heads,
+        rms_norm_eps=config.get("rms_norm_eps", 1e-6),
+        rope_theta=rope.get("rope_theta", config.get("rope_theta", 10000.0)),
+        max_position_embeddings=config.get("max_position_embeddings", 2048),
+        tie_word_embeddings=config.get("tie_word_embeddings", False),
+        qkv_bias=is_qwen2 or config.get("attention_bias", False),
+        mlp_bias=config.get("mlp_bias", False),
+        rope_scaling=rope if rope_type == "llama3" else None,
+    )
+
+
+def load_model(path: Path, device: str = "cpu", dtype: str = "float32",
+               attention: str = "torch") -> LlamaForCausalLM:
+    config = json.loads((path / "config.json").read_text())
+    args = model_args_from_config(config)
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"no *.safetensors weights in {path}; minicb loads safetensors checkpoints only.")
+    state: dict[str, torch.Tensor] = {}
+    for file in files:
+        state.update(load_file(str(file)))
+    if args.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    with torch.device("meta"):
+        model = LlamaForCausalLM(args, attention)
+    model = model.to_empty(device=device).to(DTYPES[dtype])
+    # the rotary frequencies are not in the checkpoint: compute them for real after to_empty
+    model.model.rotary_emb.inv_freq = rope_inv_freq(args).to(device)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [k for k in missing if not (args.tie_word_embeddings and k == "lm_head.weight")]
+    if missing or unexpected:
+        raise ValueError(f"checkpoint {path} does not match the {args} decoder: missing {missing[:5]}, "
+                         f"unexpected {unexpected[:5]}.")
+    if args.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    return model.eval()
+
+
+def load_tokenizer(path: Path):
+    """The checkpoint's tokenizer, or None when the directory has none (prompts must be token ids)."""
+    if not any((path / name).exists() for name in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(path))

@@ -1,0 +1,110 @@
+"""A request's life: WAITING → RUNNING → (PREEMPTED → WAITING →) FINISHED_*."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import torch
+
+from minicb.sampling import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED_STOPPED = "stop"        # EOS, a stop token or a stop string
+    FINISHED_LENGTH = "length"       # max_tokens or max_model_len reached
+    FINISHED_ABORTED = "abort"       # the client went away or called abort()
+    FINISHED_ERROR = "error"         # rejected: bad input, reported alone
+
+    @property
+    def finished(self) -> bool:
+        return self not in (RequestStatus.WAITING, RequestStatus.RUNNING)
+
+
+@dataclass
+class RequestTimes:
+    """Timestamps, in seconds (wall clock) and in engine steps (virtual time)."""
+
+    arrival: float = 0.0
+    first_scheduled: float | None = None
+    first_token: float | None = None
+    token_times: list[float] = field(default_factory=list)
+    finished: float | None = None
+    arrival_step: int = 0
+    first_scheduled_step: int | None = None
+    first_token_step: int | None = None
+    token_steps: list[int] = field(default_factory=list)
+    finished_step: int | None = None
+
+
+class Request:
+    """One prompt and everything the engine tracks for it.
+
+    `num_computed_tokens` counts tokens whose K/V sit in the cache; the next step computes
+    `all_token_ids[num_computed_tokens:]` (a prefill chunk, or the one latest token of a decode).
+    """
+
+    def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                 arrival_time: float = 0.0, arrival_step: int = 0, generator: torch.Generator | None = None,
+                 prompt: str | None = None, priority: int = 0, arrival_index: int = 0):
+        self.request_id = request_id
+        self.arrival_index = arrival_index   # order of arrival, breaks every tie
+        self.prompt = prompt
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.output_token_ids: list[int] = []
+        self.params = params
+        self.priority = priority
+        self.status = RequestStatus.WAITING
+        self.num_computed_tokens = 0
+        self.num_preemptions = 0
+        self.generator = generator
+        self.times = RequestTimes(arrival=arrival_time, arrival_step=arrival_step)
+        self.stop_reason: int | str | None = None
+        self.error: str | None = None
+        self.output_text = ""
+        self.logprobs: list[tuple[float, dict[int, float]]] = []
+        self.num_reported_tokens = 0    # how many output tokens step() has already handed out
+
+    # --- lengths -------------------------------------------------------------------------
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def is_prefilling(self) -> bool:
+        """True until the whole prompt (and, after a preemption, the output so far) is cached."""
+        return self.num_uncomputed_tokens > 1 or self.num_output_tokens == 0
+
+    @property
+    def finished(self) -> bool:
+        return self.status.finished
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.status.value if self.finished else None
+
+    def max_total_tokens(self, max_model_len: int) -> int:
+        """The longest this request can grow: prompt + max_tokens, capped by max_model_len."""
+        return min(self.num_prompt_tokens + self.params.max_tokens, max_model_len)
+
+    def __repr__(self) -> str:
+        return (f"Request({self.request_id!r}, prompt={self.num_prompt_tokens}, out={self.num_output_tokens}, "
+                f"computed={self.num_computed_tokens}, {self.status.name})")

@@ -1,0 +1,92 @@
+"""The model runner: turn a SchedulerOutput into packed tensors, run the model, sample.
+
+The per-step work is tensor operations over the packed batch; Python touches each request
+once per step (its token ids and block table), never each cached token.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from minicb.config import EngineConfig
+from minicb.model.attention import AttentionMetadata
+from minicb.model.llama import LlamaForCausalLM
+from minicb.model.loader import DTYPES
+from minicb.sampling import Sampler, SamplerOutput
+from minicb.scheduler.base import SchedulerOutput
+
+
+class ModelRunner:
+    def __init__(self, model: LlamaForCausalLM, config: EngineConfig, kv_manager, pad_token_id: int = 0):
+        self.model = model
+        self.config = config
+        self.kv = kv_manager
+        self.device = torch.device(config.device)
+        self.pad_token_id = pad_token_id
+        self.sampler = Sampler()
+        args = model.args
+        shape = (config.num_kv_blocks, config.block_size, args.num_kv_heads, args.head_dim)
+        dtype = DTYPES[config.dtype]
+        self.kv_caches = [(torch.zeros(shape, dtype=dtype, device=self.device),
+                           torch.zeros(shape, dtype=dtype, device=self.device))
+                          for _ in range(args.num_layers)]
+
+    def kv_cache_bytes(self) -> int:
+        return sum(k.numel() * k.element_size() * 2 for k, _ in self.kv_caches)
+
+    def prepare(self, output: SchedulerOutput) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata,
+                                                          torch.Tensor]:
+        """Pack the step: per row, [pad…, the request's next tokens]; everything else by tensor ops."""
+        block_size = self.config.block_size
+        input_ids: list[int] = []
+        q_lens, starts, pads, seq_lens, tables, real_rows = [], [], [], [], [], []
+        for seq in output.seqs:
+            request = seq.request
+            start = request.num_computed_tokens
+            if seq.ghost:   # recompute the last token without writing it (static batches' idle rows)
+                tokens, seq_len = [request.all_token_ids[-1]], start
+            else:
+                tokens, seq_len = request.all_token_ids[start:start + seq.num_tokens], start + seq.num_tokens
+            input_ids.extend([self.pad_token_id] * seq.num_pad)
+            input_ids.extend(tokens)
+            q_lens.append(seq.num_pad + len(tokens))
+            starts.append(start)
+            pads.append(seq.num_pad)
+            seq_lens.append(seq_len)
+            tables.append(self.kv.block_table(request))
+            real_rows.append(not seq.ghost)
+
+        q_lens_t = torch.tensor(q_lens)
+        cu_seqlens_q = torch.zeros(len(q_lens) + 1, dtype=torch.int32)
+        cu_seqlens_q[1:] = q_lens_t.cumsum(0)
+        row_of_token = torch.repeat_interleave(torch.arange(len(q_lens)), q_lens_t)
+        offset_in_row = torch.arange(len(input_ids)) - cu_seqlens_q[:-1].long()[row_of_token]
+        pads_t = torch.tensor(pads)[row_of_token]
+        positions = (torch.tensor(starts)[row_of_token] + offset_in_row - pads_t).clamp(min=0)
+        max_blocks = max(len(t) for t in tables)
+        block_tables = torch.tensor([t + [0] * (max_blocks - len(t)) for t in tables], dtype=torch.int32)
+        # token at position p of row r → block_tables[r, p // block_size] * block_size + p % block_size
+        slots = block_tables[row_of_token, (positions // block_size).clamp(max=max_blocks - 1)].long() \
+            * block_size + positions % block_size
+        writes = (offset_in_row >= pads_t) & torch.tensor(real_rows)[row_of_token]
+        slot_mapping = torch.where(writes, slots, torch.full_like(slots, -1))
+        logits_indices = (cu_seqlens_q[1:].long() - 1)[[s.needs_logits for s in output.seqs]]
+
+        device = self.device
+        meta = AttentionMetadata(
+            slot_mapping=slot_mapping.to(device, non_blocking=True),
+            cu_seqlens_q=cu_seqlens_q.to(device, non_blocking=True),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32).to(device, non_blocking=True),
+            block_tables=block_tables.to(device, non_blocking=True),
+            max_seqlen_q=max(q_lens), max_seqlen_k=max(max(seq_lens), 1))
+        return (torch.tensor(input_ids).to(device, non_blocking=True), positions.to(device, non_blocking=True),
+                meta, logits_indices.to(device, non_blocking=True))
+
+    def execute(self, output: SchedulerOutput) -> SamplerOutput:
+        input_ids, positions, meta, logits_indices = self.prepare(output)
+        rows = [s.request for s in output.seqs if s.needs_logits]
+        if not rows:  # only intermediate prefill chunks this step: nothing to sample
+            self.model(input_ids, positions, self.kv_caches, meta, logits_indices)
+            return SamplerOutput([], [])
+        logits = self.model(input_ids, positions, self.kv_caches, meta, logits_indices)
+        return self.sampler(logits, [r.params for r in rows], [r.generator for r in rows])

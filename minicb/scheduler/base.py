@@ -1,0 +1,143 @@
+"""What every scheduler shares: the queues, the step's plan, and the update after a step."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from minicb.config import EngineConfig
+from minicb.kv.base import KVManager
+from minicb.request import Request, RequestStatus
+
+
+@dataclass
+class ScheduledSeq:
+    """One row of the packed batch: `num_tokens` real tokens of `request` this step."""
+
+    request: Request
+    num_tokens: int
+    num_pad: int = 0          # left padding before the real tokens (static prefill)
+    ghost: bool = False       # a finished request kept in a static batch: computed, then discarded
+    needs_logits: bool = False
+    is_prefill: bool = False  # prompt tokens (or a recompute after preemption), not one decode
+
+    @classmethod
+    def plan(cls, request: Request, num_tokens: int, num_pad: int = 0) -> ScheduledSeq:
+        """A real row: it needs logits when this step leaves no token of the request uncomputed."""
+        return cls(request, num_tokens, num_pad=num_pad,
+                   needs_logits=request.num_computed_tokens + num_tokens == request.num_tokens,
+                   is_prefill=request.is_prefilling)
+
+
+@dataclass
+class SchedulerOutput:
+    step: int
+    seqs: list[ScheduledSeq] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_tokens + s.num_pad for s in self.seqs)
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        return sum(s.num_tokens for s in self.seqs if s.is_prefill)
+
+    @property
+    def num_decode_tokens(self) -> int:
+        return sum(s.num_tokens for s in self.seqs if not s.is_prefill and not s.ghost)
+
+    @property
+    def num_pad_tokens(self) -> int:
+        return sum(s.num_pad + (s.num_tokens if s.ghost else 0) for s in self.seqs)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.seqs
+
+
+StopChecker = Callable[[Request], "RequestStatus | None"]
+
+
+class Scheduler:
+    """Queues plus bookkeeping. Subclasses implement `schedule()` (which rows run this step)."""
+
+    def __init__(self, config: EngineConfig, kv: KVManager, stop_checker: StopChecker,
+                 clock: Callable[[], float]):
+        self.config = config
+        self.kv = kv
+        self.stop_checker = stop_checker
+        self.clock = clock
+        self.waiting: list[Request] = []
+        self.running: list[Request] = []
+        self.step_count = 0
+        self.num_preemptions = 0
+
+    # --- queue -----------------------------------------------------------------------------
+    def add_request(self, request: Request) -> None:
+        request.status = RequestStatus.WAITING
+        self.waiting.append(request)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def abort(self, request_id: str) -> Request | None:
+        """Remove a request wherever it is and free its blocks; None if it is not here."""
+        for queue in (self.waiting, self.running):
+            for request in queue:
+                if request.request_id == request_id:
+                    queue.remove(request)
+                    self.kv.free(request)
+                    self._mark_finished(request, RequestStatus.FINISHED_ABORTED)
+                    return request
+        return None
+
+    def schedule(self) -> SchedulerOutput:
+        raise NotImplementedError
+
+    # --- after the model ran -----------------------------------------------------------------
+    def update(self, output: SchedulerOutput, token_ids: list[int]) -> list[Request]:
+        """Record this step's tokens. `token_ids` has one entry per row that needed logits.
+
+        Returns the requests that got a token or finished this step.
+        """
+        now, step = self.clock(), output.step
+        tokens = iter(token_ids)
+        touched: list[Request] = []
+        for seq in output.seqs:
+            request = seq.request
+            if seq.ghost:
+                continue
+            request.num_computed_tokens += seq.num_tokens
+            if not seq.needs_logits:
+                continue
+            request.output_token_ids.append(next(tokens))
+            request.times.token_times.append(now)
+            request.times.token_steps.append(step)
+            if request.times.first_token is None:
+                request.times.first_token, request.times.first_token_step = now, step
+            touched.append(request)
+            reason = self.stop_checker(request)
+            if reason is not None:
+                self.finish(request, reason)
+        self.after_update(output)
+        return touched
+
+    def after_update(self, output: SchedulerOutput) -> None:
+        """Hook for subclasses (the static scheduler ends its batch here)."""
+
+    def finish(self, request: Request, status: RequestStatus) -> None:
+        self.running.remove(request)
+        self.kv.free(request)
+        self._mark_finished(request, status)
+
+    def _mark_finished(self, request: Request, status: RequestStatus) -> None:
+        request.status = status
+        request.times.finished = self.clock()
+        request.times.finished_step = self.step_count
+
+    def _start_running(self, request: Request) -> None:
+        request.status = RequestStatus.RUNNING
+        if request.times.first_scheduled is None:
+            request.times.first_scheduled = self.clock()
+            request.times.first_scheduled_step = self.step_count
