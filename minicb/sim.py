@@ -1,0 +1,142 @@
+"""The cost-model runner: the REAL scheduler and KV manager, with the model replaced by a clock.
+
+Each step costs `step_overhead + prefill_token * prefill tokens + decode_seq * decode rows`
+(padding and a static batch's idle rows included: they are computed too). No tensors, so
+notebooks can schedule thousands of requests in a second, and the book's worked examples come out
+of the same code that serves real requests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from minicb.config import EngineConfig
+from minicb.kv import make_kv_manager
+from minicb.metrics import RequestMetrics, Summary, summarize
+from minicb.request import Request, RequestStatus
+from minicb.sampling import SamplingParams
+from minicb.scheduler import make_scheduler
+from minicb.workload import Workload
+
+
+@dataclass
+class CostModel:
+    """Virtual time per step. The defaults make one decode step cost 1 unit at any batch size
+    (decode is memory-bound: a bigger batch rides along almost free) and a prefill token 1/64."""
+
+    step_overhead: float = 1.0
+    prefill_token: float = 1.0 / 64
+    decode_seq: float = 0.0
+
+    def step_time(self, prefill_tokens: int, decode_rows: int) -> float:
+        return self.step_overhead + self.prefill_token * prefill_tokens + self.decode_seq * decode_rows
+
+
+@dataclass
+class StepRecord:
+    step: int
+    start: float
+    end: float
+    rows: list[tuple[str, str, int]]     # (request id, "prefill" | "decode" | "idle", tokens)
+    num_pad_tokens: int
+    num_free_blocks: int
+    block_tables: dict[str, list[int]]
+    preempted: list[str]
+
+
+@dataclass
+class SimResult:
+    config: EngineConfig
+    requests: list[Request]
+    steps: list[StepRecord] = field(default_factory=list)
+
+    @property
+    def metrics(self) -> list[RequestMetrics]:
+        return [RequestMetrics.from_request(r) for r in self.requests]
+
+    @property
+    def num_steps(self) -> int:
+        return len(self.steps)
+
+    @property
+    def total_time(self) -> float:
+        return self.steps[-1].end if self.steps else 0.0
+
+    def summary(self, virtual: bool = True, **slo) -> Summary:
+        return summarize(self.metrics, virtual=virtual, **slo)
+
+    def slot_utilisation(self) -> float:
+        """Share of slot-steps that produced a useful token (the rest idle or empty)."""
+        useful = sum(1 for s in self.steps for _, kind, _ in s.rows if kind != "idle")
+        return useful / max(self.num_steps * self.config.max_num_seqs, 1)
+
+    def finish_steps(self) -> dict[str, int]:
+        return {r.request_id: r.times.finished_step for r in self.requests}
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def simulate(workload: Workload, cost: CostModel | None = None, record_blocks: bool = False,
+             max_steps: int = 1_000_000, **knobs) -> SimResult:
+    """Serve `workload` with the scheduler and KV manager the knobs choose, in virtual time.
+
+    knobs are EngineConfig's (scheduler, kv_cache, max_num_seqs, max_num_batched_tokens,
+    max_model_len, block_size, num_kv_blocks, policy, ...). max_model_len defaults to the
+    longest request of the workload.
+    """
+    cost = cost or CostModel()
+    knobs.setdefault("max_model_len", max(r.prompt_len + r.output_len for r in workload.requests))
+    config = EngineConfig(**knobs)
+    config.finalize(config.max_model_len)
+    kv = make_kv_manager(config.kv_cache, config.num_kv_blocks, config.block_size, config.max_model_len,
+                         config.enable_prefix_caching)
+    clock = _Clock()
+
+    def stop(request: Request) -> RequestStatus | None:
+        if request.num_output_tokens >= request.params.max_tokens or request.num_tokens >= config.max_model_len:
+            return RequestStatus.FINISHED_LENGTH
+        return None
+
+    scheduler = make_scheduler(config, kv, stop, clock)
+    pending = sorted(enumerate(workload.requests), key=lambda item: (item[1].arrival, item[0]))
+    requests: list[Request] = []
+    result = SimResult(config, requests)
+    next_arrival = 0
+    while next_arrival < len(pending) or scheduler.has_unfinished():
+        if not scheduler.has_unfinished() and pending[next_arrival][1].arrival > clock.now:
+            clock.now = pending[next_arrival][1].arrival       # idle until the next arrival
+        while next_arrival < len(pending) and pending[next_arrival][1].arrival <= clock.now:
+            index, spec = pending[next_arrival]
+            request = Request(str(index), [1] * spec.prompt_len,
+                              SamplingParams(max_tokens=spec.output_len, temperature=0, ignore_eos=True),
+                              arrival_time=spec.arrival, arrival_step=scheduler.step_count,
+                              priority=spec.priority, arrival_index=index)
+            if not kv.can_ever_fit(min(spec.prompt_len + spec.output_len, config.max_model_len)):
+                raise ValueError(f"request {index} can never fit the KV pool; raise num_kv_blocks.")
+            scheduler.add_request(request)
+            requests.append(request)
+            next_arrival += 1
+        plan = scheduler.schedule()
+        if plan.is_empty:
+            if len(result.steps) >= max_steps or next_arrival >= len(pending):
+                raise RuntimeError("the scheduler made no progress; check the knobs (KV pool too small?).")
+            clock.now = max(clock.now, pending[next_arrival][1].arrival)
+            scheduler.step_count -= 1   # an empty step is not a step
+            continue
+        start = clock.now
+        clock.now += cost.step_time(plan.num_prefill_tokens + plan.num_pad_tokens,
+                                    sum(1 for s in plan.seqs if not s.is_prefill))
+        rows = [(s.request.request_id, "idle" if s.ghost else "prefill" if s.is_prefill else "decode",
+                 s.num_tokens) for s in plan.seqs]
+        tables = {s.request.request_id: list(kv.block_table(s.request)) for s in plan.seqs} if record_blocks else {}
+        scheduler.update(plan, [1] * sum(s.needs_logits for s in plan.seqs))
+        result.steps.append(StepRecord(plan.step, start, clock.now, rows, plan.num_pad_tokens,
+                                       kv.num_free_blocks(), tables, [r.request_id for r in plan.preempted]))
+    requests.sort(key=lambda r: r.arrival_index)
+    return result

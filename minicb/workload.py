@@ -1,0 +1,127 @@
+"""Seeded workloads: request lengths and arrival times, the same for every system compared.
+
+A workload is data, not behaviour: (prompt length, output length, arrival time) per request.
+`prompt_token_ids` turns it into prompts for a model; every output length is enforced with
+max_tokens and ignore_eos, so all systems do the same work.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class WorkloadRequest:
+    prompt_len: int
+    output_len: int
+    arrival: float = 0.0      # seconds (or cost-model time units); 0 = there from the start
+    priority: int = 0
+
+
+@dataclass
+class Workload:
+    name: str
+    requests: list[WorkloadRequest]
+    description: str = ""
+    ignore_eos: bool = True
+    extra: dict = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.requests)
+
+    @property
+    def prompt_lens(self) -> list[int]:
+        return [r.prompt_len for r in self.requests]
+
+    @property
+    def output_lens(self) -> list[int]:
+        return [r.output_len for r in self.requests]
+
+    def with_arrivals(self, arrivals: list[float] | np.ndarray) -> Workload:
+        requests = [WorkloadRequest(r.prompt_len, r.output_len, float(a), r.priority)
+                    for r, a in zip(self.requests, arrivals)]
+        return Workload(self.name, requests, self.description, self.ignore_eos, dict(self.extra))
+
+    def prompt_token_ids(self, vocab_size: int, seed: int = 0, low: int = 3) -> list[list[int]]:
+        """Random token ids of the right lengths (ids below `low` are left out: special tokens)."""
+        rng = np.random.default_rng(seed)
+        return [rng.integers(low, vocab_size, r.prompt_len).tolist() for r in self.requests]
+
+
+# --- length distributions ------------------------------------------------------------------------
+def uniform_lengths(n: int, low: int, high: int, seed: int = 0) -> list[int]:
+    return np.random.default_rng(seed).integers(low, high + 1, n).tolist()
+
+
+def capped_exponential(n: int, mean: float, cap: int, seed: int = 0, minimum: int = 1) -> list[int]:
+    """Mostly short, a few long: the shape of real answer lengths."""
+    values = np.random.default_rng(seed).exponential(mean, n)
+    return np.clip(np.ceil(values), minimum, cap).astype(int).tolist()
+
+
+def long_tail_lengths(n: int, low: int, high: int, seed: int = 0, alpha: float = 1.2) -> list[int]:
+    """Pareto-shaped lengths between low and high."""
+    values = low * (1 + np.random.default_rng(seed).pareto(alpha, n))
+    return np.clip(values, low, high).astype(int).tolist()
+
+
+# --- arrivals -------------------------------------------------------------------------------------
+def poisson_arrivals(n: int, rate: float, seed: int = 0) -> np.ndarray:
+    """Arrival times of a Poisson process with `rate` requests per time unit (inf = all at 0)."""
+    return gamma_arrivals(n, rate, 1.0, seed)
+
+
+def gamma_arrivals(n: int, rate: float, burstiness: float = 1.0, seed: int = 0) -> np.ndarray:
+    """Gamma-distributed gaps with mean 1/rate; burstiness < 1 is burstier than Poisson (vLLM's knob)."""
+    if rate == float("inf"):
+        return np.zeros(n)
+    if rate <= 0 or burstiness <= 0:
+        raise ValueError(f"rate and burstiness must be > 0 (got rate={rate}, burstiness={burstiness}).")
+    gaps = np.random.default_rng(seed).gamma(burstiness, 1.0 / (rate * burstiness), n)
+    return np.cumsum(gaps) - gaps[0]
+
+
+# --- the book's standard workloads ----------------------------------------------------------------
+def fixed(name: str, prompt_lens: list[int], output_lens: list[int], description: str = "") -> Workload:
+    return Workload(name, [WorkloadRequest(p, o) for p, o in zip(prompt_lens, output_lens)], description)
+
+
+def seed_example() -> Workload:
+    """Four requests needing 4, 4, 10 and 10 tokens on four slots, two more 4-token ones waiting."""
+    return fixed("seed-example", [4] * 6, [4, 4, 10, 10, 4, 4],
+                 "4/4/10/10 on four slots plus two waiting 4s: static 14 steps, continuous 10")
+
+
+def three_answers() -> Workload:
+    """A static batch whose answers need 6, 50 and 300 tokens."""
+    return fixed("three-answers", [8, 8, 8], [6, 50, 300], "the short answers wait for the 300-token one")
+
+
+def chat(n: int = 64, seed: int = 0) -> Workload:
+    """Chat-like: short-to-medium prompts, answers mostly short with a tail."""
+    return fixed("chat", uniform_lengths(n, 16, 128, seed), capped_exponential(n, 48, 256, seed + 1),
+                 "prompts 16-128, outputs capped-exponential (mean 48, cap 256)")
+
+
+def long_tail(n: int = 256, seed: int = 0) -> Workload:
+    """Long-tail: prompts 16-512, outputs capped-exponential up to 512, ignore_eos."""
+    return fixed("long-tail", uniform_lengths(n, 16, 512, seed), capped_exponential(n, 96, 512, seed + 1),
+                 "prompts 16-512, outputs capped-exponential (mean 96, cap 512)")
+
+
+def mixed(n: int = 32, seed: int = 0) -> Workload:
+    """A small mix for demos and tests: prompts 8-96, outputs 4-96."""
+    return fixed("mixed", uniform_lengths(n, 8, 96, seed), long_tail_lengths(n, 4, 96, seed + 1),
+                 "prompts 8-96, outputs long-tailed 4-96")
+
+
+WORKLOADS = {"seed-example": seed_example, "three-answers": three_answers, "chat": chat,
+             "long-tail": long_tail, "mixed": mixed}
+
+
+def get_workload(name: str, **kwargs) -> Workload:
+    if name not in WORKLOADS:
+        raise ValueError(f"unknown workload {name!r}; choose one of {sorted(WORKLOADS)}.")
+    return WORKLOADS[name](**kwargs)

@@ -1,0 +1,71 @@
+"""Shared fixtures: small checkpoints with random weights, built once per test session.
+
+Correctness is measured against transformers on the same weights, so the fixtures save
+transformers models to disk and both sides load the same files.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")       # tests never reach the network
+torch.set_num_threads(1)   # the suite shares the machine with its own workers
+
+
+def _save(model_cls, config, path) -> str:
+    torch.manual_seed(0)
+    model = model_cls(config).eval()
+    # random init leaves logits nearly flat; sharpen them so greedy choices are rarely near-ties
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("proj.weight") or "embed" in name or "lm_head" in name:
+                param.mul_(2.0)
+    model.save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory) -> str:
+    """A Llama with grouped-query attention (4 query heads, 2 KV heads) and untied embeddings."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                         tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    return _save(LlamaForCausalLM, config, tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2(tmp_path_factory) -> str:
+    """A Qwen2 with q/k/v biases and tied embeddings."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=1, max_position_embeddings=512,
+                         tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    path = _save(Qwen2ForCausalLM, config, tmp_path_factory.mktemp("tiny-qwen2"))
+    return path
+
+
+@pytest.fixture(scope="session", params=["tiny_llama", "tiny_qwen2"])
+def tiny_model(request) -> str:
+    """Each random-weight architecture in turn."""
+    return request.getfixturevalue(request.param)
+
+
+def hf_greedy(model_dir: str, prompts: list[list[int]], max_tokens: list[int]) -> list[list[int]]:
+    """transformers' generate(do_sample=False) on each prompt alone: the reference."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    outputs = []
+    with torch.no_grad():
+        for prompt, n in zip(prompts, max_tokens):
+            ids = torch.tensor([prompt])
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
+                                 do_sample=False, pad_token_id=0)
+            outputs.append(out[0, len(prompt):].tolist())
+    return outputs
