@@ -55,17 +55,3 @@ def tiny_model(request) -> str:
     """Each random-weight architecture in turn."""
     return request.getfixturevalue(request.param)
 
-
-def hf_greedy(model_dir: str, prompts: list[list[int]], max_tokens: list[int]) -> list[list[int]]:
-    """transformers' generate(do_sample=False) on each prompt alone: the reference."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    outputs = []
-    with torch.no_grad():
-        for prompt, n in zip(prompts, max_tokens):
-            ids = torch.tensor([prompt])
-            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
-                                 do_sample=False, pad_token_id=0)
-            outputs.append(out[0, len(prompt):].tolist())
-    return outputs

@@ -1,0 +1,65 @@
+"""Comparing minicb with transformers token by token, and treating near-ties honestly.
+
+The near-tie rule (after vLLM's check_logprobs_close): two greedy sequences must be identical,
+except that they may part ways at a position where the two candidates are a genuine tie under
+the reference: both tokens are in each side's top-5, and the reference's logprobs of the two
+differ by less than NEAR_TIE (float32 kernels that sum in a different order can flip such a
+choice). After that position the sequences are no longer comparable, so comparison stops there.
+Every request is compared; none is skipped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+NEAR_TIE = 1e-3
+TOP_K = 5
+
+
+@dataclass
+class Reference:
+    token_ids: list[int]
+    logprobs: list[dict[int, float]]    # per position: top-5 {token: logprob}
+
+
+def hf_greedy(model_dir: str, prompts: list[list[int]], max_tokens: list[int]) -> list[Reference]:
+    """transformers' generate(do_sample=False) on each prompt alone, with top-5 logprobs."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    # ignore_eos means "do not stop at EOS", not "never pick EOS": min_new_tokens would mask EOS
+    # out of the logits, so the reference simply has no EOS to stop at
+    model.generation_config.eos_token_id = None
+    references = []
+    with torch.no_grad():
+        for prompt, n in zip(prompts, max_tokens):
+            ids = torch.tensor([prompt])
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n,
+                                 do_sample=False, pad_token_id=0, output_logits=True,
+                                 return_dict_in_generate=True)
+            tops = []
+            for logits in out.logits:
+                values, indices = logits[0].float().log_softmax(-1).topk(TOP_K)
+                tops.append(dict(zip(indices.tolist(), values.tolist())))
+            references.append(Reference(out.sequences[0, len(prompt):].tolist(), tops))
+    return references
+
+
+def compare(reference: Reference, token_ids: list[int], logprobs: list[dict[int, float]] | None,
+            label: str) -> str:
+    """Return "equal" or "near-tie at i"; raise AssertionError on any other difference."""
+    assert len(token_ids) == len(reference.token_ids), \
+        f"{label}: {len(token_ids)} tokens, transformers made {len(reference.token_ids)}"
+    for i, (ours, theirs) in enumerate(zip(token_ids, reference.token_ids)):
+        if ours == theirs:
+            continue
+        ref_top = reference.logprobs[i]
+        our_top = logprobs[i] if logprobs else {}
+        tie = (ours in ref_top and theirs in our_top
+               and abs(ref_top[ours] - ref_top[theirs]) < NEAR_TIE)
+        assert tie, (f"{label}: token {i} is {ours}, transformers chose {theirs} "
+                     f"(reference logprobs {ref_top}); not a near-tie")
+        return f"near-tie at {i}"
+    return "equal"

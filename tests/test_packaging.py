@@ -1,0 +1,61 @@
+"""The two ways to install minicb ask for the same packages, and nothing installs as `kernels`."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+from pathlib import Path
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _name(requirement: str) -> str:
+    return re.split(r"[<>=!~ \[;]", requirement.strip(), maxsplit=1)[0].lower().replace("_", "-")
+
+
+def pyproject_packages() -> set[str]:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    requirements = project["dependencies"] + [r for extra in project["optional-dependencies"].values()
+                                              for r in extra]
+    return {_name(r) for r in requirements}
+
+
+def environment_packages(text: str | None = None) -> set[str]:
+    """The packages under `dependencies:` (conda lines and the pip section; not the channels)."""
+    text = text if text is not None else (ROOT / "environment.yml").read_text()
+    names = set()
+    for line in text.split("dependencies:", 1)[1].splitlines():
+        item = re.match(r"^\s*-\s+([A-Za-z0-9_.\-\[\]]+.*?)\s*(#.*)?$", line)
+        if item and not item.group(1).endswith(":"):
+            names.add(_name(item.group(1)))
+    return names - {"python", "pip"}
+
+
+def test_environment_yml_and_pyproject_list_the_same_packages():
+    in_pyproject, in_environment = pyproject_packages(), environment_packages()
+    assert in_pyproject - in_environment == set(), "in pyproject.toml but missing from environment.yml"
+    assert in_environment - in_pyproject == set(), "in environment.yml but missing from pyproject.toml"
+
+
+def test_the_check_notices_a_removed_package():
+    text = (ROOT / "environment.yml").read_text()
+    removed = "\n".join(line for line in text.splitlines() if "tokenizers" not in line)
+    assert "tokenizers" in pyproject_packages() - environment_packages(removed)
+
+
+def test_torch_pin_is_the_same_in_makefile_and_environment():
+    pin = re.search(r"TORCH_SPEC\s*\?=\s*(\S+)", (ROOT / "Makefile").read_text()).group(1)
+    assert f"- {pin}" in (ROOT / "environment.yml").read_text()
+
+
+def test_kernels_is_reached_as_minicb_kernels_never_as_top_level():
+    assert importlib.util.find_spec("minicb.kernels") is not None
+    spec = importlib.util.find_spec("kernels")
+    assert spec is None or "minicb" not in str(spec.origin or ""), \
+        "a top-level `kernels` module would shadow Hugging Face's kernels package"
