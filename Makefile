@@ -24,7 +24,7 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 test: setup
-	TRITON_INTERPRET=1 $(BIN)/python -m pytest tests
+	TRITON_INTERPRET=1 $(BIN)/python -m pytest --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg tests notebooks
 
 lab: setup
 	$(BIN)/jupyter lab notebooks/
