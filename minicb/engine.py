@@ -77,12 +77,19 @@ class LLMEngine:
         return token_ids
 
     def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams,
-                    arrival_time: float | None = None, priority: int = 0) -> Request:
+                    arrival_time: float | None = None, priority: int = 0,
+                    fork_of: str | None = None) -> Request:
+        """Queue one request. `fork_of` names a queued or running request with the same prompt
+        whose parallel sample this is: it shares that request's prompt blocks (paged KV)."""
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use; ids must be unique.")
         if params.n != 1:
             raise ValueError("n > 1 is served by LLM.generate, which forks one request per sample.")
         token_ids = self.validate(prompt, params)
+        parent = self.requests.get(fork_of) if fork_of is not None else None
+        if fork_of is not None and (parent is None or parent.prompt_token_ids != token_ids):
+            raise ValueError(f"fork_of={fork_of!r} must name an unfinished request with the same prompt; "
+                             "add the first sample first, or leave fork_of out.")
         seed = params.seed if params.seed is not None else \
             int(torch.randint(0, 2**62, (1,), generator=self._seed_generator))
         request = Request(request_id, token_ids, params,
@@ -93,7 +100,7 @@ class LLMEngine:
                           priority=priority, arrival_index=self._arrivals)
         self._arrivals += 1
         self.requests[request_id] = request
-        self.scheduler.add_request(request)
+        self.scheduler.add_request(request, fork_of=parent if self.kv.supports_sharing else None)
         return request
 
     def abort(self, request_id: str) -> None:
@@ -123,7 +130,8 @@ class LLMEngine:
                     request.logprobs.append(logprob)
         # finished requests leave self.requests once reported, so any finished one still here ended
         # without a token this step (an abort) and is reported now
-        ended = [r for r in self.requests.values() if r.finished and r not in touched]
+        touched_ids = {r.request_id for r in touched}
+        ended = [r for r in self.requests.values() if r.finished and r.request_id not in touched_ids]
         outputs = {r.request_id: r for r in touched + ended}
         result = [self._output(r) for r in outputs.values()]
         for request in ended + [r for r in touched if r.finished]:

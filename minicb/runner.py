@@ -78,11 +78,23 @@ class ModelRunner:
             cu_seqlens_q=cu_seqlens_q.to(device, non_blocking=True),
             seq_lens=torch.tensor(seq_lens, dtype=torch.int32).to(device, non_blocking=True),
             block_tables=block_tables.to(device, non_blocking=True),
-            max_seqlen_q=max(q_lens), max_seqlen_k=max(max(seq_lens), 1))
+            max_seqlen_q=max(q_lens), max_seqlen_k=max(max(seq_lens), 1), q_lens_host=q_lens,
+            seq_lens_host=seq_lens)
         return (torch.tensor(input_ids).to(device, non_blocking=True), positions.to(device, non_blocking=True),
                 meta, logits_indices.to(device, non_blocking=True))
 
+    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+        """Copy-on-write: give each destination block the KV of its source, in every layer.
+
+        In order, one pair at a time: a block copied earlier in the list may be a later source.
+        """
+        for source, destination in pairs:
+            for k_cache, v_cache in self.kv_caches:
+                k_cache[destination] = k_cache[source]
+                v_cache[destination] = v_cache[source]
+
     def execute(self, output: SchedulerOutput) -> SamplerOutput:
+        self.copy_blocks(output.block_copies)      # before the forward writes into the copies
         input_ids, positions, meta, logits_indices = self.prepare(output)
         rows = [s.request for s in output.seqs if s.needs_logits]
         if not rows:  # only intermediate prefill chunks this step: nothing to sample

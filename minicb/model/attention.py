@@ -23,6 +23,14 @@ class AttentionMetadata:
     block_tables: torch.Tensor      # int32 [num_seqs, max_blocks]
     max_seqlen_q: int
     max_seqlen_k: int
+    q_lens_host: list[int] | None = None    # the same lengths as Python ints (shapes are decided on
+    seq_lens_host: list[int] | None = None  # the host); derived from the tensors when not given
+
+    def __post_init__(self) -> None:
+        if self.q_lens_host is None:
+            self.q_lens_host = (self.cu_seqlens_q[1:] - self.cu_seqlens_q[:-1]).tolist()
+        if self.seq_lens_host is None:
+            self.seq_lens_host = self.seq_lens.tolist()
 
 
 def write_kv_torch(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -35,42 +43,51 @@ def write_kv_torch(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_ca
     v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slots, v[real])
 
 
+def gather_keys(cache: torch.Tensor, block_tables: torch.Tensor, num_keys: int) -> torch.Tensor:
+    """[num_blocks, block_size, H, D] cache → [rows, num_keys, H, D] keys in logical order.
+
+    Logical position j of a row lives at block_tables[row, j // block_size], offset j % block_size.
+    """
+    block_size = cache.shape[1]
+    positions = torch.arange(num_keys, device=cache.device)
+    blocks = block_tables.long()[:, (positions // block_size).clamp(max=block_tables.shape[1] - 1)]
+    return cache.flatten(0, 1)[blocks * block_size + positions % block_size]
+
+
 def paged_attention_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                           meta: AttentionMetadata, scale: float) -> torch.Tensor:
-    """Gather each request's keys through its block table into a padded tensor and run SDPA.
+    """The reference: gather keys through the block tables, then scaled_dot_product_attention.
 
-    q: [num_tokens, q_heads, head_dim] → [num_tokens, q_heads, head_dim].
+    Decodes (one query each) run as one padded batch; each prefill chunk runs on its own, so a
+    long chunk never pads every decode row to its length. q: [num_tokens, q_heads, head_dim].
     """
-    device = q.device
-    num_seqs = meta.seq_lens.shape[0]
-    block_size, num_kv_heads, head_dim = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
-    starts = meta.cu_seqlens_q[:-1].long()
-    q_lens = meta.cu_seqlens_q[1:].long() - starts
-    seq_lens = meta.seq_lens.long()
-
-    # queries, padded to [num_seqs, max_q]
-    query_offsets = torch.arange(meta.max_seqlen_q, device=device)
-    query_valid = query_offsets[None, :] < q_lens[:, None]
-    query_rows = (starts[:, None] + query_offsets[None, :]).clamp(max=q.shape[0] - 1)
-    q_padded = q[query_rows]                                       # [S, Mq, Hq, D]
-
-    # keys: logical position j → block_tables[s, j // block_size] * block_size + j % block_size
-    key_positions = torch.arange(meta.max_seqlen_k, device=device)
-    block_index = (key_positions // block_size).clamp(max=meta.block_tables.shape[1] - 1)
-    blocks = meta.block_tables.long()[:, block_index]             # [S, Mk]
-    slots = blocks * block_size + key_positions % block_size
-    k_padded = k_cache.view(-1, num_kv_heads, head_dim)[slots]    # [S, Mk, Hkv, D]
-    v_padded = v_cache.view(-1, num_kv_heads, head_dim)[slots]
-
-    # query j of a segment sits at max(seq_len - q_len + j, 0) and sees keys up to there
-    query_positions = (seq_lens[:, None] - q_lens[:, None] + query_offsets[None, :]).clamp(min=0)
-    mask = (key_positions[None, None, :] <= query_positions[:, :, None]) & \
-           (key_positions[None, None, :] < seq_lens[:, None, None])   # [S, Mq, Mk]
-    out = F.scaled_dot_product_attention(
-        q_padded.transpose(1, 2), k_padded.transpose(1, 2), v_padded.transpose(1, 2),
-        attn_mask=mask[:, None], scale=scale, enable_gqa=q.shape[1] != num_kv_heads)
-    del num_seqs
-    return out.transpose(1, 2)[query_valid]                       # packed order: seq-major
+    out = torch.empty_like(q)
+    gqa = q.shape[1] != k_cache.shape[2]
+    q_lens, seq_lens = meta.q_lens_host, meta.seq_lens_host
+    decodes = [i for i, n in enumerate(q_lens) if n == 1]
+    if decodes:
+        rows = torch.tensor(decodes, device=q.device)
+        tokens = meta.cu_seqlens_q[rows].long()
+        num_keys = max(seq_lens[i] for i in decodes)
+        keys = gather_keys(k_cache, meta.block_tables[rows], num_keys).transpose(1, 2)
+        values = gather_keys(v_cache, meta.block_tables[rows], num_keys).transpose(1, 2)
+        visible = torch.arange(num_keys, device=q.device)[None, :] < meta.seq_lens[rows].long()[:, None]
+        out[tokens] = F.scaled_dot_product_attention(
+            q[tokens][:, :, None, :], keys, values, attn_mask=visible[:, None, None, :], scale=scale,
+            enable_gqa=gqa)[:, :, 0, :]
+    start = 0
+    for row, (q_len, seq_len) in enumerate(zip(q_lens, seq_lens)):
+        if q_len > 1:
+            keys = gather_keys(k_cache, meta.block_tables[row:row + 1], seq_len).transpose(1, 2)
+            values = gather_keys(v_cache, meta.block_tables[row:row + 1], seq_len).transpose(1, 2)
+            # query i sits at max(seq_len - q_len + i, 0) and sees keys up to there (0 for left padding)
+            positions = (torch.arange(q_len, device=q.device) + seq_len - q_len).clamp(min=0)
+            visible = torch.arange(seq_len, device=q.device)[None, :] <= positions[:, None]
+            chunk = q[start:start + q_len].transpose(0, 1)[None]
+            out[start:start + q_len] = F.scaled_dot_product_attention(
+                chunk, keys, values, attn_mask=visible, scale=scale, enable_gqa=gqa)[0].transpose(0, 1)
+        start += q_len
+    return out
 
 
 class Attention:
