@@ -1,0 +1,77 @@
+"""Watch the real engine work, so an exercise can be checked against what minicb itself does.
+
+`record_packed_steps` wraps the engine's ModelRunner.prepare: every step's plan (which tokens of
+which request, its block table) and the packed tensors the runner built from it are kept, taken
+at the moment the runner saw them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from minicb import LLM, CompletionOutput, SamplingParams
+from minicb.model.attention import AttentionMetadata
+from minicb.workload import fixed
+
+
+@dataclass
+class PackedRow:
+    request_id: str
+    num_cached: int          # tokens of the request already in the cache before this step
+    token_ids: list[int]     # the real tokens this row computes (no padding)
+    num_pad: int
+    block_table: list[int]
+    ghost: bool
+
+
+@dataclass
+class PackedStep:
+    rows: list[PackedRow]
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    meta: AttentionMetadata
+    logits_indices: torch.Tensor
+
+
+def record_packed_steps(llm: LLM) -> list[PackedStep]:
+    """From now on, append every step the engine runs to the returned list."""
+    engine = llm.llm_engine
+    prepare = engine.runner.prepare
+    steps: list[PackedStep] = []
+
+    def recording_prepare(plan):
+        packed = prepare(plan)
+        rows = []
+        for seq in plan.seqs:
+            request = seq.request
+            start = request.num_computed_tokens
+            tokens = [] if seq.ghost else request.all_token_ids[start:start + seq.num_tokens]
+            rows.append(PackedRow(request.request_id, start, tokens, seq.num_pad,
+                                  list(engine.kv.block_table(request)), seq.ghost))
+        steps.append(PackedStep(rows, *packed))
+        return packed
+
+    engine.runner.prepare = recording_prepare
+    return steps
+
+
+def greedy(max_tokens: int) -> SamplingParams:
+    """Exactly max_tokens greedy tokens, with the top-5 logprobs that reference.compare reads."""
+    return SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True, logprobs=5)
+
+
+def generate_ids(llm: LLM, prompts: list[list[int]], max_tokens: list[int]) -> list[list[int]]:
+    """Greedy outputs of the engine, exactly max_tokens each, in the prompts' order."""
+    return [completion.token_ids for completion in generate_completions(llm, prompts, max_tokens)]
+
+
+def generate_completions(llm: LLM, prompts: list[list[int]], max_tokens: list[int]) -> list[CompletionOutput]:
+    outputs = llm.generate(prompts, [greedy(n) for n in max_tokens], use_tqdm=False)
+    return [out.outputs[0] for out in outputs]
+
+
+def random_prompts(lengths: list[int], vocab_size: int, seed: int = 0) -> list[list[int]]:
+    """Seeded random prompts of these lengths (minicb.workload's, so every test draws alike)."""
+    return fixed("prompts", lengths, [1] * len(lengths)).prompt_token_ids(vocab_size, seed)
