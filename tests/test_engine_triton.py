@@ -1,0 +1,44 @@
+"""The engine with attention="triton" (the Triton interpreter on a CPU) equals attention="torch"."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+import torch
+
+from minicb import LLM, SamplingParams
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1",
+                                reason="without CUDA, Triton runs only with TRITON_INTERPRET=1 (make test sets it)")
+
+
+@pytest.mark.parametrize("scheduler", ["static", "continuous"])
+def test_triton_attention_gives_the_same_greedy_tokens(tiny_qwen2, scheduler):
+    rng = random.Random(5)
+    # mixed lengths: decodes beside prefill chunks (budget 40), left padding (static), a 1-token prompt
+    prompts = [[rng.randrange(3, 512) for _ in range(n)] for n in (1, 15, 16, 17, 70)]
+    params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in (6, 3, 8, 5, 4)]
+    knobs = dict(scheduler=scheduler, max_num_seqs=4, max_num_batched_tokens=40, max_model_len=128)
+    expected = LLM(tiny_qwen2, attention="torch", **knobs).generate(prompts, params, use_tqdm=False)
+    got = LLM(tiny_qwen2, attention="triton", **knobs).generate(prompts, params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in expected]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1",
+                    reason="needs CUDA with compiled Triton (run: pytest -m gpu without TRITON_INTERPRET)")
+@pytest.mark.parametrize("attention", ["torch", "triton"])
+def test_cuda_engine_equals_transformers_on_the_parity_workload(tiny_llama, attention):
+    from reference import compare, hf_greedy
+    from test_engine_parity import make_workload, run_with_arrivals
+
+    prompts, max_tokens, arrival_steps = make_workload()
+    references = hf_greedy(tiny_llama, prompts, max_tokens)
+    llm = LLM(tiny_llama, device="cuda", dtype="float32", attention=attention, max_num_seqs=8,
+              max_num_batched_tokens=256, max_model_len=320)
+    outputs = run_with_arrivals(llm, prompts, max_tokens, arrival_steps)
+    verdicts = [compare(r, o.outputs[0].token_ids, o.outputs[0].logprobs, f"request {i}")
+                for i, (r, o) in enumerate(zip(references, outputs))]
+    assert verdicts.count("equal") >= len(prompts) - 2
