@@ -74,3 +74,22 @@ def test_chunked_prefill_equals_transformers(tiny_llama):
     outputs = run_with_arrivals(llm, prompts, max_tokens, arrival_steps)
     for i, (ref, out) in enumerate(zip(references, outputs)):
         compare(ref, out.outputs[0].token_ids, out.outputs[0].logprobs, f"request {i}")
+
+
+def test_default_model_greedy_equals_transformers():
+    """The shipped model, on real code prompts, under continuous batching with a paged cache."""
+    from minicb.default_model import default_model_path
+
+    path = default_model_path()
+    heads = ["def add(a, b):\n", "import os\n\n\ndef list_python_files(root):\n", "class Stack:\n",
+             "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+             "    for line in lines:\n", "def parse_args(argv=None):\n    parser = ", "x = [", "# Helpers\n"]
+    llm = LLM(path, scheduler="continuous", kv_cache="paged", max_num_seqs=4, max_num_batched_tokens=64)
+    prompts = [llm.tokenizer.encode(h, add_special_tokens=False) for h in heads]
+    max_tokens = [48, 32, 40, 48, 24, 32, 16, 40]
+    references = hf_greedy(path, prompts, max_tokens)
+    outputs = llm.generate(prompts, [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True, logprobs=5)
+                                     for n in max_tokens], use_tqdm=False)
+    verdicts = [compare(r, o.outputs[0].token_ids, o.outputs[0].logprobs, f"prompt {i}")
+                for i, (r, o) in enumerate(zip(references, outputs))]
+    assert verdicts.count("equal") >= len(heads) - 1, verdicts
