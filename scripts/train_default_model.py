@@ -15,7 +15,9 @@ with the running interpreter:
    Files are split into training and validation by a hash of their path (stable across seeds).
 2. **Tokenizer.** Byte-level BPE (the ``tokenizers`` library), trained on the training files, with
    a single special token ``<|endoftext|>`` serving as BOS, EOS and padding. Byte-level BPE
-   round-trips any text exactly (indentation, unicode).
+   round-trips any text exactly (indentation, unicode). Every newline is a token of its own: were
+   it merged with the indentation after it (GPT-2's rule), a prompt ending in a newline would end
+   in a token that training only ever saw at the end of a chunk, and the model would stop at once.
 3. **Model.** ``transformers.LlamaForCausalLM``: RMSNorm, RoPE, SwiGLU, grouped-query attention,
    tied input/output embeddings, float32 weights.
 4. **Training.** AdamW with linear warmup and cosine decay on packed windows of the token stream,
@@ -71,6 +73,14 @@ EXCLUDED_FILES = {
 # ----------------------------------------------------------------------------------------------
 # Corpus
 # ----------------------------------------------------------------------------------------------
+
+
+def _repo_relative(path: Path) -> str:
+    root = Path(__file__).resolve().parent.parent
+    try:
+        return str(path.resolve().relative_to(root))
+    except ValueError:
+        return str(path)
 
 
 def stdlib_files(root: Path) -> list[Path]:
@@ -149,11 +159,14 @@ def load_corpus(root: Path, val_percent: float) -> dict[str, list]:
 
 
 def train_tokenizer(texts: list[str], vocab_size: int):
-    """Byte-level BPE with one special token, ``<|endoftext|>`` (id 0)."""
+    """Byte-level BPE with one special token, ``<|endoftext|>`` (id 0); newlines stand alone."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split("\n", behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+    ])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
@@ -492,7 +505,8 @@ def main(argv: list[str] | None = None) -> None:
         "tokens_seen": step * tokens_per_step,
         "epochs": round(step * tokens_per_step / n_train_tok, 3),
         "threads": args.threads,
-        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        # paths relative to the repository, so the committed log names no one's machine
+        "args": {k: (_repo_relative(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "data": {
             "source": "CPython standard library (" + sysconfig.get_paths()["stdlib"] + ")",
             "python": platform.python_version(),

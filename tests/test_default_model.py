@@ -34,6 +34,8 @@ PROMPTS = [
     'class Error(Exception):\n    """Base class for exceptions in this module."""\n',
     'def _check_arg(value):\n    """Raise TypeError if value is not a str."""\n',
     "def main():\n",
+    'def isabs(s):\n    """Test whether a path is absolute"""\n',
+    'def _stringify(value):\n    """Return value as a string."""\n',
 ]
 
 
@@ -108,29 +110,31 @@ def test_architecture_is_a_small_gqa_llama(model):
 
 
 def test_greedy_generation_writes_lines_and_stops_by_itself(tokenizer, model):
-    torch.manual_seed(0)
     eos = tokenizer.eos_token_id
     batch = tokenizer(PROMPTS, return_tensors="pt", padding=True)
     assert tokenizer.padding_side == "left"
-    max_new = 160
     with torch.no_grad():
-        out = model.generate(**batch, max_new_tokens=max_new, do_sample=False)
+        out = model.generate(**batch, max_new_tokens=160, do_sample=False)
     new = out[:, batch["input_ids"].shape[1] :].tolist()
     stopped = 0
     for prompt, ids in zip(PROMPTS, new):
         if eos in ids:
-            stopped += 1
             end = ids.index(eos)
             assert all(t == eos for t in ids[end:]), "a finished row is padded with EOS"
-            ids = ids[:end]
-        text = tokenizer.decode(ids)
-        assert "\n" in text, f"no newline in the completion of {prompt!r}: {text!r}"
-    assert stopped >= 2, "the model should end some of these completions by itself"
+            text = tokenizer.decode(ids[:end])
+            # Training put the end-of-text token after a function's last line: a completion
+            # that stops has written at least one line of code and ends with its newline.
+            assert text.strip() and text.endswith("\n"), f"{prompt!r} -> {text!r}"
+            stopped += 1
+        else:
+            assert tokenizer.decode(ids).strip(), f"{prompt!r} produced only whitespace"
+    assert stopped >= len(PROMPTS) // 2, f"only {stopped} of {len(PROMPTS)} completions ended by themselves"
 
 
 def test_natural_output_lengths_vary():
     lengths = default_model.natural_output_lengths()
     assert len(lengths) >= 100
     assert all(isinstance(n, int) and 1 <= n <= 256 for n in lengths)
-    assert len(set(lengths)) >= 20
-    assert sum(n < 256 for n in lengths) >= len(lengths) // 2
+    natural = [n for n in lengths if n < 256]
+    assert len(natural) >= len(lengths) // 5, "too few held-out prompts ended by themselves"
+    assert len(set(natural)) >= 20, "natural lengths should vary"
