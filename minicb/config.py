@@ -12,6 +12,10 @@ POLICIES = ("fcfs", "priority", "shortest_prompt_first")
 STEP_ORDERS = ("decode_first", "prefill_first")
 
 
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _check(condition: bool, message: str) -> None:
     if not condition:
         raise ValueError(message)
@@ -27,6 +31,17 @@ class EngineConfig:
     block_size              tokens per KV block (paged) and the reservation unit (contiguous)
     num_kv_blocks           size of the KV pool in blocks; None = enough for max_num_seqs
                             requests of max_model_len tokens (no preemption ever needed)
+
+    Policy knobs (continuous scheduler only):
+    policy                  admission order: fcfs | priority (lower value first, as in vLLM) |
+                            shortest_prompt_first; preemption evicts the latest arrival
+                            (under priority, the lowest priority first)
+    step_order              decode_first: running requests get their token, prefills fill what
+                            is left; prefill_first: new prompts first, decodes take the rest
+    max_prefill_tokens_per_step  cap on prefill tokens in one step, so a long prompt is chunked
+                            instead of stalling everyone's next token; None = no cap
+    max_wait_steps          ageing: a request waiting longer than this goes first; None = off
+    watermark_blocks        free blocks admission leaves for running requests to grow into
     """
 
     model: str | None = None
@@ -73,12 +88,22 @@ class EngineConfig:
                f"max_model_len must be an integer >= 2 or None (got {self.max_model_len!r}).")
         _check(self.num_kv_blocks is None or (isinstance(self.num_kv_blocks, int) and self.num_kv_blocks >= 1),
                f"num_kv_blocks must be an integer >= 1 or None (got {self.num_kv_blocks!r}).")
-        _check(self.max_prefill_tokens_per_step is None or self.max_prefill_tokens_per_step >= 1,
-               f"max_prefill_tokens_per_step must be >= 1 or None (got {self.max_prefill_tokens_per_step!r}).")
-        _check(self.max_wait_steps is None or self.max_wait_steps >= 1,
-               f"max_wait_steps must be >= 1 or None (got {self.max_wait_steps!r}).")
-        _check(isinstance(self.watermark_blocks, int) and self.watermark_blocks >= 0,
+        cap = self.max_prefill_tokens_per_step
+        _check(cap is None or (_is_int(cap) and 1 <= cap <= self.max_num_batched_tokens),
+               f"max_prefill_tokens_per_step must be None or an integer from 1 to max_num_batched_tokens "
+               f"({self.max_num_batched_tokens}) (got {cap!r}); a larger cap could never bind.")
+        _check(self.max_wait_steps is None or (_is_int(self.max_wait_steps) and self.max_wait_steps >= 1),
+               f"max_wait_steps must be None (no ageing) or an integer >= 1 (got {self.max_wait_steps!r}).")
+        _check(_is_int(self.watermark_blocks) and self.watermark_blocks >= 0,
                f"watermark_blocks must be an integer >= 0 (got {self.watermark_blocks!r}).")
+        policy_knobs = {"policy": (self.policy, "fcfs"), "step_order": (self.step_order, "decode_first"),
+                        "max_prefill_tokens_per_step": (cap, None),
+                        "max_wait_steps": (self.max_wait_steps, None),
+                        "watermark_blocks": (self.watermark_blocks, 0)}
+        changed = [f"{name}={value!r}" for name, (value, default) in policy_knobs.items() if value != default]
+        _check(self.scheduler == "continuous" or not changed,
+               f"{', '.join(changed)} only apply to scheduler='continuous' (got scheduler={self.scheduler!r}); "
+               "use the continuous scheduler or leave those knobs at their defaults.")
         _check(not (self.enable_prefix_caching and self.kv_cache != "paged"),
                "enable_prefix_caching needs kv_cache='paged': only blocks can be shared.")
 
@@ -101,5 +126,13 @@ class EngineConfig:
                    f"num_kv_blocks={self.num_kv_blocks} cannot hold one contiguous reservation of "
                    f"max_model_len={self.max_model_len} tokens ({self.blocks_per_seq()} blocks); "
                    "raise num_kv_blocks or lower max_model_len.")
-        _check(self.watermark_blocks < self.num_kv_blocks,
-               f"watermark_blocks={self.watermark_blocks} must be below num_kv_blocks={self.num_kv_blocks}.")
+        # admission keeps the watermark free even when nothing runs, so a lone request's first
+        # chunk (or its contiguous reservation) plus the watermark must fit the empty pool, or the
+        # engine would wait for room that never comes
+        chunk = min(self.max_prefill_tokens_per_step or self.max_num_batched_tokens, self.max_model_len)
+        first_blocks = self.blocks_per_seq() if self.kv_cache == "contiguous" else -(-chunk // self.block_size)
+        _check(self.watermark_blocks == 0 or self.watermark_blocks + first_blocks <= self.num_kv_blocks,
+               f"watermark_blocks={self.watermark_blocks} leaves {self.num_kv_blocks - self.watermark_blocks} "
+               f"of num_kv_blocks={self.num_kv_blocks} blocks free for admission, fewer than the {first_blocks} "
+               "a request's first step may need, so it could never be admitted; lower watermark_blocks, raise "
+               "num_kv_blocks, or lower max_prefill_tokens_per_step or max_model_len.")

@@ -56,10 +56,12 @@ class LLM:
             for sample in range(p.n):
                 request_id = f"{self._counter}"
                 self._counter += 1
-                # each of n samples is its own request with its own seed stream
+                # each of n samples is its own request with its own seed stream; the samples
+                # after the first fork it, sharing the prompt's KV blocks
                 seed = None if p.seed is None else p.seed + sample
                 engine.add_request(request_id, prompt, replace(p, n=1, seed=seed),
-                                   priority=priority[index] if priority else 0)
+                                   priority=priority[index] if priority else 0,
+                                   fork_of=ids[0] if ids else None)
                 ids.append(request_id)
             groups.append(ids)
 

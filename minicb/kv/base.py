@@ -4,13 +4,20 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
+from minicb.kv.prefix import PrefixCacheStats
+
 
 class KVManager(ABC):
     """Maps each request to physical blocks of the pool.
 
     Capacities are absolute: `allocate(request, num_tokens)` makes sure the request can hold
     `num_tokens` tokens in total (what is cached plus what this step writes).
+
+    The hooks at the end (prefix caching, forking parallel samples, copy-on-write) do nothing
+    here: a manager that cannot share blocks computes every token of every request.
     """
+
+    supports_sharing = False   # whether requests can share blocks (forked samples, cached prefixes)
 
     def __init__(self, num_blocks: int, block_size: int):
         self.num_blocks = num_blocks
@@ -45,3 +52,25 @@ class KVManager(ABC):
     def can_ever_fit(self, num_tokens: int) -> bool:
         """Whether a request of this many tokens fits in the whole, empty pool."""
         return self.blocks_for(num_tokens) <= self.num_blocks
+
+    # --- sharing hooks (no-ops unless the manager shares blocks) ----------------------------------
+    def claim_cached_prefix(self, request) -> int:
+        """Give a request about to be admitted the cached blocks of its longest cached prefix;
+        return how many tokens they hold (it computes only the rest). Undo with `free`."""
+        return 0
+
+    def fork(self, parent, child, num_tokens: int) -> int:
+        """Let `child` share the blocks holding `parent`'s first `num_tokens` tokens; return how
+        many tokens it now has computed."""
+        return 0
+
+    def cache_full_blocks(self, request) -> None:  # noqa: B027 (a hook: doing nothing is right)
+        """After a step: offer the request's newly computed full blocks to the prefix cache."""
+
+    def pop_block_copies(self) -> list[tuple[int, int]]:
+        """(source, destination) blocks whose KV the runner must copy before this step's forward."""
+        return []
+
+    def prefix_stats(self) -> PrefixCacheStats:
+        """Prefix-cache counters: queries, queried and hit tokens, hit rate, evictions."""
+        return PrefixCacheStats()

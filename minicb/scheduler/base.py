@@ -34,6 +34,8 @@ class SchedulerOutput:
     step: int
     seqs: list[ScheduledSeq] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
+    # (source, destination) blocks the runner copies before the forward: copy-on-write
+    block_copies: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -72,10 +74,15 @@ class Scheduler:
         self.running: list[Request] = []
         self.step_count = 0
         self.num_preemptions = 0
+        self.fork_parents: dict[str, Request] = {}   # parallel sample's id → its first sample
 
     # --- queue -----------------------------------------------------------------------------
-    def add_request(self, request: Request) -> None:
+    def add_request(self, request: Request, fork_of: Request | None = None) -> None:
+        """Queue a request; `fork_of` makes it a parallel sample of that request (same prompt),
+        admitted once the first sample's prompt is computed and sharing its blocks."""
         request.status = RequestStatus.WAITING
+        if fork_of is not None:
+            self.fork_parents[request.request_id] = fork_of
         self.waiting.append(request)
 
     def has_unfinished(self) -> bool:
@@ -109,6 +116,7 @@ class Scheduler:
             if seq.ghost:
                 continue
             request.num_computed_tokens += seq.num_tokens
+            self.kv.cache_full_blocks(request)
             if not seq.needs_logits:
                 continue
             request.output_token_ids.append(next(tokens))
@@ -132,12 +140,32 @@ class Scheduler:
         self._mark_finished(request, status)
 
     def _mark_finished(self, request: Request, status: RequestStatus) -> None:
+        self.fork_parents.pop(request.request_id, None)
         request.status = status
         request.times.finished = self.clock()
         request.times.finished_step = self.step_count
 
+    def _claim_computed_prefix(self, request: Request) -> bool:
+        """Before admitting a waiting request (nothing computed), start it from KV already computed.
+
+        A parallel sample shares its first sample's prompt blocks, all but the last prompt token,
+        which it computes itself to draw its own first token. Any other request claims the
+        cached blocks of its longest cached prefix. Returns False while the first sample is still
+        prefilling: admitting the sample now would compute the prompt twice.
+        """
+        parent = self.fork_parents.get(request.request_id)
+        if parent is not None and parent.status is RequestStatus.RUNNING:
+            if parent.num_computed_tokens < parent.num_prompt_tokens:
+                return False
+            request.num_computed_tokens = self.kv.fork(parent, request, request.num_prompt_tokens - 1)
+        else:
+            request.num_computed_tokens = self.kv.claim_cached_prefix(request)
+        return True
+
     def _start_running(self, request: Request) -> None:
         request.status = RequestStatus.RUNNING
+        self.fork_parents.pop(request.request_id, None)
         if request.times.first_scheduled is None:
+            request.num_cached_tokens = request.num_computed_tokens   # read by RequestMetrics
             request.times.first_scheduled = self.clock()
             request.times.first_scheduled_step = self.step_count

@@ -44,6 +44,7 @@ class ContinuousScheduler(Scheduler):
     def _take(self, output: SchedulerOutput, request: Request, num_tokens: int) -> None:
         seq = ScheduledSeq.plan(request, num_tokens)
         self.kv.allocate(request, request.num_computed_tokens + num_tokens)
+        output.block_copies.extend(self.kv.pop_block_copies())
         output.seqs.append(seq)
         self._scheduled.add(request.request_id)
         self._token_budget -= num_tokens
@@ -68,12 +69,17 @@ class ContinuousScheduler(Scheduler):
                 self._take(output, request, num_tokens)
 
     def _pick_victim(self) -> Request:
-        """Among running requests not yet in this step: the latest arrival (FCFS), or the lowest
-        priority, latest arrival first (priority)."""
+        """Among running requests not yet in this step: the latest arrival (it has the least
+        progress to lose), or under the priority policy the lowest priority first. Overdue
+        requests (see `_next_waiting`) go last, so ageing also protects them from eviction."""
         candidates = [r for r in self.running if r.request_id not in self._scheduled]
-        if self.config.policy == "priority":
-            return max(candidates, key=lambda r: (r.priority, r.times.arrival, r.arrival_index))
-        return candidates[-1]
+
+        def eviction_order(request: Request) -> tuple[int, ...]:
+            overdue = self._admission_key(request)[0] == 0
+            priority = request.priority if self.config.policy == "priority" and not overdue else 0
+            return (not overdue, priority, request.arrival_index)
+
+        return max(candidates, key=eviction_order)
 
     def _preempt(self, request: Request, output: SchedulerOutput) -> None:
         self.running.remove(request)
@@ -91,9 +97,14 @@ class ContinuousScheduler(Scheduler):
             return  # memory is short: admitting now would only preempt again next step
         while self.waiting and len(self.running) < self.config.max_num_seqs and self._token_budget > 0:
             request = self._next_waiting()
+            if not self._claim_computed_prefix(request):
+                break   # a parallel sample waits one step for its prompt, then shares it
             num_tokens = self._tokens_for(request)
             if num_tokens == 0 or not self.kv.can_allocate(
-                    request, num_tokens, reserve_blocks=self.config.watermark_blocks):
+                    request, request.num_computed_tokens + num_tokens,
+                    reserve_blocks=self.config.watermark_blocks):
+                self.kv.free(request)               # give back the blocks it claimed
+                request.num_computed_tokens = 0
                 break   # head-of-line: keep the policy's order rather than skipping ahead
             self.waiting.remove(request)
             self.running.append(request)
@@ -101,16 +112,26 @@ class ContinuousScheduler(Scheduler):
             self._take(output, request, num_tokens)
 
     def _next_waiting(self) -> Request:
-        """The policy's choice. Requests that waited longer than max_wait_steps go first
-        (oldest first), so no policy can starve anyone for longer than that."""
+        """The waiting request the policy admits next.
+
+        Ageing (max_wait_steps = W) promises, under every policy: from the step in which a request
+        is overdue (arrived more than W steps ago, so from step arrival_step + W + 1 on) until it
+        is admitted, no request that arrived after it is admitted. Overdue requests go first,
+        oldest first, and admission stops at the first request that does not fit (head-of-line),
+        so everyone younger queues behind. Its wait past W + 1 steps is then only the time the
+        requests already running, and the overdue ones older than it, take to free a slot, the
+        step's budgets and KV room for its first chunk.
+        """
+        return min(self.waiting, key=self._admission_key)
+
+    def _admission_key(self, request: Request) -> tuple[int, ...]:
+        """The policy's order, smallest first; ties go to the earlier arrival."""
         config = self.config
-        if config.max_wait_steps is not None:
-            overdue = [r for r in self.waiting
-                       if self.step_count - r.times.arrival_step > config.max_wait_steps]
-            if overdue:
-                return min(overdue, key=lambda r: r.arrival_index)
+        if config.max_wait_steps is not None and \
+                self.step_count - request.times.arrival_step > config.max_wait_steps:
+            return (0, request.arrival_index)               # overdue: age beats any policy
         if config.policy == "priority":
-            return min(self.waiting, key=lambda r: (r.priority, r.arrival_index))
+            return (1, request.priority, request.arrival_index)
         if config.policy == "shortest_prompt_first":
-            return min(self.waiting, key=lambda r: (r.num_tokens, r.arrival_index))
-        return self.waiting[0]
+            return (1, request.num_tokens, request.arrival_index)   # a recompute counts its output
+        return (1, request.arrival_index)
