@@ -12,7 +12,8 @@ def main(argv: list[str] | None = None) -> int:
         "demo": ("minicb.demo", "the terminal tour: one workload through naive, static and continuous"),
         "env-check": ("minicb.env_check", "print OK/FAIL per dependency, the device and Triton's mode"),
         "serve": ("minicb.server", "an OpenAI-compatible HTTP server"),
-        "bench": (None, "benchmarks: offline | serve | kernels | load-study | memory | overhead | policies"),
+        "bench": (None, "benchmarks: offline | serve | kernels | load-study | memory | overhead | policies "
+                        "| prefix"),
     }
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in commands:
         parser = argparse.ArgumentParser(prog="python -m minicb")
@@ -35,6 +36,7 @@ BENCHES = {
     "memory": "minicb.bench",
     "overhead": "minicb.bench",
     "policies": "minicb.bench_policies",
+    "prefix": "minicb.bench_prefix",
 }
 
 

@@ -8,6 +8,7 @@ of the same code that serves real requests.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from minicb.config import EngineConfig
@@ -42,6 +43,11 @@ class StepRecord:
     num_free_blocks: int
     block_tables: dict[str, list[int]]
     preempted: list[str]
+    num_reserved_slots: int = 0   # KV slots held by live requests after the step
+    num_kv_tokens: int = 0        # tokens whose K/V sit in those slots
+    # CPU seconds this step spent in schedule() + update(), the CPU side of the loop (thread time:
+    # other processes sharing the core do not inflate it)
+    scheduler_seconds: float = field(default=0.0, repr=False, compare=False)
 
 
 @dataclass
@@ -122,7 +128,9 @@ def simulate(workload: Workload, cost: CostModel | None = None, record_blocks: b
             scheduler.add_request(request)
             requests.append(request)
             next_arrival += 1
+        schedule_start = time.thread_time()
         plan = scheduler.schedule()
+        schedule_seconds = time.thread_time() - schedule_start
         if plan.is_empty:
             if len(result.steps) >= max_steps or next_arrival >= len(pending):
                 raise RuntimeError("the scheduler made no progress; check the knobs (KV pool too small?).")
@@ -135,8 +143,12 @@ def simulate(workload: Workload, cost: CostModel | None = None, record_blocks: b
         rows = [(s.request.request_id, "idle" if s.ghost else "prefill" if s.is_prefill else "decode",
                  s.num_tokens) for s in plan.seqs]
         tables = {s.request.request_id: list(kv.block_table(s.request)) for s in plan.seqs} if record_blocks else {}
+        update_start = time.thread_time()
         scheduler.update(plan, [1] * sum(s.needs_logits for s in plan.seqs))
+        schedule_seconds += time.thread_time() - update_start
         result.steps.append(StepRecord(plan.step, start, clock.now, rows, plan.num_pad_tokens,
-                                       kv.num_free_blocks(), tables, [r.request_id for r in plan.preempted]))
+                                       kv.num_free_blocks(), tables, [r.request_id for r in plan.preempted],
+                                       kv.num_reserved_slots(), sum(r.num_computed_tokens for r in scheduler.running),
+                                       schedule_seconds))
     requests.sort(key=lambda r: r.arrival_index)
     return result

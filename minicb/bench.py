@@ -1,0 +1,219 @@
+"""Offline benchmarks: `python -m minicb bench offline | memory | overhead [options]`.
+
+    offline   one workload through transformers' generate (one at a time, static batches),
+              transformers' continuous batching, and minicb's naive / static / continuous
+              schedulers, side by side in one process (minicb.bench_offline)
+    memory    at one KV budget: requests running at once and the share of reserved KV slots
+              holding real tokens, contiguous against paged (minicb.bench_memory)
+    overhead  microseconds of schedule() + update() per step against the number of running
+              requests, beside the model's step time (minicb.bench_overhead)
+
+This module dispatches and holds what the three share: models, workloads, memory probes, and
+writing results (JSON with the machine recorded, and a PNG).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import tempfile
+import threading
+from pathlib import Path
+
+import torch
+
+from minicb.sysinfo import machine_info
+from minicb.workload import Workload, WorkloadRequest, get_workload
+
+SUBCOMMANDS = {"offline": "minicb.bench_offline", "memory": "minicb.bench_memory",
+               "overhead": "minicb.bench_overhead"}
+RESULTS_DIR = Path("benchmarks/results")
+
+# Shapes of public checkpoints, built with random weights: the GPU numbers need a real model's
+# size, not its knowledge, and nothing has to be downloaded.
+RANDOM_MODELS = {
+    "qwen2-0.5b": dict(architecture="Qwen2", vocab_size=151936, hidden_size=896, intermediate_size=4864,
+                       num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
+                       max_position_embeddings=32768, rope_theta=1_000_000.0, rms_norm_eps=1e-6,
+                       tie_word_embeddings=True, bos_token_id=151643, eos_token_id=151643),
+}
+
+
+def main(argv: list[str]) -> int:
+    """argv[0] is the subcommand ("offline", "memory" or "overhead"), the rest its options."""
+    if not argv or argv[0] not in SUBCOMMANDS:
+        print(f"usage: python -m minicb bench {{{','.join(SUBCOMMANDS)}}} [options]  (--help for each)")
+        return 2
+    module = __import__(SUBCOMMANDS[argv[0]], fromlist=["main"])
+    return module.main(argv[1:])
+
+
+# --- models -------------------------------------------------------------------------------------
+def build_random_model(name: str, directory: str | Path, dtype: str = "bfloat16") -> str:
+    """Save a checkpoint with `name`'s shape and random weights into `directory`; return its path."""
+    if name not in RANDOM_MODELS:
+        raise ValueError(f"unknown random model {name!r}; choose one of {sorted(RANDOM_MODELS)}.")
+    import transformers
+
+    spec = dict(RANDOM_MODELS[name])
+    architecture = spec.pop("architecture")
+    config = getattr(transformers, f"{architecture}Config")(**spec)
+    torch.manual_seed(0)
+    with torch.device("cpu"):
+        model = getattr(transformers, f"{architecture}ForCausalLM")(config).to(getattr(torch, dtype))
+    model.save_pretrained(directory)
+    return str(directory)
+
+
+def resolve_model(model: str | None, random_model: str | None, dtype: str) -> tuple[str, str]:
+    """(checkpoint path, label): --random-model builds one in a temporary directory."""
+    if random_model is not None:
+        directory = tempfile.mkdtemp(prefix=f"minicb-{random_model}-")
+        return build_random_model(random_model, directory, dtype), f"{random_model} (random weights)"
+    from minicb.model.loader import resolve_model_path
+
+    path = resolve_model_path(model)
+    return str(path), path.name if model is not None else "minicb default model"
+
+
+def display_path(path: str | Path) -> str:
+    """A model path fit for a committed record: relative to the package for the shipped model,
+    the temporary directory's name for a random one, else as given."""
+    path = Path(path)
+    package = Path(__file__).resolve().parent
+    try:
+        return str(Path("minicb") / path.resolve().relative_to(package))
+    except ValueError:
+        return path.name if str(path).startswith(tempfile.gettempdir()) else str(path)
+
+
+def weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes of the model's distinct parameters (a tied embedding counts once)."""
+    unique = {p.data_ptr(): p for p in model.parameters()}
+    return sum(p.numel() * p.element_size() for p in unique.values())
+
+
+# --- workloads ----------------------------------------------------------------------------------
+def load_workload(name: str, num_prompts: int | None = None) -> Workload:
+    """A standard workload from minicb.workload, optionally with fewer requests for a quick run.
+
+    Generated workloads are drawn with n=num_prompts (the same seed, so a smaller run is a
+    different draw of the same distribution); fixed ones keep their first num_prompts requests.
+    """
+    if num_prompts is not None and num_prompts < 1:
+        raise ValueError(f"--num-prompts must be >= 1 (got {num_prompts}).")
+    from minicb.workload import WORKLOADS
+
+    if name in WORKLOADS and num_prompts is not None and "n" in inspect.signature(WORKLOADS[name]).parameters:
+        return get_workload(name, n=num_prompts)
+    workload = get_workload(name)
+    if num_prompts is not None:
+        workload.requests = workload.requests[:num_prompts]
+    return workload
+
+
+def fit_to_context(workload: Workload, max_len: int) -> tuple[Workload, float]:
+    """Scale every prompt and output length by one factor so the longest request fits `max_len`
+    tokens: the distribution keeps its shape. Returns the workload and the factor (1.0 = as is)."""
+    longest = max(r.prompt_len + r.output_len for r in workload.requests)
+    if longest <= max_len:
+        return workload, 1.0
+    factor = max_len / longest
+    requests = [WorkloadRequest(max(1, int(r.prompt_len * factor)), max(1, int(r.output_len * factor)),
+                                r.arrival, r.priority) for r in workload.requests]
+    description = f"{workload.description}, lengths scaled by {factor:.3f} to fit {max_len} tokens"
+    return Workload(workload.name, requests, description, workload.ignore_eos, dict(workload.extra)), factor
+
+
+def workload_facts(workload: Workload, scale: float = 1.0) -> dict:
+    return {"name": workload.name, "description": workload.description, "num_requests": len(workload),
+            "length_scale": scale, "prompt_tokens": sum(workload.prompt_lens),
+            "output_tokens": sum(workload.output_lens), "prompt_len_range": [min(workload.prompt_lens),
+                                                                             max(workload.prompt_lens)],
+            "output_len_range": [min(workload.output_lens), max(workload.output_lens)]}
+
+
+# --- memory -------------------------------------------------------------------------------------
+class PeakMemory:
+    """Peak memory growth while the block runs: CUDA's allocator statistics on a GPU, the
+    process's resident set (sampled every 10 ms) on a CPU.
+
+        with PeakMemory("cpu") as probe:
+            work()
+        probe.peak_bytes
+    """
+
+    def __init__(self, device: str, interval: float = 0.01):
+        self.device, self.interval = torch.device(device), interval
+        self.peak_bytes = 0
+        self._stop = threading.Event()
+
+    def _used(self) -> int:
+        if self.device.type == "cuda":
+            return torch.cuda.max_memory_allocated(self.device)
+        import psutil
+
+        return psutil.Process().memory_info().rss
+
+    def _sample(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._peak = max(self._peak, self._used())
+
+    def __enter__(self) -> PeakMemory:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self._start = torch.cuda.memory_allocated(self.device)
+        else:
+            self._start = self._used()
+        self._peak = self._start
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self._peak = max(self._peak, self._used())
+        self.peak_bytes = self._peak - self._start
+
+
+# --- results ------------------------------------------------------------------------------------
+def write_results(out_dir: str | Path, stem: str, payload: dict, plot=None) -> tuple[Path, Path | None]:
+    """Write `stem`.json (the payload plus the machine it ran on), then `stem`.png drawn by
+    `plot(payload)` from what was written, so a failed drawing never loses a measurement."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    payload = {"machine": machine_info(), **payload}
+    json_path = out / f"{stem}.json"
+    json_path.write_text(json.dumps(payload, indent=1, default=_jsonable) + "\n")
+    if plot is None:
+        return json_path, None
+    import matplotlib.pyplot as plt
+
+    figure = plot(payload)
+    png_path = out / f"{stem}.png"
+    figure.savefig(png_path, dpi=110, bbox_inches="tight")
+    plt.close(figure)
+    return json_path, png_path
+
+
+def _jsonable(value):
+    if hasattr(value, "item"):
+        return value.item()
+    if isinstance(value, Path):
+        return str(value)
+    raise TypeError(f"cannot write {type(value).__name__} to JSON")
+
+
+def format_table(rows: list[dict], columns: list[tuple[str, str, str]]) -> str:
+    """A plain-text table. columns: (key, header, format spec); missing values print as '-'."""
+    cells = [[header for _, header, _ in columns]]
+    for row in rows:
+        cells.append(["-" if row.get(key) is None else format(row[key], spec) for key, _, spec in columns])
+    widths = [max(len(r[i]) for r in cells) for i in range(len(columns))]
+    lines = ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)

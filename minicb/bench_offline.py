@@ -1,0 +1,260 @@
+"""`python -m minicb bench offline`: one workload, seven ways to serve it, side by side in one run.
+
+    python -m minicb bench offline                                 # long-tail, default model, all systems
+    python -m minicb bench offline --num-prompts 64 --systems hf-generate continuous-paged
+    python -m minicb bench offline --device cuda --dtype bfloat16 --random-model qwen2-0.5b
+
+Every system gets the same prompts (token ids), the same output lengths (max_tokens with EOS
+ignored) and the same weights; batched systems get the same request slots (max_num_seqs) and KV
+capacity. minicb's step token budget fits a full static batch's padded prefill; transformers'
+continuous batching gets the budget it runs best with (--hf-max-batch-tokens). Throughput is
+output tokens per second of wall clock, and per second of this process's CPU time, which a
+machine shared with other work disturbs far less. TTFT and TPOT come from each token's
+timestamp. Greedy outputs are compared token by token against a reference (transformers one at a
+time when it runs), and every disagreement is reported with the logit margin between the two
+tokens, so a near-tie reads as one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import time
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from minicb.bench import (
+    RESULTS_DIR,
+    PeakMemory,
+    display_path,
+    fit_to_context,
+    format_table,
+    load_workload,
+    resolve_model,
+    workload_facts,
+    write_results,
+)
+from minicb.bench_agreement import agreement
+from minicb.bench_peers import SystemRun, hf_continuous, hf_one_at_a_time, hf_static_batches
+from minicb.metrics import summarize
+from minicb.sysinfo import describe, machine_info
+
+SYSTEMS = {
+    "hf-generate": "transformers generate, one request at a time",
+    "hf-static": "transformers generate, padded static batches",
+    "hf-generate-batch": "transformers generate_batch (continuous batching, paged cache)",
+    "naive": "minicb naive (one at a time)",
+    "static": "minicb static batching",
+    "continuous-contiguous": "minicb continuous batching, contiguous KV",
+    "continuous-paged": "minicb continuous batching, paged KV",
+}
+MINICB_KNOBS = {"naive": dict(scheduler="naive", kv_cache="contiguous"),
+                "static": dict(scheduler="static", kv_cache="contiguous"),
+                "continuous-contiguous": dict(scheduler="continuous", kv_cache="contiguous"),
+                "continuous-paged": dict(scheduler="continuous", kv_cache="paged")}
+# (system, baseline, factor): the continuous engine's targets on this benchmark
+TARGETS = [("continuous-paged", "hf-generate", 10.0), ("continuous-paged", "hf-generate-batch", 2.0),
+           ("continuous-paged", "static", 1.5)]
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m minicb bench offline", description=__doc__.split("\n")[0])
+    p.add_argument("--model", default=None, help="checkpoint directory (default: minicb's default model)")
+    p.add_argument("--random-model", default=None, help="build a random-weight model of this shape: qwen2-0.5b")
+    p.add_argument("--workload", default="long-tail", help="a name from minicb.workload (default long-tail)")
+    p.add_argument("--num-prompts", type=int, default=None, help="fewer requests for a quicker run")
+    p.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=list(SYSTEMS))
+    p.add_argument("--max-num-seqs", type=int, default=64, help="request slots of every batched system")
+    p.add_argument("--max-num-batched-tokens", type=int, default=None,
+                   help="tokens per step (default: enough for a full static batch's padded prefill)")
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help="longest request (default: the model's context, at most 2048); the workload is scaled to fit")
+    p.add_argument("--num-kv-blocks", type=int, default=None, help="KV pool in blocks (default: no memory limit)")
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--hf-page-size", type=int, default=256, help="page size of transformers' paged cache")
+    p.add_argument("--hf-max-batch-tokens", type=int, default=512,
+                   help="tokens per step of transformers' continuous batching: on a CPU it builds a dense "
+                        "attention mask per step, so it runs best with small steps (512 was its best of 256-18432)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the prompts' token ids")
+    p.add_argument("--out-dir", default=str(RESULTS_DIR))
+    p.add_argument("--no-progress", action="store_true")
+    return p.parse_args(argv)
+
+
+def run_minicb(name: str, model_path: str, args, prompts, output_lens, progress: bool) -> SystemRun:
+    from minicb import LLM, SamplingParams
+
+    knobs = dict(MINICB_KNOBS[name], max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+                 max_model_len=args.max_model_len, num_kv_blocks=args.num_kv_blocks, block_size=args.block_size,
+                 device=args.device, dtype=args.dtype)
+    llm = LLM(model_path, **knobs)
+    llm.generate(prompts[:2], SamplingParams(max_tokens=2, temperature=0, ignore_eos=True), use_tqdm=False)  # warm-up
+    params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in output_lens]
+    engine = llm.llm_engine
+    steps = log_model_steps(engine)
+    cpu_start = time.process_time()
+    with PeakMemory(args.device) as probe:
+        results = llm.generate(prompts, params, use_tqdm=progress)
+    cpu_seconds = time.process_time() - cpu_start
+    # the KV pool is allocated up front, before the probe starts: count it as memory the run needs
+    settings = dict(knobs, num_kv_blocks=engine.config.num_kv_blocks, steps=len(steps),
+                    kv_pool_bytes=engine.runner.kv_cache_bytes(), peak_growth_bytes=probe.peak_bytes,
+                    time_split=time_split(steps, cpu_seconds))
+    return SystemRun([r.outputs[0].token_ids for r in results], [r.metrics for r in results], settings, cpu_seconds)
+
+
+def log_model_steps(engine) -> list[tuple[float, int, int]]:
+    """From now on, note every model step's CPU seconds, prefill tokens and rows."""
+    log: list[tuple[float, int, int]] = []
+    execute = engine.runner.execute
+
+    def timed(plan):
+        start = time.process_time()
+        try:
+            return execute(plan)
+        finally:
+            log.append((time.process_time() - start, plan.num_prefill_tokens, len(plan.seqs)))
+
+    engine.runner.execute = timed
+    return log
+
+
+def time_split(steps: list[tuple[float, int, int]], cpu_seconds: float) -> dict:
+    """Where the CPU time went: steps with prompt tokens, pure decode steps, and the engine around them."""
+    prefill = [s for s in steps if s[1] > 0]
+    decode = [s for s in steps if s[1] == 0]
+    in_model = sum(s[0] for s in steps)
+    return {"prefill_steps": len(prefill), "prefill_step_cpu_s": sum(s[0] for s in prefill),
+            "prompt_tokens": sum(s[1] for s in prefill), "decode_steps": len(decode),
+            "decode_step_cpu_s": sum(s[0] for s in decode),
+            "mean_decode_rows": sum(s[2] for s in decode) / max(len(decode), 1),
+            "outside_model_cpu_s": cpu_seconds - in_model}
+
+
+def run_system(name: str, model_path: str, hf_model, args, prompts: list[list[int]], output_lens: list[int],
+               progress: bool) -> tuple[SystemRun, int]:
+    """Run one system; return what it produced and its peak memory beyond the weights (bytes)."""
+    if name in MINICB_KNOBS:
+        run = run_minicb(name, model_path, args, prompts, output_lens, progress)
+        return run, run.settings["peak_growth_bytes"] + run.settings["kv_pool_bytes"]
+    pad = hf_model.generation_config.pad_token_id or 0
+    with tqdm(total=len(prompts), desc="requests", disable=not progress) as bar, PeakMemory(args.device) as probe:
+        if name == "hf-generate":
+            run = hf_one_at_a_time(hf_model, prompts, output_lens, pad, bar.update)
+        elif name == "hf-static":
+            run = hf_static_batches(hf_model, prompts, output_lens, pad, args.max_num_seqs, bar.update)
+        else:
+            kv_tokens = (args.num_kv_blocks or args.max_num_seqs * -(-args.max_model_len // args.block_size)) \
+                * args.block_size
+            run = hf_continuous(hf_model, prompts, output_lens, pad, args.max_num_seqs, args.hf_max_batch_tokens,
+                                kv_tokens, args.hf_page_size, bar.update)
+    return run, probe.peak_bytes
+
+
+def load_hf_model(path: str, device: str, dtype: str):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype), attn_implementation="sdpa")
+    model = model.to(device).eval()
+    ids = torch.tensor([[5, 6, 7]], device=device)   # warm-up
+    model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=2, do_sample=False,
+                   pad_token_id=model.generation_config.pad_token_id or 0)
+    return model
+
+
+def summarize_run(name: str, run: SystemRun, peak_bytes: int) -> dict:
+    s = summarize(run.metrics)
+    return {"system": name, "label": SYSTEMS[name], "requests": s.num_requests, "output_tokens": s.output_tokens,
+            "duration_s": s.duration, "output_throughput": s.output_throughput, "cpu_seconds": run.cpu_seconds,
+            "output_per_cpu_second": s.output_tokens / max(run.cpu_seconds, 1e-9),
+            "ttft_p50_s": s.ttft["p50"], "ttft_p95_s": s.ttft["p95"], "tpot_p50_ms": s.tpot["p50"] * 1e3,
+            "tpot_p95_ms": s.tpot["p95"] * 1e3, "peak_memory_mb": peak_bytes / 2**20, "settings": run.settings}
+
+
+def check_targets(rows: dict[str, dict]) -> list[dict]:
+    """Each target's ratio in output tokens per wall-clock second and per CPU second."""
+    checks = []
+    for system, baseline, factor in TARGETS:
+        if system in rows and baseline in rows:
+            wall = rows[system]["output_throughput"] / rows[baseline]["output_throughput"]
+            cpu = rows[system]["output_per_cpu_second"] / rows[baseline]["output_per_cpu_second"]
+            checks.append({"system": system, "baseline": baseline, "target": factor, "ratio": wall,
+                           "ratio_cpu": cpu, "met": wall >= factor, "met_cpu": cpu >= factor})
+    return checks
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv or [])
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    progress = not args.no_progress
+    model_path, model_label = resolve_model(args.model, args.random_model, args.dtype)
+    config = json.loads((Path(model_path) / "config.json").read_text())
+    context = config.get("max_position_embeddings", 2048)
+    args.max_model_len = args.max_model_len or min(context, 2048)
+    workload, scale = fit_to_context(load_workload(args.workload, args.num_prompts), args.max_model_len)
+    prompts = workload.prompt_token_ids(config["vocab_size"], seed=args.seed)
+    output_lens = workload.output_lens
+    args.max_num_batched_tokens = args.max_num_batched_tokens or args.max_num_seqs * max(workload.prompt_lens)
+    print(f"{model_label}: {workload.description}; {len(workload)} requests, {sum(output_lens)} output tokens\n"
+          f"machine: {describe(machine_info())}")
+
+    # loaded once for the transformers systems, or only when a disagreement needs explaining
+    get_hf_model = functools.cache(lambda: load_hf_model(model_path, args.device, args.dtype))
+    runs: dict[str, SystemRun] = {}
+    rows: dict[str, dict] = {}
+    for index, name in enumerate(args.systems):
+        print(f"[{index + 1}/{len(args.systems)}] {SYSTEMS[name]}")
+        hf_model = get_hf_model() if name.startswith("hf-") else None
+        run, peak = run_system(name, model_path, hf_model, args, prompts, output_lens, progress)
+        runs[name], rows[name] = run, summarize_run(name, run, peak)
+
+    slowest = min(r["output_throughput"] for r in rows.values())
+    slowest_cpu = min(r["output_per_cpu_second"] for r in rows.values())
+    reference = "hf-generate" if "hf-generate" in runs else args.systems[0]
+    for name, row in rows.items():
+        row["ratio_to_slowest"] = row["output_throughput"] / slowest
+        row["ratio_to_slowest_cpu"] = row["output_per_cpu_second"] / slowest_cpu
+        row["agreement"] = dict(reference=reference, **agreement(runs[reference].outputs, runs[name].outputs,
+                                                                   prompts, get_hf_model))
+    targets = check_targets(rows)
+    print(report(rows, targets))
+    payload = {"benchmark": "offline", "model": {"label": model_label, "path": display_path(model_path),
+                                                  "dtype": args.dtype, "device": args.device,
+                                                  "max_model_len": args.max_model_len},
+               "workload": workload_facts(workload, scale),
+               "settings": {k: getattr(args, k) for k in ("max_num_seqs", "max_num_batched_tokens", "num_kv_blocks",
+                                                          "block_size", "hf_page_size", "hf_max_batch_tokens", "seed",
+                                                          "threads")},
+               "systems": list(rows.values()), "targets": targets}
+    from minicb.bench_plots import plot_offline
+
+    stem = "-".join(["offline", workload.name] + ([args.device] if args.device != "cpu" else [])
+                    + ([args.random_model] if args.random_model else [])
+                    + ([f"{args.num_kv_blocks}blocks"] if args.num_kv_blocks else []))
+    json_path, png_path = write_results(args.out_dir, stem, payload, plot_offline)
+    print(f"results: {json_path}, {png_path}")
+    return 0
+
+
+def report(rows: dict[str, dict], targets: list[dict]) -> str:
+    table = [dict(row, agree=f"{row['requests'] - row['agreement']['requests_differing']}/{row['requests']}")
+             for row in rows.values()]
+    text = format_table(table, [("system", "system", ""), ("output_throughput", "out tok/s", ".1f"),
+                                ("ratio_to_slowest", "x slowest", ".1f"),
+                                ("output_per_cpu_second", "tok/CPU-s", ".1f"),
+                                ("ratio_to_slowest_cpu", "x slowest", ".1f"), ("ttft_p50_s", "TTFT p50 s", ".2f"),
+                                ("ttft_p95_s", "TTFT p95 s", ".2f"), ("tpot_p50_ms", "TPOT p50 ms", ".1f"),
+                                ("tpot_p95_ms", "TPOT p95 ms", ".1f"), ("peak_memory_mb", "peak MB", ".0f"),
+                                ("agree", "greedy =ref", "")])
+    for t in targets:
+        text += (f"\n{t['system']} / {t['baseline']}: {t['ratio']:.2f}x per second, {t['ratio_cpu']:.2f}x per "
+                 f"CPU second (target >= {t['target']:g}x: {'met' if t['met'] else 'NOT met'} / "
+                 f"{'met' if t['met_cpu'] else 'NOT met'})")
+    return text

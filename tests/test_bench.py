@@ -1,0 +1,154 @@
+"""The offline benchmarks run end to end on a tiny model and write what the README promises.
+
+Speed is never asserted here (that is what the benchmarks themselves are for); what is checked
+is that every system serves every request, the results carry the machine, the greedy-agreement
+check catches a disagreement, and the memory and overhead measurements obey their invariants.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from minicb.bench import PeakMemory, fit_to_context, load_workload
+from minicb.bench import main as bench_main
+from minicb.bench_agreement import agreement, compare_outputs
+from minicb.sysinfo import describe, machine_info
+from minicb.workload import get_workload
+
+
+def _check_machine(payload: dict) -> None:
+    machine = payload["machine"]
+    assert machine["cpu_model"] and machine["cpu_cores"] >= 1
+    assert machine["versions"]["torch"] and machine["versions"]["transformers"] and machine["date"]
+    assert f"{machine['cpu_cores']}-core" in describe(machine)
+
+
+@pytest.fixture(scope="module")
+def offline(tiny_llama, tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("offline")
+    code = bench_main(["offline", "--model", tiny_llama, "--workload", "seed-example", "--max-num-seqs", "4",
+                       "--threads", "1", "--no-progress", "--out-dir", str(out)])
+    assert code == 0
+    assert (out / "offline-seed-example.png").stat().st_size > 0
+    return json.loads((out / "offline-seed-example.json").read_text())
+
+
+def test_offline_serves_every_request_on_every_system(offline):
+    workload = get_workload("seed-example")
+    systems = {s["system"]: s for s in offline["systems"]}
+    assert set(systems) == {"hf-generate", "hf-static", "hf-generate-batch", "naive", "static",
+                            "continuous-contiguous", "continuous-paged"}
+    for row in systems.values():
+        assert row["requests"] == len(workload)
+        assert row["output_tokens"] == sum(workload.output_lens)
+        assert row["output_throughput"] > 0 and row["cpu_seconds"] > 0
+        assert row["ttft_p50_s"] <= row["ttft_p95_s"]
+        assert row["peak_memory_mb"] >= 0
+    assert min(r["ratio_to_slowest"] for r in systems.values()) == pytest.approx(1.0)
+    # the static schedulers run each batch to its longest member: 4/4/10/10 then 4/4 on four slots
+    assert systems["static"]["settings"]["steps"] == 10 + 4
+    assert systems["continuous-paged"]["settings"]["steps"] == 10
+    assert systems["hf-static"]["settings"]["decode_rows_computed"] == 4 * 10 + 2 * 4
+    assert {t["baseline"] for t in offline["targets"]} == {"hf-generate", "hf-generate-batch", "static"}
+    _check_machine(offline)
+
+
+def test_offline_greedy_outputs_agree(offline):
+    for row in offline["systems"]:
+        assert row["agreement"]["reference"] == "hf-generate"
+        assert row["agreement"]["requests_differing"] == 0, (row["system"], row["agreement"]["mismatches"])
+
+
+def test_agreement_detects_a_corrupted_output(tiny_llama):
+    from transformers import AutoModelForCausalLM
+
+    from minicb.bench_peers import hf_one_at_a_time
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32).eval()
+    prompts = get_workload("seed-example").prompt_token_ids(512)[:2]
+    reference = hf_one_at_a_time(model, prompts, [5, 5], pad_token_id=0).outputs
+    corrupted = [list(reference[0]), list(reference[1])]
+    corrupted[1][3] = (corrupted[1][3] + 1) % 512
+    report = agreement(reference, corrupted, prompts, lambda: model)
+    assert report["requests_differing"] == 1
+    (mismatch,) = report["mismatches"]
+    assert (mismatch["request"], mismatch["position"]) == (1, 3)
+    assert (mismatch["expected"], mismatch["got"]) == (reference[1][3], corrupted[1][3])
+    # the reference is greedy, so its token has the larger logit; the margin is what a near-tie would show
+    assert mismatch["margin"] > 0 and mismatch["margin"] == pytest.approx(
+        mismatch["expected_logit"] - mismatch["got_logit"])
+
+
+def test_compare_outputs_reports_the_first_difference_and_early_ends():
+    assert compare_outputs([[1, 2, 3]], [[1, 2, 3]]) == []
+    (changed,) = compare_outputs([[1, 2, 3]], [[1, 9, 3]])
+    assert (changed.position, changed.expected, changed.got) == (1, 2, 9)
+    (short,) = compare_outputs([[1, 2, 3]], [[1, 2]])
+    assert (short.position, short.expected, short.got) == (2, 3, None)
+    with pytest.raises(ValueError, match="every system must answer"):
+        compare_outputs([[1]], [])
+
+
+def test_memory_waste_and_occupancy(tmp_path):
+    assert bench_main(["memory", "--num-prompts", "48", "--num-kv-blocks", "160", "--max-num-seqs", "64",
+                       "--out-dir", str(tmp_path)]) == 0
+    payload = json.loads((tmp_path / "memory-long-tail.json").read_text())
+    assert (tmp_path / "memory-long-tail.png").exists()
+    runs = {r["kv_cache"]: r for r in payload["runs"]}
+    block_size = payload["block_size"]
+    reservation = -(-payload["max_model_len"] // block_size) * block_size
+    for name, run in runs.items():
+        for reserved, tokens in zip(run["reserved_slots"], run["kv_tokens"]):
+            assert 0 <= tokens <= reserved <= payload["kv_slots"]
+            if name == "contiguous":
+                assert reserved % reservation == 0        # whole max_model_len runs only
+        assert run["max_running"] >= run["mean_running"] > 0
+    # a paged request leaves at most one partly filled block empty
+    paged = runs["paged"]
+    for running, reserved, tokens in zip(paged["running"], paged["reserved_slots"], paged["kv_tokens"]):
+        assert reserved - tokens <= running * (block_size - 1)
+    assert paged["waste_fraction"] < runs["contiguous"]["waste_fraction"]
+    assert paged["mean_running"] > runs["contiguous"]["mean_running"]
+    _check_machine(payload)
+
+
+def test_overhead_measures_scheduler_and_model(tiny_llama, tmp_path):
+    assert bench_main(["overhead", "--model", tiny_llama, "--running", "1", "8", "--batch-sizes", "1", "4",
+                       "--steps", "3", "--context", "8", "--threads", "1", "--out-dir", str(tmp_path)]) == 0
+    payload = json.loads((tmp_path / "overhead.json").read_text())
+    assert (tmp_path / "overhead.png").exists()
+    for kv in ("paged", "contiguous"):
+        assert [p["running"] for p in payload["scheduler"][kv]] == [1, 8]
+        assert all(p["us_per_step"] > 0 for p in payload["scheduler"][kv])
+    assert [m["batch"] for m in payload["model_steps"]] == [1, 4]
+    for step in payload["model_steps"]:
+        assert step["step_ms"] > 0 and step["forward_sample_ms"] > 0 and step["schedule_ms"] >= 0
+    assert payload["floor"]["weight_bytes"] > 0 and payload["floor"]["floor_ms"] > 0
+    assert payload["target"]["running"] == 4
+    _check_machine(payload)
+
+
+def test_workload_helpers():
+    assert len(load_workload("long-tail", 10)) == 10
+    assert len(load_workload("seed-example", 3)) == 3
+    with pytest.raises(ValueError, match="num-prompts"):
+        load_workload("chat", 0)
+    workload, factor = fit_to_context(get_workload("long-tail", n=64), 512)
+    assert factor < 1 and max(r.prompt_len + r.output_len for r in workload.requests) <= 512
+    same, one = fit_to_context(get_workload("seed-example"), 512)
+    assert one == 1.0 and same.prompt_lens == get_workload("seed-example").prompt_lens
+
+
+def test_peak_memory_sees_an_allocation():
+    with PeakMemory("cpu") as probe:
+        block = torch.ones(16 * 2**20)      # 64 MiB, written, so resident
+    assert block.sum() > 0 and probe.peak_bytes >= 48 * 2**20
+
+
+def test_machine_info_names_the_machine():
+    info = machine_info()
+    assert info["cpu_cores"] >= 1 and info["cpu_model"] and info["versions"]["minicb"]
+    assert isinstance(info["gpus"], list)
