@@ -1,0 +1,293 @@
+"""AsyncLLMEngine: the engine's step loop runs in the background; each request gets a stream.
+
+Serving differs from LLM.generate in three ways: requests arrive while others are decoding,
+each token goes to its client as soon as it exists, and a client that leaves must give its KV
+blocks back. So the step loop runs on its own, and every request gets an async iterator of
+deltas (new token ids, new text, and at the end the finish reason and metrics).
+
+Threading. A step is blocking work (milliseconds to seconds); it runs in a worker thread so
+the event loop keeps accepting connections and sending tokens meanwhile. Everything that
+touches the engine (adding, aborting, stepping, detokenising) runs inside that one call, one
+call at a time: the engine never sees two threads, and an arrival or an abort is queued and
+applied between two steps, never during one.
+
+    engine = AsyncLLMEngine(LLMEngine(EngineConfig(model=path)))
+    async for delta in engine.generate("def fib(n):", SamplingParams(max_tokens=16)):
+        print(delta.text, end="")
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from minicb.config import EngineConfig
+from minicb.detokenizer import IncrementalDetokenizer
+from minicb.engine import LLMEngine, Prompt
+from minicb.metrics import RequestMetrics
+from minicb.outputs import RequestOutput
+from minicb.sampling import SamplingParams
+from minicb.serving_metrics import ServingStats
+
+
+class QueueFullError(RuntimeError):
+    """Too many requests are waiting; the caller should come back later (HTTP 503)."""
+
+    def __init__(self, num_waiting: int, max_queue_len: int, retry_after: float = 1.0):
+        super().__init__(f"the server is overloaded: {num_waiting} requests are waiting "
+                         f"(max_queue_len={max_queue_len}); retry in {retry_after:g} s.")
+        self.retry_after = retry_after
+
+
+@dataclass
+class StreamDelta:
+    """What one step added to one request."""
+
+    request_id: str
+    token_ids: list[int]
+    text: str
+    finished: bool = False
+    finish_reason: str | None = None      # "stop" | "length" | "abort" | "error" once finished
+    num_prompt_tokens: int = 0
+    num_output_tokens: int = 0
+    metrics: RequestMetrics | None = None  # on the finished delta
+    error: str | None = None
+
+
+class RequestStream:
+    """One request's deltas, as an async iterator that ends after the finished delta."""
+
+    def __init__(self, request_id: str):
+        self.request_id = request_id
+        self.finished = False
+        self._queue: asyncio.Queue[StreamDelta] = asyncio.Queue()
+
+    def put(self, delta: StreamDelta) -> None:
+        self._queue.put_nowait(delta)
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> StreamDelta:
+        if self.finished:
+            raise StopAsyncIteration
+        delta = await self._queue.get()
+        self.finished = delta.finished
+        return delta
+
+
+@dataclass
+class _PendingAdd:
+    request_id: str
+    prompt: Prompt
+    params: SamplingParams
+    priority: int
+    arrival_time: float
+    require_fit: bool
+    added: asyncio.Future = field(repr=False)
+
+
+class AsyncLLMEngine:
+    """Wraps an LLMEngine with a background step loop and per-request async streams.
+
+    max_queue_len: how many requests may wait for admission; one more is refused with
+    QueueFullError at once (a fast "come back later" beats a request that hangs).
+    """
+
+    def __init__(self, engine: LLMEngine, max_queue_len: int | None = None):
+        self.engine = engine
+        self.max_queue_len = max_queue_len
+        self.stats = ServingStats()
+        self._pending_adds: list[_PendingAdd] = []
+        self._pending_aborts: set[str] = set()
+        self._streams: dict[str, RequestStream] = {}
+        self._detokenizers: dict[str, IncrementalDetokenizer] = {}   # used by the worker call only
+        self._ids = itertools.count()
+        self._wake: asyncio.Event | None = None
+        self._loop_task: asyncio.Task | None = None
+        self._stopping = False
+
+    @classmethod
+    def from_config(cls, config: EngineConfig, max_queue_len: int | None = None) -> AsyncLLMEngine:
+        return cls(LLMEngine(config), max_queue_len)
+
+    # --- what the server reports ---------------------------------------------------------------
+    @property
+    def num_waiting(self) -> int:
+        return len(self._pending_adds) + len(self.engine.scheduler.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return sum(not r.finished for r in list(self.engine.scheduler.running))
+
+    # --- lifecycle -------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the step loop on the running event loop (idempotent)."""
+        if self._loop_task is None or self._loop_task.done():
+            self._stopping = False
+            self._wake = asyncio.Event()
+            self._loop_task = asyncio.get_running_loop().create_task(self._run())
+
+    async def shutdown(self) -> None:
+        """Stop the loop after the step in flight; every open stream ends with "abort"."""
+        if self._loop_task is None:
+            return
+        self._stopping = True
+        self._wake.set()
+        await self._loop_task
+        self._loop_task = None
+
+    # --- requests ----------------------------------------------------------------------------------
+    async def add_request(self, prompt: Prompt, params: SamplingParams, request_id: str | None = None,
+                          priority: int = 0, require_fit: bool = False) -> RequestStream:
+        """Queue a request; return its stream once the engine accepted it.
+
+        Raises ValueError (bad input, from the engine's checks) or QueueFullError (overload).
+        `require_fit=True` refuses a request whose prompt + max_tokens exceeds max_model_len
+        instead of cutting it short, as OpenAI-style servers do.
+        """
+        self.start()
+        if self.max_queue_len is not None and self.num_waiting >= self.max_queue_len:
+            raise QueueFullError(self.num_waiting, self.max_queue_len)
+        request_id = request_id or f"req-{next(self._ids)}"
+        if request_id in self._streams:
+            raise ValueError(f"request id {request_id!r} is already in use; ids must be unique.")
+        stream = self._streams[request_id] = RequestStream(request_id)
+        added = asyncio.get_running_loop().create_future()
+        self._pending_adds.append(_PendingAdd(request_id, prompt, params, priority, time.perf_counter(),
+                                              require_fit, added))
+        self._wake.set()
+        try:
+            await added
+        except asyncio.CancelledError:   # the caller went away while the request was queued
+            self.abort(request_id)
+            raise
+        return stream
+
+    def abort(self, request_id: str) -> None:
+        """Ask for the request to stop; its blocks are freed before the next step."""
+        if request_id in self._streams and self._wake is not None:
+            self._pending_aborts.add(request_id)
+            self._wake.set()
+
+    async def generate(self, prompt: Prompt, params: SamplingParams, request_id: str | None = None,
+                       priority: int = 0) -> AsyncIterator[StreamDelta]:
+        """Add a request and yield its deltas. Closing the generator early (the consumer is
+        cancelled, or leaves an `async with contextlib.aclosing(...)` block) aborts the request."""
+        stream = await self.add_request(prompt, params, request_id, priority)
+        try:
+            async for delta in stream:
+                yield delta
+        finally:
+            if not stream.finished:
+                self.abort(stream.request_id)
+
+    # --- the loop (event loop side) ------------------------------------------------------------
+    async def _run(self) -> None:
+        while not self._stopping:
+            if not (self._pending_adds or self._pending_aborts or self.engine.has_unfinished_requests()):
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            aborts, self._pending_aborts = self._pending_aborts, set()
+            adds = [a for a in self._pending_adds if a.request_id not in aborts]
+            for add in self._pending_adds:
+                if add.request_id in aborts:       # never reached the engine: end it here
+                    self._end_stream(add.request_id, "abort")
+            self._pending_adds = []
+            try:
+                rejected, deltas = await asyncio.to_thread(self._engine_iteration, adds, aborts)
+            except Exception as error:   # a fault inside a step: fail what is in flight, keep serving
+                self._fail_all(f"{type(error).__name__}: {error}", adds)
+                continue
+            for add in adds:
+                error = rejected.get(add.request_id)
+                if error is not None:
+                    self._streams.pop(add.request_id, None)
+                if add.added.done():       # its caller gave up meanwhile (and asked for an abort)
+                    continue
+                if error is None:
+                    add.added.set_result(None)
+                else:
+                    add.added.set_exception(error)
+            for delta in deltas:
+                self._deliver(delta)
+        await asyncio.to_thread(self._abort_everything)
+        for request_id in list(self._streams):
+            self._end_stream(request_id, "abort")
+
+    def _deliver(self, delta: StreamDelta) -> None:
+        self.stats.generation_tokens += len(delta.token_ids)
+        stream = self._streams.get(delta.request_id)
+        if delta.finished:
+            self._streams.pop(delta.request_id, None)
+            self.stats.on_finished(delta.metrics, delta.finish_reason)
+        if stream is not None:
+            stream.put(delta)
+
+    def _end_stream(self, request_id: str, reason: str, error: str | None = None) -> None:
+        """End a stream from this side (not from an engine output), releasing a waiting add."""
+        stream = self._streams.pop(request_id, None)
+        if stream is not None:
+            stream.put(StreamDelta(request_id, [], "", True, reason, error=error))
+        for add in self._pending_adds:
+            if add.request_id == request_id and not add.added.done():
+                add.added.set_result(None)
+
+    def _fail_all(self, message: str, adds: list[_PendingAdd]) -> None:
+        self._pending_aborts.update(self._streams)   # the next iteration removes them from the engine
+        for request_id in list(self._streams):
+            self._end_stream(request_id, "error", message)
+        for add in adds:   # their callers still wait for the add: hand them the ended stream
+            if not add.added.done():
+                add.added.set_result(None)
+
+    # --- the worker call (everything that touches the engine) -----------------------------------
+    def _engine_iteration(self, adds: list[_PendingAdd], aborts: set[str]
+                          ) -> tuple[dict[str, ValueError], list[StreamDelta]]:
+        rejected = {}
+        for add in adds:
+            try:
+                self._add_to_engine(add)
+            except ValueError as error:
+                rejected[add.request_id] = error
+        for request_id in aborts:
+            if request_id in self.engine.requests:
+                self.engine.abort(request_id)
+        deltas = []
+        # a step also runs right after an abort, even with nothing left: it reports the aborted
+        # request (finish_reason "abort") and lets the engine forget it
+        if self.engine.has_unfinished_requests() or aborts:
+            deltas = [self._to_delta(output) for output in self.engine.step()]
+        return rejected, deltas
+
+    def _add_to_engine(self, add: _PendingAdd) -> None:
+        engine = self.engine
+        token_ids = engine.validate(add.prompt, add.params)
+        limit = engine.config.max_model_len
+        if add.require_fit and len(token_ids) + add.params.max_tokens > limit:
+            raise ValueError(f"max_tokens={add.params.max_tokens} plus the prompt's {len(token_ids)} tokens "
+                             f"exceeds max_model_len={limit}; ask for at most {limit - len(token_ids)} "
+                             "tokens or shorten the prompt.")
+        engine.add_request(add.request_id, token_ids, add.params, add.arrival_time, add.priority)
+        self._detokenizers[add.request_id] = IncrementalDetokenizer(engine.tokenizer, add.params.stop)
+
+    def _to_delta(self, output: RequestOutput) -> StreamDelta:
+        completion = output.outputs[0]
+        if output.finished:   # the engine's final text, cut at a stop string if one matched
+            text = self._detokenizers.pop(output.request_id).finish(completion.text)
+        else:
+            text = self._detokenizers[output.request_id].add(output.new_token_ids)
+        return StreamDelta(output.request_id, list(output.new_token_ids), text, output.finished,
+                           completion.finish_reason, len(output.prompt_token_ids), len(completion.token_ids),
+                           output.metrics if output.finished else None, output.error)
+
+    def _abort_everything(self) -> None:
+        for request_id in list(self.engine.requests):
+            self.engine.abort(request_id)
+        if self.engine.requests:
+            self.engine.step()
+        self._detokenizers.clear()

@@ -1,0 +1,159 @@
+"""Load study: one workload served by naive, static and continuous batching at rising request rates.
+
+    python -m minicb bench load-study                 # the full sweep, a few minutes on 2 CPU cores
+    python -m minicb bench load-study --quick         # small enough for a notebook (~30 s)
+
+Each scheduler gets its own in-process HTTP server (the same one `python -m minicb serve`
+runs) and the same seeded workload at the same arrival times, measured from the client's side
+by `minicb.bench_serve`. The test of a serving system: as the offered load rises, does
+throughput rise much faster than user pain (p95 time to first token)?
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import httpx
+
+from minicb.bench_serve import SIZED_WORKLOADS, BenchConfig, benchmark
+from minicb.server import ServerThread, build_app, engine_arguments, engine_knobs
+from minicb.viz_curves import tradeoff_curve
+
+SCHEDULERS = ("naive", "static", "continuous")
+
+
+@dataclass
+class StudyConfig:
+    model: str | None = None                  # None: the shipped default model
+    schedulers: tuple[str, ...] = SCHEDULERS
+    request_rates: tuple[float, ...] = (1.0, 2.0, 4.0, 8.0, math.inf)
+    num_prompts: int = 32
+    workload: str = "random"                  # "random" with the lengths below, or a sized minicb workload
+    input_len: int = 32
+    output_len: int = 32
+    range_ratio: float = 0.75                 # lengths vary ±75%: a static batch waits for its longest
+    burstiness: float = 1.0
+    seed: int = 0
+    knobs: dict = field(default_factory=lambda: {"max_num_seqs": 16})   # engine knobs, the same for all
+
+
+QUICK = {"request_rates": (4.0, math.inf), "num_prompts": 12, "input_len": 16, "output_len": 16}
+
+
+def run_study(config: StudyConfig, progress: bool = False) -> list[dict]:
+    """Every scheduler at every rate; one row per (scheduler, rate)."""
+    rows = []
+    for scheduler in config.schedulers:
+        app = build_app(config.model, max_queue_len=None, **{**config.knobs, "scheduler": scheduler})
+        vocab_size = app.state.engine.engine.vocab_size
+        with ServerThread(app) as server:
+            _warm_up(server.url)
+            for rate in config.request_rates:
+                bench = BenchConfig(server.url, num_prompts=config.num_prompts, request_rate=rate,
+                                    burstiness=config.burstiness, workload=config.workload,
+                                    input_len=config.input_len, output_len=config.output_len,
+                                    range_ratio=config.range_ratio, prompt_format="tokens",
+                                    vocab_size=vocab_size, ignore_eos=True, seed=config.seed,
+                                    disable_tqdm=True)
+                result = benchmark(bench)
+                rows.append(_row(scheduler, rate, result))
+                if progress:
+                    print(format_rows(rows[-1:], header=len(rows) == 1), flush=True)
+    return rows
+
+
+def _warm_up(url: str) -> None:
+    """One small request first, so the first measured one does not pay for lazy initialisation."""
+    model = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
+    httpx.post(f"{url}/v1/completions", json={"model": model, "prompt": [5, 6, 7], "max_tokens": 4},
+               timeout=120).raise_for_status()
+
+
+def _row(scheduler: str, rate: float, result: dict) -> dict:
+    ttft, tpot, e2e = result["ttft_ms"] or {}, result["tpot_ms"] or {}, result["e2e_ms"] or {}
+    return {"scheduler": scheduler, "request_rate": rate, "completed": result["completed"],
+            "failed": result["failed"], "duration_s": result["duration_s"],
+            "request_throughput": result["request_throughput"],
+            "output_throughput": result["output_throughput"],
+            "ttft_p50_s": ttft.get("p50", math.nan) / 1000, "ttft_p95_s": ttft.get("p95", math.nan) / 1000,
+            "tpot_p50_ms": tpot.get("p50", math.nan), "tpot_p95_ms": tpot.get("p95", math.nan),
+            "e2e_p95_s": e2e.get("p95", math.nan) / 1000}
+
+
+def format_rows(rows: list[dict], header: bool = True) -> str:
+    """A markdown table (the form benchmarks/serving.md quotes)."""
+    lines = ["| scheduler | rate (req/s) | done | req/s | out tok/s | TTFT p50 (s) | TTFT p95 (s) "
+             "| TPOT p95 (ms) | E2E p95 (s) |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"] if header else []
+    for r in rows:
+        lines.append(f"| {r['scheduler']} | {r['request_rate']:g} | {r['completed']} | "
+                     f"{r['request_throughput']:.2f} | {r['output_throughput']:.1f} | "
+                     f"{r['ttft_p50_s']:.3f} | "
+                     f"{r['ttft_p95_s']:.3f} | {r['tpot_p95_ms']:.1f} | {r['e2e_p95_s']:.3f} |")
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], path: Path | None = None):
+    """Throughput against p95 TTFT, one line per scheduler, each point labelled with its rate."""
+    points = [{**r, "rate": f"{r['request_rate']:g}/s"} for r in rows]
+    fig = tradeoff_curve(points, x="ttft_p95_s", y="output_throughput", label="rate", group="scheduler",
+                         xlabel="p95 time to first token (s)", ylabel="output tokens / s",
+                         title="load study: throughput vs p95 TTFT as the request rate rises")
+    fig.axes[0].set_xscale("log")
+    if path is not None:
+        fig.savefig(path)
+    return fig
+
+
+def machine() -> str:
+    """The CPU's name and core count: absolute times mean nothing without them."""
+    cpuinfo = Path("/proc/cpuinfo")
+    names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
+             if line.startswith("model name")] if cpuinfo.exists() else []
+    return f"{names[0] if names else platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m minicb bench load-study",
+                                     description=__doc__.split("\n\n")[0])
+    defaults = StudyConfig()
+    parser.add_argument("--model", default=None, help="checkpoint directory (default: the shipped model)")
+    parser.add_argument("--quick", action="store_true", help=f"a small sweep: {QUICK}")
+    parser.add_argument("--schedulers", nargs="+", choices=SCHEDULERS, default=list(SCHEDULERS))
+    parser.add_argument("--request-rates", nargs="+", type=float, default=None)
+    parser.add_argument("--num-prompts", type=int, default=None)
+    parser.add_argument("--workload", choices=["random", *SIZED_WORKLOADS], default=defaults.workload)
+    parser.add_argument("--input-len", type=int, default=None)
+    parser.add_argument("--output-len", type=int, default=None)
+    parser.add_argument("--range-ratio", type=float, default=defaults.range_ratio)
+    parser.add_argument("--burstiness", type=float, default=defaults.burstiness)
+    parser.add_argument("--out-dir", default="benchmarks/results")
+    engine_arguments(parser)
+    parser.set_defaults(max_num_seqs=16)
+    args = parser.parse_args(argv)
+    given = {"request_rates": args.request_rates and tuple(args.request_rates),
+             "num_prompts": args.num_prompts, "input_len": args.input_len, "output_len": args.output_len}
+    knobs = {k: v for k, v in engine_knobs(args).items() if k != "scheduler"}
+    config = replace(defaults, model=args.model, schedulers=tuple(args.schedulers), workload=args.workload,
+                     range_ratio=args.range_ratio, burstiness=args.burstiness, seed=args.seed, knobs=knobs,
+                     **{**(QUICK if args.quick else {}), **{k: v for k, v in given.items() if v is not None}})
+    print(f"machine: {machine()}\n")
+    started = time.perf_counter()
+    rows = run_study(config, progress=True)
+    name = "load-study-quick" if args.quick else "load-study"
+    out_dir = Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    record = {"date": time.strftime("%Y-%m-%d"), "machine": machine(), "model": args.model or "default",
+              "config": {**vars(config), "request_rates": list(config.request_rates)},
+              "wall_time_s": time.perf_counter() - started, "rows": rows}
+    (out_dir / f"{name}.json").write_text(json.dumps(record, indent=1))
+    plot(rows, out_dir / f"{name}.png")
+    print(f"\nresults: {out_dir / name}.json and .png ({record['wall_time_s']:.0f} s)")
+    return 0

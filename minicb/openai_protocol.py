@@ -1,0 +1,190 @@
+"""OpenAI's request and response shapes: parse a JSON body into a prompt and SamplingParams,
+build the JSON (or server-sent-event chunks) that OpenAI's clients expect back.
+
+Parsing is done by hand rather than by a schema library so that every bad request gets an
+error in OpenAI's shape naming the field at fault and the fix:
+    {"error": {"message": ..., "type": "invalid_request_error", "param": "top_p", "code": null}}
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+from dataclasses import dataclass
+
+from minicb.sampling import SamplingParams
+
+
+class APIError(Exception):
+    """An error the client caused (or overload); becomes a JSON error body with `status`."""
+
+    def __init__(self, message: str, param: str | None = None, code: str | None = None, status: int = 400,
+                 error_type: str = "invalid_request_error", headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.message, self.param, self.code, self.status = message, param, code, status
+        self.error_type, self.headers = error_type, headers
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.error_type, "param": self.param,
+                          "code": self.code}}
+
+
+def param_named_in(message: str) -> str | None:
+    """The field an engine error is about: its messages start with the field's name."""
+    match = re.match(r"(\w+)", message)
+    if match and match.group(1) in (*_SAMPLING_FIELDS, "stop", "stop_token_ids"):
+        return match.group(1)
+    return "prompt" if "prompt" in message or "token ids" in message else None
+
+
+@dataclass
+class ParsedRequest:
+    prompt: str | list[int]
+    params: SamplingParams
+    stream: bool
+    include_usage: bool        # stream_options.include_usage: a last chunk carries token counts
+    return_token_ids: bool     # an extension (as in vLLM): choices also carry the token ids
+    require_fit: bool          # max_tokens was given: prompt + max_tokens must fit max_model_len
+
+
+# (JSON field, allowed Python types, what to call it in an error)
+_NUMBER, _INT = ((int, float), "a number"), ((int,), "an integer")
+_SAMPLING_FIELDS = {"max_tokens": _INT, "max_completion_tokens": _INT, "temperature": _NUMBER,
+                    "top_p": _NUMBER, "top_k": _INT, "seed": _INT, "n": _INT}
+
+
+def _field(body: dict, name: str, types: tuple[type, ...], kind: str, default=None):
+    value = body.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, types) or isinstance(value, bool) and bool not in types:
+        raise APIError(f"'{name}' must be {kind} (got {value!r}).", param=name)
+    return value
+
+
+def _is_token_ids(value) -> bool:
+    return isinstance(value, list) and bool(value) and all(
+        isinstance(t, int) and not isinstance(t, bool) for t in value)
+
+
+def _sampling(body: dict, max_model_len: int, default_max_tokens: int) -> tuple[SamplingParams, bool]:
+    values = {name: _field(body, name, *spec) for name, spec in _SAMPLING_FIELDS.items()}
+    if values["n"] not in (None, 1):
+        raise APIError(f"'n' must be 1 (got {values['n']}); send one request per sample.", param="n")
+    max_tokens = values["max_tokens"] if values["max_tokens"] is not None else values["max_completion_tokens"]
+    if max_tokens is not None and max_tokens >= max_model_len:
+        raise APIError(f"max_tokens={max_tokens} cannot fit: max_model_len is {max_model_len} and the prompt "
+                       f"needs at least one token; ask for fewer than {max_model_len} tokens.",
+                       param="max_tokens")
+    stop = body.get("stop")
+    if stop is not None and not (isinstance(stop, str) or isinstance(stop, list)
+                                 and all(isinstance(s, str) for s in stop)):
+        raise APIError(f"'stop' must be a string or a list of strings (got {stop!r}).", param="stop")
+    stop_token_ids = body.get("stop_token_ids")
+    if stop_token_ids is not None and not (stop_token_ids == [] or _is_token_ids(stop_token_ids)):
+        raise APIError(f"'stop_token_ids' must be a list of integers (got {stop_token_ids!r}).",
+                       param="stop_token_ids")
+    if body.get("logprobs") not in (None, False) or body.get("echo"):
+        raise APIError("'logprobs' and 'echo' are not supported by this server; leave them out.",
+                       param="logprobs" if body.get("logprobs") not in (None, False) else "echo")
+    try:
+        params = SamplingParams(
+            temperature=1.0 if values["temperature"] is None else values["temperature"],
+            top_p=1.0 if values["top_p"] is None else values["top_p"],
+            top_k=-1 if values["top_k"] is None else values["top_k"], seed=values["seed"],
+            max_tokens=default_max_tokens if max_tokens is None else max_tokens, stop=stop,
+            stop_token_ids=stop_token_ids or [], ignore_eos=bool(body.get("ignore_eos", False)))
+    except ValueError as error:
+        raise APIError(str(error), param=param_named_in(str(error))) from None
+    return params, max_tokens is not None
+
+
+def _check_model(body: dict, model_name: str) -> None:
+    model = body.get("model")
+    if model is not None and model != model_name:
+        raise APIError(f"The model {model!r} does not exist; this server serves {model_name!r} "
+                       "(see GET /v1/models).", param="model", code="model_not_found")
+
+
+def _options(body: dict, prompt, params: SamplingParams, require_fit: bool) -> ParsedRequest:
+    stream = _field(body, "stream", (bool,), "true or false", False)
+    options = body.get("stream_options") or {}
+    if not isinstance(options, dict):
+        raise APIError("'stream_options' must be an object.", param="stream_options")
+    return ParsedRequest(prompt, params, stream, bool(options.get("include_usage")),
+                         bool(body.get("return_token_ids")), require_fit)
+
+
+def parse_completion(body: dict, model_name: str, max_model_len: int) -> ParsedRequest:
+    """POST /v1/completions: prompt as a string or token ids (or a list holding one of those)."""
+    _check_model(body, model_name)
+    prompt = body.get("prompt")
+    one = isinstance(prompt, list) and len(prompt) == 1
+    if one and (isinstance(prompt[0], str) or _is_token_ids(prompt[0])):
+        prompt = prompt[0]
+    if prompt is None:
+        raise APIError("'prompt' is required: a string or a list of token ids.", param="prompt")
+    if not (isinstance(prompt, str) or _is_token_ids(prompt)):
+        raise APIError("'prompt' must be a string or a list of token ids (one prompt per request; "
+                       f"got {type(prompt).__name__}).", param="prompt")
+    params, require_fit = _sampling(body, max_model_len, default_max_tokens=16)   # OpenAI's default
+    return _options(body, prompt, params, require_fit)
+
+
+def parse_chat(body: dict, model_name: str, max_model_len: int, tokenizer) -> ParsedRequest:
+    """POST /v1/chat/completions: messages rendered through the tokenizer's chat template."""
+    _check_model(body, model_name)
+    if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+        raise APIError("this model's tokenizer has no chat template, so chat messages cannot be turned into "
+                       "a prompt; use POST /v1/completions, or serve a checkpoint whose "
+                       "tokenizer_config.json has a chat_template.", param="messages",
+                       code="chat_template_missing")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages or not all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+            for m in messages):
+        raise APIError("'messages' must be a non-empty list of {\"role\": str, \"content\": str} objects.",
+                       param="messages")
+    try:
+        prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    except Exception as error:   # the template is the checkpoint's own Jinja code
+        raise APIError(f"the chat template failed on these messages: {error}", param="messages") from None
+    # no max_tokens: as OpenAI, generate until a stop or the context is full
+    params, require_fit = _sampling(body, max_model_len, default_max_tokens=max_model_len)
+    return _options(body, prompt, params, require_fit)
+
+
+# --- responses -------------------------------------------------------------------------------------
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+def usage(num_prompt_tokens: int, num_output_tokens: int) -> dict:
+    return {"prompt_tokens": num_prompt_tokens, "completion_tokens": num_output_tokens,
+            "total_tokens": num_prompt_tokens + num_output_tokens}
+
+
+def choice(chat: bool, text: str, finish_reason: str | None, token_ids: list[int] | None,
+           delta: bool, first: bool = False) -> dict:
+    """One entry of `choices`: text for completions, a message (or a delta of one) for chat."""
+    if not chat:
+        entry = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+    elif delta:
+        entry = {"index": 0, "delta": {"role": "assistant", "content": text} if first else {"content": text},
+                 "logprobs": None, "finish_reason": finish_reason}
+    else:
+        entry = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                 "finish_reason": finish_reason}
+    if token_ids is not None:
+        entry["token_ids"] = token_ids
+    return entry
+
+
+def response(chat: bool, request_id: str, model: str, choices: list[dict], usage_: dict | None,
+             chunk: bool) -> dict:
+    kind = ("chat.completion.chunk" if chunk else "chat.completion") if chat else "text_completion"
+    body = {"id": request_id, "object": kind, "created": int(time.time()), "model": model, "choices": choices}
+    if usage_ is not None or not chunk:
+        body["usage"] = usage_
+    return body

@@ -1,0 +1,263 @@
+"""An OpenAI-compatible HTTP server over the async engine (FastAPI + uvicorn).
+
+    python -m minicb serve --model PATH --port 8000 --scheduler continuous --kv-cache paged
+
+Endpoints: POST /v1/completions, POST /v1/chat/completions (where the tokenizer has a chat
+template), GET /v1/models, GET /health, GET /metrics (Prometheus text). Tokens stream as
+server-sent events when the request says `"stream": true`. A client that hangs up has its
+request aborted and its KV blocks freed before the next step; a bad request gets HTTP 400 and
+an OpenAI-style error object; too many waiting requests get 503 with Retry-After.
+
+From a notebook or a test, run it in a background thread:
+
+    with ServerThread(build_app(model=path, max_num_seqs=8)) as server:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="none")
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import threading
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+
+from minicb.async_engine import AsyncLLMEngine, QueueFullError, RequestStream, StreamDelta
+from minicb.config import ATTENTIONS, DTYPES, KV_CACHES, SCHEDULERS, EngineConfig
+from minicb.engine import LLMEngine
+from minicb.openai_protocol import (
+    APIError,
+    ParsedRequest,
+    choice,
+    new_id,
+    param_named_in,
+    parse_chat,
+    parse_completion,
+    response,
+    usage,
+)
+
+
+def build_app(model: str | None = None, *, engine: AsyncLLMEngine | None = None,
+              served_model_name: str | None = None, max_queue_len: int | None = 1024, **knobs) -> FastAPI:
+    """The FastAPI app. Pass engine knobs (scheduler=..., max_num_seqs=...) or a ready engine."""
+    if engine is None:
+        engine = AsyncLLMEngine(LLMEngine(EngineConfig(model=model, **knobs)), max_queue_len)
+    model_name = served_model_name or model or Path(engine.engine.model_path).name
+    max_model_len = engine.engine.config.max_model_len
+    created = int(time.time())
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        engine.start()
+        yield
+        await engine.shutdown()
+
+    app = FastAPI(title="minicb", lifespan=lifespan)
+    app.state.engine, app.state.model_name = engine, model_name
+
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, error: APIError) -> JSONResponse:
+        if error.status in (400, 503):
+            engine.stats.rejected["invalid" if error.status == 400 else "overloaded"] += 1
+        return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {"status": "ok", "running": engine.num_running, "waiting": engine.num_waiting}
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": created,
+                                            "owned_by": "minicb", "max_model_len": max_model_len}]}
+
+    @app.get("/metrics")
+    async def metrics() -> PlainTextResponse:
+        kv = engine.engine.kv
+        text = engine.stats.render(engine.num_running, engine.num_waiting, kv.num_used_blocks(),
+                                   kv.num_free_blocks())
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        parsed = parse_completion(await _json_body(request), model_name, max_model_len)
+        return await _serve(engine, request, parsed, model_name, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        parsed = parse_chat(await _json_body(request), model_name, max_model_len, engine.engine.tokenizer)
+        return await _serve(engine, request, parsed, model_name, chat=True)
+
+    return app
+
+
+async def _json_body(request: Request) -> dict:
+    try:
+        body = await request.json()
+    except ValueError:
+        raise APIError("the request body is not valid JSON.") from None
+    if not isinstance(body, dict):
+        raise APIError("the request body must be a JSON object.")
+    return body
+
+
+async def _serve(engine: AsyncLLMEngine, request: Request, parsed: ParsedRequest, model_name: str,
+                 chat: bool):
+    try:
+        stream = await engine.add_request(parsed.prompt, parsed.params, require_fit=parsed.require_fit)
+    except ValueError as error:
+        raise APIError(str(error), param=param_named_in(str(error))) from None
+    except QueueFullError as error:
+        raise APIError(str(error), status=503, error_type="server_overloaded", code="overloaded",
+                       headers={"Retry-After": str(math.ceil(error.retry_after))}) from None
+    response_id = new_id("chatcmpl" if chat else "cmpl")
+    if parsed.stream:
+        events = _events(engine, stream, parsed, response_id, model_name, chat)
+        return StreamingResponse(events, media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})
+    deltas = await _collect_unless_disconnected(engine, stream, request)
+    if deltas is None:
+        return JSONResponse({}, status_code=499)   # nobody is listening any more
+    last = deltas[-1]
+    if last.finish_reason == "error":
+        raise APIError(f"the engine failed while serving this request: {last.error}", status=500,
+                       error_type="internal_error")
+    token_ids = [t for d in deltas for t in d.token_ids] if parsed.return_token_ids else None
+    text = "".join(d.text for d in deltas)
+    return response(chat, response_id, model_name, [choice(chat, text, last.finish_reason, token_ids, False)],
+                    usage(last.num_prompt_tokens, last.num_output_tokens), chunk=False)
+
+
+def _sse(data: dict | str) -> str:
+    return f"data: {data if isinstance(data, str) else json.dumps(data)}\n\n"
+
+
+async def _events(engine: AsyncLLMEngine, stream: RequestStream, parsed: ParsedRequest, response_id: str,
+                  model_name: str, chat: bool) -> AsyncIterator[str]:
+    """Server-sent events: one chunk per step that produced tokens. When the client hangs up,
+    the server cancels this generator mid-await and `finally` aborts the request."""
+    try:
+        first = True
+        async for delta in stream:
+            if delta.finish_reason == "error":
+                yield _sse(APIError(f"the engine failed: {delta.error}", status=500,
+                                    error_type="internal_error").body())
+                break
+            finish = delta.finish_reason if delta.finished else None
+            ids = delta.token_ids if parsed.return_token_ids else None
+            entry = choice(chat, delta.text, finish, ids, delta=True, first=first)
+            yield _sse(response(chat, response_id, model_name, [entry], None, chunk=True))
+            first = False
+            if delta.finished and parsed.include_usage:
+                yield _sse(response(chat, response_id, model_name, [],
+                                    usage(delta.num_prompt_tokens, delta.num_output_tokens), chunk=True))
+        yield _sse("[DONE]")
+    finally:
+        if not stream.finished:
+            engine.abort(stream.request_id)
+
+
+async def _collect_unless_disconnected(engine: AsyncLLMEngine, stream: RequestStream,
+                                       request: Request) -> list[StreamDelta] | None:
+    """All of a request's deltas; None (and the request aborted) if the client hangs up first."""
+
+    async def drain() -> list[StreamDelta]:
+        return [delta async for delta in stream]
+
+    async def hang_up() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    collect, watch = asyncio.ensure_future(drain()), asyncio.ensure_future(hang_up())
+    try:
+        await asyncio.wait({collect, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+        hung_up = not collect.done()
+        if hung_up:
+            collect.cancel()
+            engine.abort(stream.request_id)
+    return None if hung_up else collect.result()
+
+
+class ServerThread:
+    """uvicorn in a background thread, for notebooks and tests. port=0 picks a free port."""
+
+    def __init__(self, app, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning"):
+        self.app, self.host = app, host
+        self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level))
+        self.thread = threading.Thread(target=self.server.run, name="minicb-server", daemon=True)
+        self.port = port
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self, timeout: float = 60.0) -> ServerThread:
+        self.thread.start()
+        deadline = time.monotonic() + timeout
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"the server did not start on {self.host}:{self.port}; see the log above.")
+            time.sleep(0.01)
+        self.port = self.server.servers[0].sockets[0].getsockname()[1]
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join()
+
+    def __enter__(self) -> ServerThread:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def engine_arguments(parser: argparse.ArgumentParser) -> None:
+    """The engine knobs as command-line flags (shared with the load study)."""
+    parser.add_argument("--scheduler", choices=SCHEDULERS, default="continuous")
+    parser.add_argument("--kv-cache", choices=KV_CACHES, default="paged")
+    parser.add_argument("--attention", choices=ATTENTIONS, default="torch")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", choices=DTYPES, default="float32")
+    parser.add_argument("--max-num-seqs", type=int, default=32)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    parser.add_argument("--max-model-len", type=int, default=None)
+    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--num-kv-blocks", type=int, default=None)
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def engine_knobs(args: argparse.Namespace) -> dict:
+    return {name: getattr(args, name) for name in (
+        "scheduler", "kv_cache", "attention", "device", "dtype", "max_num_seqs", "max_num_batched_tokens",
+        "max_model_len", "block_size", "num_kv_blocks", "seed")}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m minicb serve", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default=None, help="checkpoint directory (default: the shipped model)")
+    parser.add_argument("--served-model-name", default=None, help="the name clients pass as 'model'")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--max-queue-len", type=int, default=1024,
+                        help="waiting requests beyond this get 503 with Retry-After")
+    parser.add_argument("--log-level", default="info")
+    engine_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        app = build_app(args.model, served_model_name=args.served_model_name,
+                        max_queue_len=args.max_queue_len, **engine_knobs(args))
+    except ValueError as error:
+        parser.error(str(error))
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    return 0

@@ -1,0 +1,89 @@
+"""The server's live counters, written out in Prometheus' text format for GET /metrics.
+
+Gauges say what is happening now (requests running and waiting, KV blocks used and free);
+counters only grow (tokens, finished requests); histograms count latencies into buckets, from
+which a dashboard computes percentiles over any time window. Names follow vLLM's, with a
+`minicb_` prefix, so a dashboard built for one reads the other.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+# bucket upper bounds in seconds: from sub-millisecond (tiny models) to a minute (a long queue)
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5)
+E2E_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+
+
+class Histogram:
+    def __init__(self, name: str, help_text: str, buckets: tuple[float, ...]):
+        self.name, self.help_text, self.buckets = name, help_text, buckets
+        self.counts = [0] * len(buckets)    # per bucket, not yet cumulative
+        self.count = 0
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.count += 1
+        self.sum += value
+        for index, bound in enumerate(self.buckets):
+            if value <= bound:
+                self.counts[index] += 1
+                break
+
+    def render(self) -> list[str]:
+        lines = [f"# HELP {self.name} {self.help_text}", f"# TYPE {self.name} histogram"]
+        cumulative = 0
+        for bound, count in zip(self.buckets, self.counts):
+            cumulative += count
+            lines.append(f'{self.name}_bucket{{le="{bound}"}} {cumulative}')
+        lines += [f'{self.name}_bucket{{le="+Inf"}} {self.count}', f"{self.name}_sum {self.sum}",
+                  f"{self.name}_count {self.count}"]
+        return lines
+
+
+class ServingStats:
+    """Updated by the async engine as deltas go out; rendered on every scrape."""
+
+    def __init__(self) -> None:
+        self.prompt_tokens = 0
+        self.generation_tokens = 0
+        self.finished = Counter()       # finish reason → requests
+        self.rejected = Counter()       # "invalid" | "overloaded" → requests turned away
+        self.ttft = Histogram("minicb_time_to_first_token_seconds", "Time to first token.", TTFT_BUCKETS)
+        self.tpot = Histogram("minicb_time_per_output_token_seconds",
+                              "Time per output token after the first.", TPOT_BUCKETS)
+        self.e2e = Histogram("minicb_e2e_request_latency_seconds", "Arrival to last token.", E2E_BUCKETS)
+
+    def on_finished(self, metrics, finish_reason: str) -> None:
+        self.finished[finish_reason] += 1
+        self.prompt_tokens += metrics.num_prompt_tokens
+        values = (metrics.ttft, metrics.tpot, metrics.e2e)
+        for histogram, value in zip((self.ttft, self.tpot, self.e2e), values):
+            if value is not None:
+                histogram.observe(value)
+
+    def render(self, num_running: int, num_waiting: int, kv_used: int, kv_free: int) -> str:
+        lines: list[str] = []
+
+        def metric(name: str, kind: str, help_text: str, samples: list[tuple[str, float]]) -> None:
+            lines.extend([f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"])
+            lines.extend(f"{name}{labels} {value}" for labels, value in samples)
+
+        metric("minicb_num_requests_running", "gauge", "Requests in the running batch.", [("", num_running)])
+        metric("minicb_num_requests_waiting", "gauge", "Requests waiting for a slot.", [("", num_waiting)])
+        metric("minicb_kv_blocks_used", "gauge", "KV cache blocks held by requests.", [("", kv_used)])
+        metric("minicb_kv_blocks_free", "gauge", "KV cache blocks on the free list.", [("", kv_free)])
+        metric("minicb_kv_cache_usage_perc", "gauge", "Fraction of KV blocks in use (0 to 1).",
+               [("", kv_used / max(kv_used + kv_free, 1))])
+        metric("minicb_prompt_tokens_total", "counter", "Prompt tokens of finished requests.",
+               [("", self.prompt_tokens)])
+        metric("minicb_generation_tokens_total", "counter", "Tokens generated.",
+               [("", self.generation_tokens)])
+        metric("minicb_request_success_total", "counter", "Finished requests by finish reason.",
+               [(f'{{finished_reason="{r}"}}', count) for r, count in sorted(self.finished.items())])
+        metric("minicb_request_rejected_total", "counter", "Requests turned away before running.",
+               [(f'{{reason="{reason}"}}', count) for reason, count in sorted(self.rejected.items())])
+        for histogram in (self.ttft, self.tpot, self.e2e):
+            lines.extend(histogram.render())
+        return "\n".join(lines) + "\n"

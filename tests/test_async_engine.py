@@ -1,0 +1,253 @@
+"""AsyncLLMEngine: background steps, per-request streams, aborts, bad input, overload;
+and the incremental detokeniser behind the streamed text."""
+
+from __future__ import annotations
+
+import asyncio
+from contextlib import aclosing
+
+import pytest
+from serving_common import run, text_checkpoint, train_tokenizer
+
+from minicb import LLM, EngineConfig, LLMEngine, SamplingParams
+from minicb.async_engine import AsyncLLMEngine, QueueFullError
+from minicb.detokenizer import IncrementalDetokenizer
+
+GREEDY = dict(temperature=0, ignore_eos=True)
+
+
+def make_engine(model: str, max_queue_len: int | None = None, **knobs) -> AsyncLLMEngine:
+    return AsyncLLMEngine(LLMEngine(EngineConfig(model=model, max_model_len=256, **knobs)), max_queue_len)
+
+
+async def drain(engine: AsyncLLMEngine, prompt, params: SamplingParams):
+    return [delta async for delta in engine.generate(prompt, params)]
+
+
+def assert_idle(engine: AsyncLLMEngine) -> None:
+    """Nothing left anywhere: no request in the engine, no KV block held."""
+    assert engine.engine.requests == {}
+    assert not engine.engine.has_unfinished_requests()
+    assert engine.engine.kv.num_used_blocks() == 0
+
+
+def test_concurrent_streams_match_offline_generate(tiny_llama):
+    prompts = [[5, 6, 7, 8], [9, 10], [11, 12, 13, 14, 15, 16], [17]]
+    lengths = [12, 5, 9, 7]
+    expected = LLM(tiny_llama, max_model_len=256).generate(
+        prompts, [SamplingParams(max_tokens=n, **GREEDY) for n in lengths], use_tqdm=False)
+    engine = make_engine(tiny_llama)
+
+    async def scenario():
+        async def staggered(index: int):
+            await asyncio.sleep(0.02 * index)     # later requests join while earlier ones decode
+            return await drain(engine, prompts[index], SamplingParams(max_tokens=lengths[index], **GREEDY))
+        results = await asyncio.gather(*(staggered(i) for i in range(len(prompts))))
+        await engine.shutdown()
+        return results
+
+    for deltas, offline, n in zip(run(scenario()), expected, lengths):
+        assert [t for d in deltas for t in d.token_ids] == offline.outputs[0].token_ids
+        assert [d.finished for d in deltas] == [False] * (len(deltas) - 1) + [True]
+        last = deltas[-1]
+        assert (last.finish_reason, last.num_output_tokens) == ("length", n)
+        assert last.metrics.ttft is not None and last.metrics.e2e >= last.metrics.ttft
+    assert_idle(engine)
+
+
+def test_a_request_arriving_mid_decode_joins_the_running_batch(tiny_llama):
+    engine = make_engine(tiny_llama, scheduler="continuous")
+    finished_order = []
+
+    async def scenario():
+        async def long_one():
+            count = 0
+            async for delta in engine.generate([5, 6, 7], SamplingParams(max_tokens=40, **GREEDY)):  # noqa: B007
+                count += 1
+                if count == 5:   # the long request is decoding: now the short one arrives
+                    short_task.set_result(asyncio.create_task(short_one()))
+            finished_order.append("long")
+            return delta
+
+        async def short_one():
+            deltas = await drain(engine, [8, 9], SamplingParams(max_tokens=3, **GREEDY))
+            finished_order.append("short")
+            return deltas[-1]
+
+        short_task = asyncio.get_running_loop().create_future()
+        long_last = await long_one()
+        short_last = await (await short_task)
+        await engine.shutdown()
+        return long_last, short_last
+
+    long_last, short_last = run(scenario())
+    assert finished_order == ["short", "long"]
+    # admitted while the long request was mid-decode, not after it
+    assert long_last.metrics.first_token_step < short_last.metrics.first_scheduled_step
+    assert short_last.metrics.finished_step < long_last.metrics.finished_step
+    assert_idle(engine)
+
+
+def test_abort_frees_blocks_running_queued_and_on_early_exit(tiny_llama):
+    engine = make_engine(tiny_llama, max_num_seqs=1)
+
+    async def scenario():
+        running = await engine.add_request([5, 6, 7], SamplingParams(max_tokens=200, **GREEDY))
+        queued = await engine.add_request([8, 9], SamplingParams(max_tokens=200, **GREEDY))
+        deltas = []
+        async for delta in running:
+            deltas.append(delta)
+            if len(deltas) == 3:
+                assert engine.engine.kv.num_used_blocks() > 0
+                engine.abort(running.request_id)
+                engine.abort(queued.request_id)
+        queued_deltas = [d async for d in queued]
+        # leaving a generate() loop early aborts that request too
+        async with aclosing(engine.generate([10, 11], SamplingParams(max_tokens=200, **GREEDY))) as stream:
+            async for _ in stream:
+                break
+        while engine.engine.has_unfinished_requests() or engine.engine.requests:
+            await asyncio.sleep(0.01)
+        await engine.shutdown()
+        return deltas, queued_deltas
+
+    deltas, queued_deltas = run(scenario())
+    assert deltas[-1].finish_reason == "abort" and deltas[-1].num_output_tokens < 200
+    assert queued_deltas[-1].finish_reason == "abort"
+    assert sum(len(d.token_ids) for d in queued_deltas) == 0
+    assert engine.stats.finished["abort"] == 3
+    assert_idle(engine)
+
+
+def test_bad_input_raises_and_the_engine_keeps_serving(tiny_llama):
+    engine = make_engine(tiny_llama)
+
+    async def scenario():
+        errors = []
+        for prompt, params, kwargs in [([], SamplingParams(), {}), ([99999], SamplingParams(), {}),
+                                       ([5] * 300, SamplingParams(), {}),
+                                       ([5, 6], SamplingParams(max_tokens=255), {"require_fit": True})]:
+            with pytest.raises(ValueError) as error:
+                await engine.add_request(prompt, params, **kwargs)
+            errors.append(str(error.value))
+        good = await drain(engine, [5, 6], SamplingParams(max_tokens=4, **GREEDY))
+        await engine.shutdown()
+        return errors, good
+
+    errors, good = run(scenario())
+    assert "empty" in errors[0] and "vocabulary" in errors[1] and "max_model_len" in errors[2]
+    assert "max_tokens=255" in errors[3]
+    assert good[-1].num_output_tokens == 4
+    assert_idle(engine)
+
+
+def test_queue_beyond_max_queue_len_is_refused_at_once(tiny_llama):
+    engine = make_engine(tiny_llama, max_queue_len=2)
+
+    async def scenario():
+        params = SamplingParams(max_tokens=2, **GREEDY)
+        # the first two are queued before either await returns, so the third sees a full queue
+        outcomes = await asyncio.gather(*(engine.add_request([5, 6], params) for _ in range(3)),
+                                        return_exceptions=True)
+        streams = [o for o in outcomes if not isinstance(o, Exception)]
+        finals = []
+        for stream in streams:
+            finals.append([d async for d in stream][-1])
+        later = await drain(engine, [5, 6], params)   # the queue drained: accepted again
+        await engine.shutdown()
+        return outcomes, finals, later
+
+    outcomes, finals, later = run(scenario())
+    assert isinstance(outcomes[2], QueueFullError) and outcomes[2].retry_after > 0
+    assert [f.finish_reason for f in finals] == ["length", "length"]
+    assert later[-1].finish_reason == "length"
+
+
+def test_a_failing_step_ends_the_streams_in_flight_and_serving_goes_on(tiny_llama, monkeypatch):
+    engine = make_engine(tiny_llama)
+    real_step = engine.engine.step
+    calls = {"n": 0}
+
+    def flaky_step():
+        calls["n"] += 1
+        if calls["n"] == 1:   # the very step that admits the first request
+            raise RuntimeError("simulated fault")
+        return real_step()
+
+    monkeypatch.setattr(engine.engine, "step", flaky_step)
+
+    async def scenario():
+        failed = await drain(engine, [5, 6], SamplingParams(max_tokens=20, **GREEDY))
+        good = await drain(engine, [7, 8], SamplingParams(max_tokens=3, **GREEDY))
+        await engine.shutdown()
+        return failed, good
+
+    failed, good = run(scenario())
+    assert failed[-1].finish_reason == "error" and "simulated fault" in failed[-1].error
+    assert good[-1].finish_reason == "length" and good[-1].num_output_tokens == 3
+    assert_idle(engine)
+
+
+def test_shutdown_ends_open_streams_with_abort(tiny_llama):
+    engine = make_engine(tiny_llama)
+
+    async def scenario():
+        stream = await engine.add_request([5, 6], SamplingParams(max_tokens=200, **GREEDY))
+        first = await stream.__anext__()
+        await engine.shutdown()
+        return first, [d async for d in stream]
+
+    first, rest = run(scenario())
+    assert not first.finished and rest[-1].finish_reason == "abort"
+    assert_idle(engine)
+
+
+# --- incremental detokenisation ------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def tokenizer():
+    return train_tokenizer()
+
+
+@pytest.mark.parametrize("text", ["héllo wörld 😀 中文 done", "def add(a, b):\n    return a + b  # café"])
+def test_detokenizer_streams_exactly_the_decoded_text(tokenizer, text):
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    # the test means something only if some character really is split across tokens
+    assert "😀" not in text or any("\ufffd" in tokenizer.decode([i]) for i in ids)
+    detokenizer = IncrementalDetokenizer(tokenizer)
+    pieces = [detokenizer.add([token]) for token in ids]
+    pieces.append(detokenizer.finish(tokenizer.decode(ids, skip_special_tokens=True)))
+    assert "".join(pieces) == text
+    assert not any("\ufffd" in piece for piece in pieces)
+
+
+def test_detokenizer_never_sends_text_a_stop_string_will_cut(tokenizer):
+    ids = tokenizer.encode("abc STOP def", add_special_tokens=False)
+    detokenizer = IncrementalDetokenizer(tokenizer, stop=["STOP"])
+    naive = IncrementalDetokenizer(tokenizer)
+    sent = naive_sent = ""
+    for end in range(1, len(ids) + 1):
+        if "STOP" in tokenizer.decode(ids[:end]):
+            break   # the engine finishes the request in the step whose token completes the stop
+        sent += detokenizer.add([ids[end - 1]])
+        naive_sent += naive.add([ids[end - 1]])
+    final = "abc "      # what the engine reports: the text cut where the stop string begins
+    assert not final.startswith(naive_sent)     # without the hold-back, "STOP" would have gone out
+    assert final.startswith(sent)
+    assert sent + detokenizer.finish(final) == final
+
+
+def test_streamed_text_of_a_model_with_a_tokenizer_matches_its_final_text(tiny_llama, tmp_path):
+    engine = make_engine(text_checkpoint(tiny_llama, tmp_path / "text"))
+
+    async def scenario():
+        params = [SamplingParams(max_tokens=24, seed=seed) for seed in range(3)]
+        results = await asyncio.gather(*(drain(engine, "def add(a, b):", p) for p in params))
+        await engine.shutdown()
+        return results
+
+    offline = LLM(str(tmp_path / "text"), max_model_len=256)
+    for seed, deltas in enumerate(run(scenario())):
+        params = SamplingParams(max_tokens=24, seed=seed)
+        expected = offline.generate("def add(a, b):", params, use_tqdm=False)
+        assert "".join(d.text for d in deltas) == expected[0].outputs[0].text
+        assert [t for d in deltas for t in d.token_ids] == expected[0].outputs[0].token_ids
