@@ -1,0 +1,57 @@
+"""The scheduler's knobs as numbers and pictures: a sweep over max_num_seqs and
+max_num_batched_tokens on the cost-model runner, and the callback an interactive widget calls
+each time a slider moves (a plain function, so tests call it too)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from matplotlib.figure import Figure
+
+from minicb.sim import CostModel, SimResult, simulate
+from minicb.viz_base import new_figure
+from minicb.viz_schedule import draw_slots, slot_legend, slots_height
+from minicb.workload import Workload
+
+
+def knob_row(result: SimResult) -> dict:
+    """The numbers a reader compares between settings, in cost-model time units."""
+    summary = result.summary(virtual=False)
+    config = result.config
+    return {"max_num_seqs": config.max_num_seqs, "max_num_batched_tokens": config.max_num_batched_tokens,
+            "steps": result.num_steps, "tokens_per_unit": summary.output_throughput,
+            "ttft_p50": summary.ttft["p50"], "ttft_p95": summary.ttft["p95"],
+            "tpot_p50": summary.tpot["p50"], "itl_p99": summary.itl["p99"],
+            "busy_slots": result.slot_utilisation()}
+
+
+def knob_sweep(workload: Workload, max_num_seqs: Sequence[int], max_num_batched_tokens: Sequence[int],
+               cost: CostModel | None = None, **knobs) -> list[dict]:
+    """Every combination of the two knobs (skipping token budgets below the slot count, which
+    EngineConfig rejects), served by the continuous scheduler in virtual time."""
+    rows = []
+    for tokens in max_num_batched_tokens:
+        for seqs in max_num_seqs:
+            if tokens < seqs:
+                continue
+            result = simulate(workload, cost=cost, max_num_seqs=seqs, max_num_batched_tokens=tokens, **knobs)
+            rows.append(knob_row(result))
+    return rows
+
+
+def knob_view(workload: Workload, max_num_seqs: int = 4, max_num_batched_tokens: int = 256,
+              cost: CostModel | None = None, scheduler: str = "continuous", width: float = 8.0) -> Figure:
+    """The widget's callback: re-run the schedule with these knobs and draw its slot timeline,
+    its numbers in the title. A token budget below the slot count is raised to it (the slider
+    may pass through such pairs; EngineConfig would reject them)."""
+    max_num_batched_tokens = max(max_num_batched_tokens, max_num_seqs)
+    result = simulate(workload, cost=cost, scheduler=scheduler, max_num_seqs=max_num_seqs,
+                      max_num_batched_tokens=max_num_batched_tokens)
+    row = knob_row(result)
+    fig, (ax,) = new_figure(width, 1.5 + slots_height(max_num_seqs))
+    draw_slots(ax, result, max_num_seqs,
+               title=f"max_num_seqs={max_num_seqs}, max_num_batched_tokens={max_num_batched_tokens}: "
+                     f"{row['tokens_per_unit']:.2f} tokens/unit, TTFT p95 {row['ttft_p95']:.1f}, "
+                     f"TPOT p50 {row['tpot_p50']:.2f} units")
+    slot_legend(fig)
+    return fig

@@ -1,0 +1,72 @@
+"""Serving numbers in virtual time: one workload served at rising request rates by the real
+scheduler on the cost-model runner, with goodput under latency targets (SLOs), and a picture
+of how long each step took and what it carried."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+
+from minicb.sim import CostModel, SimResult, simulate
+from minicb.viz_base import PALETTE, new_figure
+from minicb.workload import Workload, poisson_arrivals
+
+
+def serving_row(result: SimResult, slo_ttft: float | None = None, slo_tpot: float | None = None) -> dict:
+    """Throughput, latency percentiles and goodput of one run, in cost-model time units.
+
+    `slo_share` is the fraction of requests that met every given target; goodput is those
+    requests per time unit."""
+    summary = result.summary(virtual=False, slo_ttft=slo_ttft, slo_tpot=slo_tpot)
+    met = summary.goodput / summary.request_throughput if summary.goodput is not None else None
+    return {"requests_per_unit": summary.request_throughput, "tokens_per_unit": summary.output_throughput,
+            "goodput": summary.goodput, "slo_share": met, "ttft_p50": summary.ttft["p50"],
+            "ttft_p95": summary.ttft["p95"], "tpot_p95": summary.tpot["p95"], "itl_p99": summary.itl["p99"],
+            "time_units": result.total_time, "preemptions": sum(len(s.preempted) for s in result.steps)}
+
+
+def serve_at_rates(workload: Workload, rates: Sequence[float], cost: CostModel | None = None,
+                   slo_ttft: float | None = None, slo_tpot: float | None = None, seed: int = 0,
+                   **knobs) -> list[dict]:
+    """The workload arriving as a Poisson process at each rate (requests per time unit; inf: all
+    at once, an offline batch job), served by the scheduler the knobs choose: one row per rate."""
+    rows = []
+    for rate in rates:
+        timed = workload.with_arrivals(poisson_arrivals(len(workload), rate, seed=seed))
+        result = simulate(timed, cost=cost, **knobs)
+        rows.append({"rate": rate, **serving_row(result, slo_ttft, slo_tpot)})
+    return rows
+
+
+def step_costs(results: Mapping[str, SimResult], title: str | None = None, width: float = 8.0) -> Figure:
+    """Each step's duration in time units against virtual time, one panel per run, coloured by
+    what it carried: a tall step is one every running request waited through, and a step with
+    prefill tokens but no decode is one in which the running requests got no token at all."""
+    kinds = {"prefill only: the running requests get no token": "#d62728",
+             "prefill and decodes": PALETTE[1], "decodes only": PALETTE[0]}
+    fig, axes = new_figure(width, 1.0 + 1.6 * len(results), rows=len(results), sharex=True, sharey=True)
+    longest = max(s.end - s.start for r in results.values() for s in r.steps)
+    for ax, (label, result) in zip(axes, results.items()):
+        starts = np.array([s.start for s in result.steps])
+        durations = np.array([s.end - s.start for s in result.steps])
+        colours = []
+        for step in result.steps:
+            has_prefill = any(kind == "prefill" for _, kind, _ in step.rows)
+            has_decode = any(kind == "decode" for _, kind, _ in step.rows)
+            name = "decodes only" if not has_prefill else "prefill and decodes" if has_decode else \
+                "prefill only: the running requests get no token"
+            colours.append(kinds[name])
+        ax.bar(starts, durations, width=durations, align="edge", color=colours, linewidth=0)
+        ax.set_ylabel("step length")
+        ax.set_ylim(0, longest * 1.1)
+        ax.set_title(f"{label}: longest step {durations.max():.1f} units, {len(durations)} steps", fontsize=9)
+        ax.grid(alpha=0.3, axis="y")
+    axes[-1].set_xlabel("virtual time (units)")
+    handles = [Patch(facecolor=colour, label=name) for name, colour in kinds.items()]
+    fig.legend(handles=handles, loc="outside lower center", ncols=3, fontsize=8, frameon=False)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    return fig

@@ -1,0 +1,238 @@
+"""Chapter 01: naive serving, one request at a time (KV cache, prefill/decode, the queue)."""
+
+CELLS = [
+    ("md", """
+    # 01 · Naive serving: one request at a time
+
+    The simplest server takes the next request, runs it from its first prompt token to its last
+    output token, and only then looks at the queue. It is correct, easy to reason about, and it
+    is how a first prototype (or a `model.generate` call in a loop) serves traffic. This chapter
+    builds it from the real engine and measures what it costs.
+
+    **Learning goals.** After this chapter you can
+
+    1. say what the KV cache stores, compute its size per token from a model's config, and explain
+       what it saves;
+    2. follow one request through prefill and decode, step by step, in the engine;
+    3. predict the TTFT of the *k*-th request in a queue served one at a time;
+    4. measure how much of the machine a batch of one leaves unused.
+    """),
+    ("md", """
+    **An analogy for non-specialists.** A kitchen with four burners where the cook insists on
+    finishing one order completely, starter to dessert, before reading the next ticket. Three
+    burners stay cold, and the guest with ticket number eight waits for seven full meals before
+    the first bite, however small their own order is.
+    """),
+    ("code", """
+    %matplotlib inline
+    import torch
+
+    from minicb import LLM, SamplingParams, viz
+    from minicb.metrics import summarize
+    from minicb.sim import simulate
+    from minicb.workload import fixed, seed_example
+
+    torch.manual_seed(0)
+    # the default model is tiny: one thread is about as fast as several and keeps timings steady
+    torch.set_num_threads(1)
+    """),
+    ("md", """
+    ## 1. The model and its KV cache
+
+    In a transformer, every token at every layer produces a key and a value vector; a later
+    token's attention reads all earlier keys and values. Recomputing them at every step would make
+    step *t* cost *t* tokens of work. The **KV cache** keeps them instead: each token's keys and
+    values are computed once and read at every later step. The price is memory:
+
+    bytes per token = 2 (K and V) × layers × KV heads × head dim × bytes per number.
+    """),
+    ("code", """
+    llm = LLM(scheduler="naive")        # the shipped default model, served one request at a time
+    engine = llm.llm_engine
+    args = engine.model.args
+    bytes_per_token = 2 * args.num_layers * args.num_kv_heads * args.head_dim * 4      # float32
+    print(f"{args.num_layers} layers x {args.num_kv_heads} KV heads x head dim {args.head_dim}: "
+          f"{bytes_per_token} bytes = {bytes_per_token / 1024:g} KiB per token")
+    context = engine.config.max_model_len
+    print(f"a full {context}-token context: {bytes_per_token * context / 2**20:g} MiB")
+    print(f"the engine's KV pool: {engine.config.num_kv_blocks} blocks of {engine.config.block_size} tokens = "
+          f"{engine.runner.kv_cache_bytes() / 2**20:g} MiB")
+    """),
+    ("md", """
+    Tiny, because the model is tiny. The same formula for Llama-3-8B (32 layers, 8 KV heads, head
+    dimension 128, bf16) gives 2 × 32 × 8 × 128 × 2 = 128 KiB per token, so one 8 192-token
+    conversation holds 1 GiB of cache. On a GPU the cache, not the weights, decides how many
+    requests fit at once; that is the thread chapter 04 picks up.
+
+    **The idea in ten lines.** Before switching to the engine, a single attention head by hand:
+    attending with cached keys and values gives exactly what recomputing everything gives, for a
+    fraction of the work.
+    """),
+    ("code", """
+    torch.manual_seed(0)
+    d, steps = 16, 6
+    x = torch.randn(steps, d)                       # six token vectors, arriving one at a time
+    wq, wk, wv = (torch.randn(d, d) / d**0.5 for _ in range(3))
+
+    def attend(q, k, v):                            # one query row against the keys so far
+        return torch.softmax(q @ k.T / d**0.5, dim=-1) @ v
+
+    recomputed = attend(x[-1:] @ wq, x @ wk, x @ wv)          # recompute K, V for all six tokens
+    k_cache, v_cache = [], []
+    for t in range(steps):                                    # incremental: one new K, V per step
+        k_cache.append(x[t:t + 1] @ wk)
+        v_cache.append(x[t:t + 1] @ wv)
+        cached = attend(x[t:t + 1] @ wq, torch.cat(k_cache), torch.cat(v_cache))
+    print("same output:", torch.allclose(recomputed, cached, atol=1e-6))
+    print("K/V projections computed: recompute every step", sum(range(1, steps + 1)), "vs cached", steps)
+    """),
+    ("md", """
+    ## 2. Prefill, then decode: one request in the engine
+
+    Now the real engine (`minicb.LLMEngine`), driven one step at a time. The first step is the
+    **prefill**: all prompt tokens in one forward pass, which also yields the first output token.
+    Every later step is a **decode**: it computes exactly one token, the newest, whose keys and
+    values join the cache.
+    """),
+    ("code", """
+    prompt = "def fibonacci(n):"
+    request = engine.add_request("demo", prompt, SamplingParams(max_tokens=24, temperature=0))
+    rows = []
+    while engine.has_unfinished_requests():
+        before = request.num_computed_tokens
+        (output,) = engine.step()
+        rows.append({"step": engine.scheduler.step_count, "phase": "prefill" if before == 0 else "decode",
+                     "tokens_computed": request.num_computed_tokens - before,
+                     "tokens_in_cache": request.num_computed_tokens,
+                     "new_token": repr(engine.tokenizer.decode(output.new_token_ids))})
+    print(viz.format_table(rows))
+    print(prompt + output.outputs[0].text)
+    print("finish reason:", output.outputs[0].finish_reason)
+    """),
+    ("md", """
+    The prompt's tokens go in together at step 1; from then on each step computes one token. The
+    request ended by itself (finish reason `stop`): the model emitted its end-of-text token (the
+    last row), which ends the request and is left out of the text. Time the two phases for one
+    longer prompt: TTFT is mostly the prefill, TPOT is one decode step.
+    """),
+    ("code", """
+    # NBVAL_IGNORE_OUTPUT
+    vocab = engine.vocab_size
+    prompt_ids = fixed("one prompt", [128], [32]).prompt_token_ids(vocab, seed=0)[0]
+    params = SamplingParams(max_tokens=32, temperature=0, ignore_eos=True)
+    llm.generate([prompt_ids], params, use_tqdm=False)                    # warm-up
+    m = llm.generate([prompt_ids], params, use_tqdm=False)[0].metrics
+    print(f"prefill of 128 tokens (TTFT): {m.ttft * 1e3:.1f} ms")
+    print(f"one decode step (TPOT):       {m.tpot * 1e3:.1f} ms")
+    per_prompt_token = m.ttft / 128
+    print(f"prefill cost per prompt token: {per_prompt_token * 1e3:.2f} ms, "
+          f"{m.tpot / per_prompt_token:.0f}x cheaper than a decode token")
+    """),
+    ("md", """
+    ## 3. A queue of requests
+
+    Serving one at a time, request *k* starts only when requests 0 … *k*−1 have finished. The
+    book's six requests (answers of 4, 4, 10, 10, 4 and 4 tokens) in virtual time, with the picture
+    drawn on four slots to show what the naive server leaves unused:
+    """),
+    ("code", """
+    naive = simulate(seed_example(), scheduler="naive", max_num_seqs=4)
+    names = dict(zip("012345", "ABCDEF"))
+    rows = [{"request": names[str(i)], "answer_tokens": m.num_output_tokens, "waited_steps": m.queue_steps,
+             "ttft_steps": m.ttft_steps, "e2e_steps": m.e2e_steps} for i, m in enumerate(naive.metrics)]
+    print(viz.format_table(rows))
+    print(f"{naive.num_steps} steps in all; {naive.slot_utilisation():.0%} of slot-steps busy")
+    """),
+    ("code", """
+    viz.slot_timeline(naive, names=names, title="naive: one request at a time on a device with room for four")
+    """),
+    ("md", """
+    Each request's TTFT is the sum of everything served before it, plus its own prefill: F, a
+    4-token answer, waits 32 steps before its prefill even starts. The same on the real model:
+    six requests of 16 output tokens each, arriving together.
+    """),
+    ("code", """
+    # NBVAL_IGNORE_OUTPUT
+    queue = fixed("six equal requests", [32] * 6, [16] * 6)
+    prompts = queue.prompt_token_ids(vocab, seed=1)
+    params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    ttfts = [o.metrics.ttft for o in outs]
+    print("TTFT per position in the queue (ms):", [round(t * 1e3) for t in ttfts])
+    viz.bar_chart([f"#{i}" for i in range(6)], [t * 1e3 for t in ttfts], ylabel="TTFT (ms)",
+                  xlabel="position in the queue", title="naive serving: TTFT grows with the queue")
+    """),
+    ("md", """
+    The bars climb in even steps: each request's first token waits for every full answer in
+    front of it. Under steady traffic the queue never drains, so the wait grows for as long as
+    requests arrive faster than one-at-a-time can finish them.
+
+    ## 4. The underfilled device at batch size 1
+
+    How much of the machine does one request use? Run *B* requests side by side
+    (`scheduler="static"`, chapter 02's engine, with every request the same length, so nothing
+    is wasted) and time one decode step as *B* grows.
+    """),
+    ("code", """
+    # NBVAL_IGNORE_OUTPUT
+    batch_sizes = [1, 2, 4, 8, 16]
+    step_ms, tokens_per_s = [], []
+    for b in batch_sizes:
+        batch_llm = LLM(scheduler="static", max_num_seqs=b)
+        batch = fixed("equal", [32] * b, [16] * b).prompt_token_ids(vocab, seed=2)
+        out = batch_llm.generate(batch, SamplingParams(max_tokens=16, temperature=0, ignore_eos=True),
+                                 use_tqdm=False)
+        tpot = summarize([o.metrics for o in out]).tpot["p50"]
+        step_ms.append(tpot * 1e3)
+        tokens_per_s.append(b / tpot)
+    print("decode step (ms):", [round(t, 1) for t in step_ms])
+    print("decode tokens/s: ", [round(t) for t in tokens_per_s])
+    print(f"batch 16 vs batch 1: {tokens_per_s[-1] / tokens_per_s[0]:.1f}x the tokens/s for "
+          f"{step_ms[-1] / step_ms[0]:.1f}x the time per step")
+    viz.line_plot(batch_sizes, {"decode tokens/s": tokens_per_s}, xlabel="requests decoded together (B)",
+                  ylabel="output tokens / s", logx=True, title="B requests decoded in one step")
+    """),
+    ("md", """
+    One decode step for sixteen requests costs far less than sixteen steps for one (compare the
+    step times: nowhere near 16×), so the naive server throws most of the machine away. On a GPU
+    the effect is larger still: a batch-1 decode reads every weight to do one token's arithmetic
+    (chapter 00's roofline). Batching is the cure, and the next chapter tries the most obvious
+    form of it.
+
+    ## Pause and recall
+
+    1. What does the KV cache store, for which tokens, and what does it cost? Compute its size
+       per token for a model with 16 layers, 4 KV heads, head dimension 64, in bf16.
+    2. Why does the prefill produce the first output token without a decode step?
+    3. Requests of 10, 2 and 2 tokens are queued in that order on a naive server. What are their
+       TTFTs in steps? What if the order were 2, 2, 10?
+    4. Why does one decode step for 16 requests cost far less than 16 steps for one request?
+
+    ## Interview questions
+
+    **What does the KV cache save, and what does it cost?**
+    It saves recomputing every earlier token's keys and values at every step (quadratic work
+    becomes linear); it costs memory that grows with every token of every running request, and
+    that memory, not compute, ends up limiting how many requests a GPU serves at once.
+    *A common wrong answer:* "the KV cache saves memory."
+
+    **Why not serve one request at a time on a fast GPU?**
+    Because decode at batch size 1 is memory-bound: the GPU streams all weights to produce one
+    token, leaving nearly all its arithmetic idle, and everyone behind the current request waits
+    for its entire answer (TTFT grows with the queue).
+    *A common wrong answer:* "a fast enough GPU makes batching unnecessary."
+
+    **Where does TTFT come from in a naive server?**
+    Queueing (every full answer ahead of you) plus your own prefill; under load the queueing term
+    dominates and grows without bound.
+    *A common wrong answer:* "TTFT is the prefill time."
+
+    ## Exercise
+
+    `exercises/ch01_kv_loop.py`: allocate a KV cache for the real model, pack one step of one
+    request into the engine's batch format, and write the greedy prefill-then-decode loop; the
+    grader checks your tokens against transformers' `generate`. Run `make grade CH=01`.
+
+    **Next:** chapter 02 batches requests together, and meets padding and the batch barrier.
+    """),
+]

@@ -1,0 +1,337 @@
+"""Chapter 04: the paged KV cache (blocks, block tables, the free list, fragmentation, preemption, sharing)."""
+
+CELLS = [
+    ("md", """
+    # 04 · The paged KV cache
+
+    Chapter 03 ended on a full KV pool that was three quarters empty: every request had reserved
+    room for `max_model_len` tokens, and chat answers are short. **Paged KV** (vLLM's
+    PagedAttention, SOSP '23) hands memory out the way an operating system hands out pages: in
+    small fixed-size **blocks**, one at a time, as a sequence grows. A per-request **block table**
+    maps the sequence's logical blocks to physical blocks anywhere in the pool, and a finished
+    request's blocks return to a **free list** that the next request draws from at the very next
+    step. This chapter builds the idea up from the allocator, watches the block map change step
+    by step, measures the memory it saves, and meets the two new things paging brings: running
+    out of blocks mid-answer (preemption) and blocks shared by several requests.
+
+    **Learning goals.** After this chapter you can
+
+    1. find where a token's K/V lives from its position, the block size and the block table;
+    2. explain why a free list that is a stack hands a finished request's blocks to the next one;
+    3. name the two kinds of fragmentation of a contiguous layout and measure what paging saves;
+    4. explain preemption by recomputation, and why it leaves every answer unchanged;
+    5. say what a block's reference count is for (prefix caching, parallel samples, copy-on-write).
+    """),
+    ("md", """
+    **An analogy for non-specialists.** A cloakroom with numbered hooks. The contiguous way gives
+    every guest a whole row of ten adjacent hooks on arrival, in case they brought ten coats; most
+    bring one, and a new guest is turned away when no ten adjacent hooks are free, even though
+    half the hooks are empty. The paged way hands out one hook per coat, any free hook, and writes
+    the hook numbers on the guest's ticket (the block table). When a guest leaves, their hooks go
+    straight to the next guest in line.
+    """),
+    ("code", """
+    %matplotlib inline
+    import torch
+
+    from minicb import LLM, SamplingParams, viz
+    from minicb.bench_memory import occupancy
+    from minicb.kv import BlockAllocator, PagedKVManager
+    from minicb.request import Request
+    from minicb.sim import simulate
+    from minicb.viz_memory import block_map, block_reuse, free_blocks_timeline
+    from minicb.workload import chat, fixed, seed_example
+
+    torch.manual_seed(0)
+    # the default model is tiny: one thread is about as fast as several and keeps timings steady
+    torch.set_num_threads(1)
+    """),
+    ("md", """
+    ## 1. Blocks, block tables and the free list
+
+    The KV pool is one tensor pair per layer, `[num_blocks, block_size, num_kv_heads, head_dim]`
+    (chapter 03's packed-batch contract). Who may write which block is decided by a small
+    bookkeeping object, minicb's `BlockAllocator` (`minicb/kv/blocks.py`): a free list of block
+    ids and a reference count per block. Its free list is a **stack**: the block returned last is
+    handed out first.
+    """),
+    ("code", """
+    allocator = BlockAllocator(num_blocks=8)
+    a = [allocator.allocate() for _ in range(3)]      # request A takes three blocks
+    b = [allocator.allocate() for _ in range(2)]      # request B two
+    print(f"A holds {a}, B holds {b}; {allocator.num_free()} blocks free")
+    for block in reversed(a):                           # A finishes: each block's count drops to 0
+        if allocator.release(block):
+            allocator.push_free(block)
+    c = [allocator.allocate() for _ in range(2)]      # C arrives next
+    print(f"A finished; C gets {c}: A's own blocks, in A's order")
+    """),
+    ("md", """
+    A request's **block table** lists its blocks in logical order. Minicb's `PagedKVManager`
+    (`minicb/kv/paged.py`) keeps one per request and adds a block only when the last one is full.
+    Position *p* of a request lives in block `table[p // block_size]` at offset
+    `p % block_size`, that is in slot `table[p // block_size] * block_size + p % block_size`:
+    the slot number the KV-write kernel of chapter 05 receives in `slot_mapping`.
+    """),
+    ("code", """
+    kv = PagedKVManager(num_blocks=8, block_size=4)
+    first = Request("first", list(range(6)), SamplingParams(max_tokens=8))
+    second = Request("second", list(range(3)), SamplingParams(max_tokens=8))
+    for request, tokens in [(first, 6), (second, 3), (first, 7), (first, 9), (second, 5)]:
+        kv.allocate(request, tokens)                 # room for `tokens` tokens in total
+        print(f"{request.request_id:>6} holds {tokens} tokens: table {kv.block_table(request)}")
+
+    table, size = kv.block_table(first), kv.block_size
+    for position in [0, 5, 8]:
+        block, offset = table[position // size], position % size
+        print(f"position {position} of 'first': block {block}, offset {offset}, slot {block * size + offset}")
+    """),
+    ("md", """
+    The two requests' blocks interleave in the pool (`first` holds 0, 1, 3; `second` 2, 4), and
+    nobody minds: the table makes each request's scattered blocks read as one sequence.
+
+    ## 2. The block map, step by step
+
+    Now the real scheduler and KV manager on the book's worked example (four slots; requests of
+    4, 4, 10 and 10 tokens, two more 4-token ones waiting; 4-token prompts), driven by the
+    cost-model runner with `record_blocks=True`. Blocks of 2 tokens keep the picture small. Each
+    row is a physical block, each column an engine step, the colour the request holding it:
+    """),
+    ("code", """
+    names = dict(zip("012345", "ABCDEF"))
+    worked = simulate(seed_example(), max_num_seqs=4, block_size=2, num_kv_blocks=24, record_blocks=True)
+    finish = {names[r]: step for r, step in worked.finish_steps().items()}
+    print("finish steps:", finish)
+    for step, block, previous, new in block_reuse(worked):
+        print(f"step {step}: block {block:>2} passes from {names[previous]} to {names[new]}")
+    block_map(worked, names=names)
+    """),
+    ("md", """
+    A and B finish at step 4 and return their blocks: A's first, then B's, so B's sit on top of
+    the stack. At step 5, E and F prefill their 4-token prompts into B's four blocks, and at step
+    6 the requests that grow past a block boundary (C, D, E and F) take A's. Nothing is copied or
+    compacted: the pool stays a patchwork, and every request still reads its own tokens in order
+    through its table. Each request grows a block only when the last one is full (every other
+    step, with blocks of 2), so it never holds more than one partly empty block.
+
+    ## 3. Fragmentation, measured: the same memory, contiguous or paged
+
+    Chapter 03's experiment again: 64 chat requests, 32 slots, `max_model_len` = 512 and a pool
+    of 256 blocks of 16 tokens (room for 8 reservations of 512). This time both KV managers serve
+    it, with the same scheduler; `minicb.bench_memory.occupancy` counts, after every step, the
+    slots that live requests hold and the ones holding a token.
+    """),
+    ("code", """
+    pool = dict(max_num_seqs=32, max_model_len=512, block_size=16, num_kv_blocks=8 * 512 // 16)
+    runs = {kv_cache: simulate(chat(64, seed=0), kv_cache=kv_cache, record_blocks=True, **pool)
+            for kv_cache in ["contiguous", "paged"]}
+    rows = []
+    for kv_cache, result in runs.items():
+        o = occupancy(result, kv_cache)
+        rows.append({"kv_cache": kv_cache, "running (mean)": o["mean_running"], "running (max)": o["max_running"],
+                     "reserved but empty": f"{o['waste_fraction']:.1%}", "steps": o["steps"],
+                     "tokens per time unit": o["output_tokens_per_time_unit"]})
+    print(viz.format_table(rows))
+    contiguous, paged = rows
+    print(f"paged: {paged['running (mean)'] / contiguous['running (mean)']:.2f}x the requests running on average, "
+          f"{paged['tokens per time unit'] / contiguous['tokens per time unit']:.2f}x the throughput, same memory")
+    viz.kv_usage_timeline(runs["paged"])
+    """),
+    ("md", """
+    Same pool, same requests: the contiguous layout never runs more than 8 requests and leaves
+    three quarters of what it reserves empty; paging fills all 32 slots when the queue is long,
+    wastes about 5 % (the unfilled tail of each request's last block), and finishes the workload
+    in 40 % fewer steps. A contiguous layout wastes memory two ways:
+
+    * **internal fragmentation**: the reserved but unused tail of each reservation (here almost
+      all of the waste: a chat answer rarely needs its 512 slots);
+    * **external fragmentation**: free blocks scattered between reservations, each gap too short
+      for a new run of 32 consecutive blocks (minicb's contiguous manager must find such a run).
+
+    Paging removes external fragmentation entirely (any free block will do) and bounds internal
+    fragmentation by one partly filled block per request. The vLLM paper measured the same on
+    real systems: only 20.4–38.2 % of KV memory held token states in earlier systems, under 4 %
+    was wasted with paging, and serving throughput rose 2–4× at the same latency.
+
+    **The block size** trades the waste in that last block against bookkeeping: more blocks mean
+    longer block tables and, on a GPU, smaller scattered reads for the attention kernel. The same
+    paged run, pool fixed at 4096 token slots, block size varied:
+    """),
+    ("code", """
+    sweep = []
+    for block_size in [1, 4, 16, 64, 256]:
+        knobs = dict(pool, block_size=block_size, num_kv_blocks=4096 // block_size)
+        o = occupancy(simulate(chat(64, seed=0), kv_cache="paged", **knobs), "paged")
+        sweep.append({"block_size": block_size, "table entries at 512 tokens": 512 // block_size,
+                      "reserved but empty": f"{o['waste_fraction']:.1%}", "running (max)": o["max_running"],
+                      "preemptions": o["preemptions"], "steps": o["steps"]})
+    print(viz.format_table(sweep))
+    """),
+    ("md", """
+    Up to 16 tokens per block the waste stays small and nothing else changes; at 64 the empty
+    tails fill the pool early and requests get preempted (section 4); at 256 a block is half a
+    reservation and paging's advantage is mostly gone. vLLM's default block size is 16.
+
+    ## 4. When the blocks run out: preemption by recomputation
+
+    Paging admits a request with only the blocks its first step needs, and lets it grow. That is
+    what packs so many requests in, but it is a bet: if they all grow, the pool runs dry in the
+    middle of their answers. Then minicb's continuous scheduler **preempts**: it picks a victim
+    among the running requests (the latest arrival, which has the least work to lose), frees all
+    its blocks and puts it back at the head of the waiting queue. When it is readmitted it
+    **recomputes** its prompt and the tokens it had already generated, as one prefill, and carries
+    on. (The alternative, swapping its blocks to CPU memory and back, is the other option the
+    vLLM paper describes; recomputation needs no second memory and a prefill is fast per token.)
+
+    24 chat requests at once, 16 slots, with pools of different sizes:
+    """),
+    ("code", """
+    pressure = {}
+    for num_kv_blocks in [512, 96, 64, 40]:
+        result = simulate(chat(24, seed=0), max_num_seqs=16, block_size=16, max_model_len=512,
+                          num_kv_blocks=num_kv_blocks)
+        pressure[f"{num_kv_blocks} blocks"] = result
+        print(f"{num_kv_blocks:>4} blocks: {sum(len(s.preempted) for s in result.steps):>2} preemptions, "
+              f"{result.num_steps} steps, {result.total_time:.0f} time units")
+    free_blocks_timeline({label: pressure[label] for label in ["96 blocks", "40 blocks"]})
+    """),
+    ("md", """
+    With 64 blocks instead of 512, eight preemptions cost 3 % more time: the pool is an eighth of
+    the size. With 40 the pool is so small that the batch shrinks and the workload takes half as
+    long again. Preemption is a safety valve, not a way of life; chapter 07 shows the knobs that
+    keep it rare (a watermark of free blocks at admission, and which request to evict).
+
+    Now on the real model: eight requests generating 40 tokens each, once with the default pool
+    and once with only 12 blocks of 16 tokens, far less than the 8 × 4 blocks they need at the
+    end. The answers must not change:
+    """),
+    ("code", """
+    eight = fixed("eight", [24] * 8, [40] * 8)
+    greedy = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
+    answers, llms = {}, {}
+    for label, num_kv_blocks in [("default pool", None), ("12 blocks", 12)]:
+        llm = llms[label] = LLM(max_num_seqs=8, num_kv_blocks=num_kv_blocks)
+        prompts = eight.prompt_token_ids(llm.llm_engine.vocab_size, seed=0)
+        outputs = llm.generate(prompts, greedy, use_tqdm=False)
+        answers[label] = [o.outputs[0].token_ids for o in outputs]
+        engine = llm.llm_engine
+        per_request = [o.metrics.num_preemptions for o in outputs]
+        print(f"{label:>12}: {engine.config.num_kv_blocks} blocks, {engine.scheduler.num_preemptions} preemptions, "
+              f"{engine.scheduler.step_count} steps; preempted per request: {per_request}")
+    print("same tokens:", answers["default pool"] == answers["12 blocks"])
+    """),
+    ("md", """
+    Every answer is the same, token for token: a recomputed prefill writes exactly the K/V the
+    request had before (greedy decoding, and a seeded request keeps its own random generator).
+    The price is time, in extra steps: five requests computed part of their work twice.
+
+    ## 5. Reference counts: one block, several holders
+
+    A block can belong to more than one request. The allocator counts its holders, and a block
+    returns to the free list only when the count drops to zero. Two uses, both in minicb:
+
+    * **parallel samples** (`SamplingParams(n=4)`): the samples of one prompt share the prompt's
+      blocks. A sample that must write into a shared, partly filled block first copies it
+      (**copy-on-write**), so the others' K/V never changes under them.
+    * **prefix caching** (`enable_prefix_caching=True`): a full block is named by a hash of its
+      tokens and of every token before it; a new request whose prompt starts with the same
+      blocks points its table at them instead of computing them again.
+
+    Four samples of one 40-token prompt (two full blocks and a partial one), stepped by hand:
+    """),
+    ("code", """
+    engine = llms["default pool"].llm_engine
+    prompt = eight.prompt_token_ids(engine.vocab_size, seed=1)[0] + [7] * 16     # 40 tokens
+    engine.add_request("s0", prompt, SamplingParams(max_tokens=4, temperature=0.8, seed=0))
+    for sample in [1, 2, 3]:     # forks of s0: they share its prompt blocks
+        engine.add_request(f"s{sample}", prompt, SamplingParams(max_tokens=4, temperature=0.8, seed=sample),
+                           fork_of="s0")
+    for _ in range(2):
+        engine.step()
+        tables = {r.request_id: engine.kv.block_table(r) for r in engine.scheduler.running}
+        counts = {block: engine.kv.allocator.ref_counts[block] for table in tables.values() for block in table}
+        print(f"step {engine.scheduler.step_count}: tables {tables}")
+        print(f"        reference counts {counts}; {engine.kv.num_used_blocks()} blocks in use")
+    while engine.has_unfinished_requests():
+        engine.step()
+    print("after they finish:", engine.kv.num_used_blocks(), "blocks in use")
+    """),
+    ("md", """
+    After the first step only `s0` runs; the other samples join once its prompt is cached. From
+    then on the first two blocks have four holders and are stored once; each sample copied the
+    partly filled third block before writing its own token into it. Six blocks instead of twelve,
+    and all of them back on the free list at the end.
+
+    Prefix caching, previewed: three requests that share a 48-token prefix (a "system prompt"),
+    served one after the other by an engine with the cache on.
+    """),
+    ("code", """
+    shared = fixed("system prompt", [48], [1]).prompt_token_ids(engine.vocab_size, seed=2)[0]
+    questions = [shared + q for q in fixed("questions", [8] * 3, [1] * 3).prompt_token_ids(engine.vocab_size, seed=3)]
+    short = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+    cached_llm = LLM(max_num_seqs=4, enable_prefix_caching=True)
+    cached = [cached_llm.generate([q], short, use_tqdm=False)[0] for q in questions]
+    print("prompt tokens served from the cache:", [o.metrics.num_cached_tokens for o in cached])
+    print(cached_llm.llm_engine.kv.prefix_stats())
+    plain = llms["default pool"].generate(questions, short, use_tqdm=False)
+    print("same tokens as without the cache:",
+          [o.outputs[0].token_ids for o in cached] == [o.outputs[0].token_ids for o in plain])
+    """),
+    ("md", """
+    The first request computes everything; the next two find the prefix's three full blocks
+    (48 tokens) cached and compute only their own 8. Chapter 07 measures what that does to time
+    to first token.
+
+    ## Pause and recall
+
+    1. Block size 16, block table `[5, 2, 9]`: in which block, at which offset and in which slot
+       does position 37 live?
+    2. In the block map, why did E and F get B's blocks and not A's?
+    3. Which kind of fragmentation does paging remove entirely, and which does it only bound?
+       By how much?
+    4. Why does preemption by recomputation leave every answer unchanged, and what does it cost?
+    5. When does a block shared by four samples go back on the free list?
+
+    ## Interview questions
+
+    **What problem does PagedAttention solve?**
+    KV memory fragmentation. Reserving `max_model_len` contiguously per request wastes the unused
+    tail (internal) and the gaps between reservations (external), so few requests fit and the
+    batch stays small. Fixed-size blocks allocated on demand through a block table waste at most
+    one partly filled block per request, so several times more requests fit in the same memory,
+    and batch size, hence throughput, grows with them.
+    *A common wrong answer:* "it makes the attention computation faster": the indirection makes
+    the kernel, if anything, slightly slower; the gain is capacity.
+
+    **What happens when the KV cache fills up in the middle of generation?**
+    The scheduler preempts: it frees a running request's blocks and requeues it; when there is
+    room again the request recomputes its prompt and the tokens generated so far (or, in systems
+    that swap, copies its blocks back from CPU memory) and continues with the same output.
+    *A common wrong answer:* "the server runs out of memory and the request fails", or "it only
+    stops admitting new requests": admission control alone cannot stop running requests from
+    growing.
+
+    **How would you choose the block size?**
+    Small blocks waste less (at most `block_size − 1` slots per request) but mean longer block
+    tables and smaller, more scattered reads for the attention kernel; large blocks bring the
+    reservation's waste back. Measure the waste and the kernel's bandwidth; 16 is the usual
+    answer.
+    *A common wrong answer:* "as small as possible, 1 token, since that wastes nothing."
+
+    **Why does each block carry a reference count?**
+    So that several requests can share one block (a cached prefix, the prompt of parallel
+    samples, beams) and the block is freed only when its last holder lets go; a holder that needs
+    to write into a shared block copies it first (copy-on-write).
+    *A common wrong answer:* "to find leaked blocks"; or "sharing means the requests see each
+    other's tokens", which copy-on-write prevents.
+
+    ## Exercise
+
+    `exercises/ch04_block_allocator.py`: write the block allocator (the free list and reference
+    counts) and the slot mapping. The grader runs minicb's paged engine on your allocator, with
+    evictions and shared blocks, and checks that the model still generates what transformers
+    does. Run `make grade CH=04`.
+
+    **Next:** chapter 05 writes the kernels that read and write K/V through the block table.
+    """),
+]

@@ -1,0 +1,370 @@
+"""Chapter 05: Triton paged attention (a primer, the KV write, the decode kernel, split-KV, the roofline)."""
+
+CELLS = [
+    ("md", """
+    # 05 · Triton paged attention
+
+    Chapter 04 scattered each request's K/V over the pool in blocks. Attention must now read a
+    request's keys wherever they are, through its block table, for a whole packed batch of
+    decodes and prefill chunks at once. This chapter writes that in **Triton**, a Python language
+    for GPU kernels: the kernel that writes this step's K/V into its slots, the paged attention
+    kernel with its online softmax, and split-KV decoding with its log-sum-exp merge. Everything
+    runs here on a CPU through Triton's interpreter, which executes a kernel as numpy code with
+    the same semantics, slowly; the GPU numbers come from the kernel benchmark.
+
+    **Learning goals.** After this chapter you can
+
+    1. read a Triton kernel: programs, blocks of indices, masks, loads and stores;
+    2. follow a key from its position through the block table to its address in the cache;
+    3. explain the online softmax, and why it lets a kernel stream keys tile by tile;
+    4. explain split-KV decoding and show that the log-sum-exp merge is exact;
+    5. check a kernel against a reference, and judge a decode kernel by bandwidth, on a roofline.
+    """),
+    ("md", """
+    **An analogy for non-specialists.** A librarian fetching a book series whose volumes are
+    shelved wherever there was space: the catalogue card (the block table) says volume 1 is on
+    shelf 3, volume 2 on shelf 0, volume 3 on shelf 7. Reading the series takes one trip per
+    volume, in order, and keeping a running summary while reading (the online softmax) means the
+    librarian never has to carry all the volumes at once. Several librarians can each take a few
+    volumes and merge their summaries at the end (split-KV).
+    """),
+    ("code", """
+    %matplotlib inline
+    import os
+
+    import torch
+
+    if not torch.cuda.is_available():
+        # Triton decides compiled-or-interpreted when a kernel is defined: set this before importing it
+        os.environ["TRITON_INTERPRET"] = "1"
+    import triton
+    import triton.language as tl
+
+    from minicb import LLM, SamplingParams, viz
+    from minicb.kernels import (choose_num_splits, paged_attention, paged_attention_reference, write_kv,
+                                write_kv_reference)
+    from minicb.viz_kernels import paged_lookup, recorded_kernel_results
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    print("Triton", "compiled for the GPU" if device == "cuda" else "interpreted on the CPU")
+    """),
+    ("md", """
+    ## 1. A Triton primer
+
+    A Triton kernel is a Python function that one **program** runs for one piece of the data;
+    the launch grid says how many programs run (on a GPU, in parallel). Inside, a program works
+    on whole blocks of indices at once (`tl.arange`), loads and stores through pointers plus
+    offsets, and **masks** the indices that fall off the end. The smallest useful kernel adds two
+    vectors, four elements per program (shown only to read the syntax; minicb's kernels follow):
+    """),
+    ("code", """
+    @triton.jit
+    def add_kernel(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
+        program = tl.program_id(0)                       # which piece is mine
+        offsets = program * BLOCK + tl.arange(0, BLOCK)  # my BLOCK indices, as one vector
+        mask = offsets < n                               # the last program may run past the end
+        x = tl.load(x_ptr + offsets, mask=mask)
+        y = tl.load(y_ptr + offsets, mask=mask)
+        tl.store(out_ptr + offsets, x + y, mask=mask)
+
+    x, y = torch.arange(10.0, device=device), torch.full((10,), 100.0, device=device)
+    out = torch.empty_like(x)
+    add_kernel[(triton.cdiv(10, 4),)](x, y, out, 10, BLOCK=4)    # grid: 3 programs of 4
+    print(out.tolist())
+    """),
+    ("md", """
+    Three programs of four lanes cover ten elements; the mask turns off the last two lanes of the
+    third. `BLOCK` is a compile-time constant (`tl.constexpr`): on a GPU each value compiles its
+    own kernel, so block sizes are powers of two chosen up front.
+
+    ## 2. Writing K/V into the cache
+
+    Each step, every computed token's K and V go to its slot (chapter 04:
+    `block * block_size + offset`), listed in `slot_mapping`; a slot of `-1` marks a padding
+    token that must not be written. `minicb.kernels.write_kv` runs one program per token, copying
+    all its KV heads at once. Two requests, 10 and 7 tokens, blocks of 4:
+    """),
+    ("code", """
+    num_blocks, block_size, num_kv_heads, head_dim = 8, 4, 2, 16
+    tables = {"A": [3, 0, 6], "B": [5, 1, 7]}
+    lengths = {"A": 10, "B": 7}
+    slot_mapping = [tables[r][p // block_size] * block_size + p % block_size for r in "AB" for p in range(lengths[r])]
+    slot_mapping.insert(10, -1)                        # a padding token between the two requests
+    print("slot_mapping:", slot_mapping)
+
+    generator = torch.Generator().manual_seed(0)
+    k = torch.randn(len(slot_mapping), num_kv_heads, head_dim, generator=generator).to(device)
+    v = torch.randn(len(slot_mapping), num_kv_heads, head_dim, generator=generator).to(device)
+    slots = torch.tensor(slot_mapping, device=device)
+    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    k_cache, v_cache = torch.zeros(shape, device=device), torch.zeros(shape, device=device)
+    write_kv(k, v, k_cache, v_cache, slots)
+    k_check, v_check = torch.zeros(shape, device=device), torch.zeros(shape, device=device)
+    write_kv_reference(k, v, k_check, v_check, slots)
+    print("same cache as the torch reference:", torch.equal(k_cache, k_check) and torch.equal(v_cache, v_check))
+    print("slots written per block:", (k_cache.abs().sum(dim=(2, 3)) > 0).sum(dim=1).tolist())
+    """),
+    ("md", """
+    A's ten tokens sit in blocks 3, 0 and 6 (4 + 4 + 2), B's seven in blocks 5 and 1 (4 + 3);
+    B's third block is not needed yet, and the padding token went nowhere.
+
+    ## 3. Paged attention: token → block table → address
+
+    A decode step has one query per request; it must attend to all the request's keys. The paged
+    kernel (`minicb.kernels.paged_attention`, `kernels/paged_attention.py`) runs one program per
+    (request, KV head, query tile). For key position *p* of request *i* it loads
+    `block_tables[i, p // block_size]`, then reads the key at `block * stride_block +
+    (p % block_size) * stride_offset + kv_head * stride_head`: one indirection per key, no copy.
+    Request A of the example above, looking up its key at position 9:
+    """),
+    ("code", """
+    paged_lookup(tables["A"], block_size, seq_len=10, num_blocks=num_blocks, position=9)
+    """),
+    ("md", """
+    The program holds the queries of every query head that shares this KV head (grouped-query
+    attention: 4 query heads per KV head here), so each key tile is loaded once for all of them.
+    Both requests decode one token; the kernel against minicb's torch reference (which gathers
+    each request's keys into a tensor and runs a plain softmax):
+    """),
+    ("code", """
+    num_q_heads = 4
+    q = torch.randn(2, num_q_heads, head_dim, generator=generator).to(device)
+    cu_seqlens_q = torch.tensor([0, 1, 2], dtype=torch.int32, device=device)   # one query each
+    seq_lens = torch.tensor([lengths["A"], lengths["B"]], dtype=torch.int32, device=device)
+    block_tables = torch.tensor([tables["A"], tables["B"]], dtype=torch.int32, device=device)
+    args = (q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, head_dim**-0.5, 1, 10)
+    out = paged_attention(*args)
+    reference = paged_attention_reference(*args)
+    print(f"output {tuple(out.shape)}; max |kernel - reference| = {(out - reference).abs().max().item():.1e}")
+    """),
+    ("md", """
+    ## 4. The online softmax
+
+    The kernel walks the keys `BLOCK_N` at a time and never holds all the scores: a context of
+    32k keys would not fit in a program's registers. It keeps, per query row, a running maximum
+    *m*, a running denominator *l* and a running weighted sum of values; when a new tile raises
+    the maximum, what was summed so far is rescaled by `exp(m_old − m_new)`. After the last tile,
+    `acc / l` is exactly the softmax-weighted sum. Here is the recurrence by hand in torch, on one
+    query and ten keys in tiles of four, against the one-shot softmax:
+    """),
+    ("code", """
+    scores = torch.tensor([0.5, 2.0, -1.0, 0.0, 4.0, 1.0, 0.5, -2.0, 3.0, 1.5])
+    values = torch.arange(10.0)[:, None] * torch.tensor([[1.0, -1.0]])      # ten 2-d value vectors
+    m, l, acc = torch.tensor(float("-inf")), torch.tensor(0.0), torch.zeros(2)
+    for start in range(0, 10, 4):
+        tile, tile_values = scores[start:start + 4], values[start:start + 4]
+        m_new = torch.maximum(m, tile.max())
+        alpha = torch.exp(m - m_new)                 # rescales what was summed under the old maximum
+        p = torch.exp(tile - m_new)
+        l = l * alpha + p.sum()
+        acc = acc * alpha + p @ tile_values
+        m = m_new
+        print(f"keys {start}-{start + len(tile) - 1}: running max {m.item():.1f}, rescale {alpha.item():.3f}, "
+              f"denominator {l.item():.3f}")
+    one_shot = torch.softmax(scores, 0) @ values
+    print("online:  ", [round(x, 5) for x in (acc / l).tolist()])
+    print("one-shot:", [round(x, 5) for x in one_shot.tolist()])
+    """),
+    ("md", """
+    The first tile rescales nothing (there is nothing summed yet); the second raised the maximum
+    from 2 to 4, so everything from the first tile was scaled by e⁻² before the new terms were
+    added. The kernel does the same with `exp2` (base 2, the fast instruction) and float32
+    accumulators, and divides once at the end. FlashAttention (2022) made this streaming form
+    the standard way to compute attention; here it serves a decode and a prefill chunk alike,
+    causality masking the keys past each query's position.
+
+    ## 5. Split-KV decoding and the log-sum-exp merge
+
+    A decode launches only `num_seqs × num_kv_heads` programs. One request with 8 KV heads on a
+    GPU with 132 streaming multiprocessors (an H100) would keep 8 of them busy while they stream
+    a long context. **Split-KV** (Flash-Decoding, 2023) cuts each request's keys into ranges, one
+    program each; every split produces its own normalised output *oₛ* and its log-sum-exp
+    `lseₛ = mₛ + log lₛ`, and a small merge kernel combines them:
+    `out = Σₛ exp(lseₛ − lse_max) · oₛ / Σₛ exp(lseₛ − lse_max)`. The weights restore each split's
+    share of the probability mass, so the merge is exact, not an approximation. The same merge by
+    hand, three splits of the ten keys above:
+    """),
+    ("code", """
+    parts = []
+    for keys in [slice(0, 4), slice(4, 7), slice(7, 10)]:
+        split_scores = scores[keys]
+        lse = torch.logsumexp(split_scores, 0)
+        parts.append((torch.softmax(split_scores, 0) @ values[keys], lse))
+    weights = torch.softmax(torch.stack([lse for _, lse in parts]), 0)      # exp(lse_s - lse_max), normalised
+    merged = sum(w * o for w, (o, _) in zip(weights, parts))
+    print("split weights:", [round(w, 3) for w in weights.tolist()])
+    print("merged:  ", [round(x, 5) for x in merged.tolist()])
+    """),
+    ("md", """
+    Now the kernel: one request with 600 cached keys in 38 blocks scattered over a pool of 64,
+    with 1, 2, 3 and 5 splits forced (on a GPU the split count is chosen automatically):
+    """),
+    ("code", """
+    pool_shape = (64, 16, 2, 64)
+    k_pool = torch.randn(pool_shape, generator=generator).to(device)
+    v_pool = torch.randn(pool_shape, generator=generator).to(device)
+    long_table = torch.randperm(64, generator=generator)[:38].view(1, 38).to(torch.int32).to(device)
+    query = torch.randn(1, 4, 64, generator=generator).to(device)
+    long_args = (query, k_pool, v_pool, torch.tensor([0, 1], dtype=torch.int32, device=device),
+                 torch.tensor([600], dtype=torch.int32, device=device), long_table, 64**-0.5, 1, 600)
+    expected = paged_attention_reference(*long_args)
+    for num_splits in [1, 2, 3, 5]:
+        got = paged_attention(*long_args, num_splits=num_splits)
+        print(f"{num_splits} splits: max |kernel - reference| = {(got - expected).abs().max().item():.1e}")
+    """),
+    ("md", """
+    The split count is a heuristic (`minicb.kernels.choose_num_splits`): aim for about two
+    programs per streaming multiprocessor, never split below 256 keys, and never split a batch
+    that already fills the GPU (the merge would be pure overhead). On an H100 (132 SMs) with
+    Llama-3-8B's 8 KV heads:
+    """),
+    ("code", """
+    rows = [{"batch": batch, **{f"context {context}": choose_num_splits(batch, 8, context, num_sms=132)
+                                for context in [512, 4096, 32768]}} for batch in [1, 8, 64, 256]]
+    print("splits per request\\n" + viz.format_table(rows))
+    """),
+    ("md", """
+    ## 6. The real model on the Triton backend
+
+    The engine picks its attention with `attention="torch" | "triton"`. The same prompts through
+    both, greedy (on this CPU, the Triton kernels run in the interpreter):
+    """),
+    ("code", """
+    prompts = ["def fibonacci(n):", "import os\\n"]
+    greedy = SamplingParams(max_tokens=12, temperature=0)
+    answers = {backend: LLM(attention=backend, max_num_seqs=2).generate(prompts, greedy, use_tqdm=False)
+               for backend in ["torch", "triton"]}
+    for backend, outputs in answers.items():
+        print(f"{backend:>6}:", [o.outputs[0].text for o in outputs])
+    print("same tokens:", [o.outputs[0].token_ids for o in answers["torch"]]
+          == [o.outputs[0].token_ids for o in answers["triton"]])
+    """),
+    ("md", """
+    `tests/test_kernels.py` holds the kernels to the reference over many shapes (grouped
+    queries, ragged prefill chunks mixed with decodes, block sizes, splits, padding); the parity
+    tests run the whole engine on the Triton backend against transformers.
+
+    ## 7. On a GPU: bandwidth and the roofline
+
+    A decode reads every cached K/V byte of every request once and does little arithmetic with
+    it. Per query head and key it does a dot product with the key and a multiply-add into the
+    output: 4 × `head_dim` FLOPs. Per KV head and key it reads 2 × `head_dim` values of 2 bytes
+    (bfloat16). With *g* query heads per KV head, that is **g FLOPs per byte**, 4 for Llama-3-8B,
+    whatever the batch size or context, since every request reads its own keys. A prefill chunk
+    of *c* tokens reuses each key for *c* queries: about *c · g* FLOPs per byte. Against an
+    H100 SXM (989 TFLOP/s dense bfloat16, 3.35 TB/s of HBM3, NVIDIA's datasheet):
+    """),
+    ("code", """
+    peak_flops, bandwidth = 989e12, 3.35e12
+    group = 32 // 8                     # Llama-3-8B: 32 query heads share 8 KV heads
+    points = {"decode attention": group, "prefill chunk of 512": 512 * group, "weights, decode batch 64": 64}
+    print(f"ridge point: {peak_flops / bandwidth:.0f} FLOP per byte")
+    viz.roofline(peak_flops, bandwidth, points, title="H100 SXM: decode attention sits far below the ridge")
+    """),
+    ("md", """
+    (The weights' point: a decode step multiplies every weight by one token per running request,
+    so their arithmetic intensity is about the batch size in bfloat16: why batching pays, chapter
+    00.) Decode attention is memory-bound at any batch, so its honest unit is bandwidth: K/V
+    bytes read per second against what the GPU can stream. That gives a floor on its time, from
+    arithmetic alone: the benchmark's grid, Llama-3-8B heads, bfloat16:
+    """),
+    ("code", """
+    rows = []
+    for batch in [1, 8, 64, 256]:
+        for context in [512, 4096, 32768]:
+            kv_bytes = 2 * batch * context * 8 * 128 * 2     # K and V, 8 KV heads of 128, 2 bytes each
+            rows.append({"batch": batch, "context": context, "K/V read (MiB)": kv_bytes / 2**20,
+                         "floor at 3.35 TB/s (us)": kv_bytes / bandwidth * 1e6})
+    print(viz.format_table(rows, digits=1))
+    """),
+    ("md", """
+    A kernel that reaches, say, 80 % of the copy bandwidth spends 1.25× those times. The kernel
+    benchmark (`minicb/bench_kernels.py`) measures exactly that on a GPU: the Triton kernel over
+    shuffled block tables, torch's `scaled_dot_product_attention` on contiguous K/V (the best case
+    without paging), and the torch backend's gather-then-attend, as GB/s of K/V read beside the
+    device's own copy bandwidth. Its results, if any are recorded in `benchmarks/results/`:
+    """),
+    ("code", """
+    from IPython.display import Image, display
+
+    from minicb.bench_kernels import print_table
+
+    recorded = recorded_kernel_results("../benchmarks/results")
+    if not recorded:
+        print("No GPU measurement has been recorded yet: benchmarks/results/ holds no kernels-<device>.json.\\n"
+              "On a machine with an NVIDIA GPU, from the repository root:\\n"
+              "    python -m minicb bench kernels\\n"
+              "writes benchmarks/results/kernels-<device>.json and .png; rebuild this chapter to show them.\\n"
+              "(python -m minicb bench kernels --dry-run runs a tiny grid through the interpreter: it\\n"
+              "checks the code path on a CPU and measures nothing.)")
+    for run in recorded:
+        print(f"{run['device']}, {run['date']}, torch {run['torch_version']}, triton {run['triton_version']}")
+        print_table(run)
+        display(Image(run["plot_path"]))
+    """),
+    ("md", """
+    What to look for in those numbers: at large batches and long contexts the Triton kernel
+    should approach the copy bandwidth and match SDPA on contiguous memory (paging costs one
+    table lookup per key tile, not bandwidth); the gather path moves every byte three times;
+    and at batch 1 with a long context, split-KV is what keeps the kernel from using a handful of
+    the GPU's multiprocessors.
+
+    ## Pause and recall
+
+    1. In the add kernel, what does the mask do, and what would go wrong without it?
+    2. Block size 16, block table `[4, 9, 2]`: which block and offset does the kernel read for key
+       37? Which slot did `write_kv` write it to?
+    3. In the online softmax, when is `alpha` smaller than 1, and why must `acc` be multiplied
+       by it?
+    4. Why is the log-sum-exp merge exact? When is splitting a waste?
+    5. Why do you judge a decode attention kernel in GB/s rather than TFLOP/s?
+
+    ## Interview questions
+
+    **Why is decode attention memory-bound, and how do you judge a decode kernel?**
+    Each cached K/V byte is read once per step and used for only a few FLOPs (with grouped-query
+    attention, about *g* FLOPs per byte in bfloat16: 4 for Llama-3-8B), two orders of magnitude
+    below an H100's ridge point of about 300. So the measure is bandwidth achieved (bytes of K/V
+    read per second) against the device's copy bandwidth, not FLOP/s.
+    *A common wrong answer:* "attention is quadratic, so it is compute-bound": that is prefill
+    over long prompts; a decode has one query per request.
+
+    **What is the online softmax and why does a kernel need it?**
+    A single pass over the keys in tiles that keeps a running maximum and a running denominator,
+    rescaling the partial sums whenever the maximum grows. It is exact and numerically stable,
+    and the kernel never has to hold all the scores for a long context, only one tile.
+    *A common wrong answer:* "it is an approximation of softmax that trades accuracy for speed."
+
+    **When does split-KV decoding help?**
+    When a decode has too few (request, KV head) pairs to fill the GPU, that is small batches
+    with long contexts: splitting each context over several programs uses more multiprocessors,
+    and a log-sum-exp merge combines the partial results exactly. Large batches already fill the
+    GPU, and then the merge is pure overhead.
+    *A common wrong answer:* "it reduces the bytes read", or "always split": it reads the same
+    K/V, plus a little for the merge.
+
+    **How does a paged attention kernel find the key at position p?**
+    `block = block_tables[request, p // block_size]`, `offset = p % block_size`, then address =
+    block × stride_block + offset × stride_offset + kv_head × stride_head: one table load per
+    key tile, keys read in place.
+    *A common wrong answer:* "it first gathers the blocks into a contiguous tensor": that is
+    what a fallback does (minicb's torch backend), at the cost of extra copies.
+
+    **How do you test a GPU kernel on a machine without a GPU?**
+    Run it through Triton's interpreter (`TRITON_INTERPRET=1`) on small shapes and compare with
+    a plain-torch reference within a tolerance, over shapes that cross block and tile edges; the
+    same tests then run compiled on a GPU, where the benchmark measures speed.
+    *A common wrong answer:* "you cannot; wait for GPU access."
+
+    ## Exercise
+
+    `exercises/ch05_decode_kernel.py`: write a Triton paged-attention kernel for decode steps (one
+    program per request and query head, the online softmax, no split). The grader holds it to
+    `minicb.kernels.paged_attention_reference` and runs the engine's decode attention on it
+    against transformers. It runs on a CPU through the interpreter: `make grade CH=05`.
+
+    **Next:** chapter 06 puts the engine behind an HTTP server and loads it with traffic.
+    """),
+]
