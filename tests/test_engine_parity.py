@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from reference import compare, hf_greedy
+from reference import compare, hf_greedy, run_with_arrivals
 
 from minicb import LLM, SamplingParams
 
@@ -21,23 +21,6 @@ def make_workload(num_requests: int = 32, seed: int = 0, vocab: int = 512):
     prompts[0], prompts[1] = prompts[0][:1], prompts[1][:200]
     arrival_steps = sorted(rng.randint(0, 40) for _ in range(num_requests))
     return prompts, max_tokens, arrival_steps
-
-
-def run_with_arrivals(llm: LLM, prompts, max_tokens, arrival_steps):
-    """Drive the engine step by step; request i joins just before step arrival_steps[i]."""
-    engine = llm.llm_engine
-    results, step, next_request = {}, 0, 0
-    while next_request < len(prompts) or engine.has_unfinished_requests():
-        while next_request < len(prompts) and arrival_steps[next_request] <= step:
-            params = SamplingParams(max_tokens=max_tokens[next_request], temperature=0, ignore_eos=True,
-                                    logprobs=5)
-            engine.add_request(str(next_request), prompts[next_request], params)
-            next_request += 1
-        for output in engine.step():
-            if output.finished:
-                results[int(output.request_id)] = output
-        step += 1
-    return [results[i] for i in range(len(prompts))]
 
 
 @pytest.fixture(scope="module")

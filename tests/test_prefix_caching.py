@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from reference import Reference, compare, hf_greedy
+from reference import Reference, compare, hf_greedy, run_with_arrivals
 
 import minicb.kv.prefix
 from minicb import LLM, SamplingParams
@@ -39,27 +39,6 @@ def shared_prefix_workload(seed: int = 0):
     return prompts, max_tokens, arrival_steps
 
 
-def run(llm: LLM, prompts, max_tokens, arrival_steps, aborts: dict[int, int] | None = None):
-    """Drive the engine step by step: request i joins before step arrival_steps[i]; request j is
-    aborted before step aborts[j] (if it has not finished)."""
-    engine, aborts = llm.llm_engine, aborts or {}
-    results, step, added = {}, 0, 0
-    while added < len(prompts) or engine.has_unfinished_requests():
-        while added < len(prompts) and arrival_steps[added] <= step:
-            engine.add_request(str(added), prompts[added],
-                               SamplingParams(max_tokens=max_tokens[added], temperature=0, ignore_eos=True,
-                                              logprobs=5))
-            added += 1
-        for index, at in aborts.items():
-            if at == step and str(index) in engine.requests and not engine.requests[str(index)].finished:
-                engine.abort(str(index))
-        for output in engine.step():
-            if output.finished:
-                results[int(output.request_id)] = output
-        step += 1
-    return [results[i] for i in range(len(prompts))]
-
-
 @pytest.fixture(scope="module")
 def workload():
     return shared_prefix_workload()
@@ -72,9 +51,9 @@ def test_greedy_outputs_equal_without_caching_and_transformers(tiny_model, workl
     references = hf_greedy(tiny_model, prompts, max_tokens)
     knobs = dict(max_num_seqs=6, max_num_batched_tokens=96, max_model_len=128, block_size=BLOCK,
                  num_kv_blocks=10)
-    plain = run(LLM(tiny_model, **knobs), prompts, max_tokens, arrival_steps, aborts)
+    plain = run_with_arrivals(LLM(tiny_model, **knobs), prompts, max_tokens, arrival_steps, aborts)
     cached_llm = LLM(tiny_model, enable_prefix_caching=True, **knobs)
-    cached = run(cached_llm, prompts, max_tokens, arrival_steps, aborts)
+    cached = run_with_arrivals(cached_llm, prompts, max_tokens, arrival_steps, aborts)
 
     verdicts = []
     for i, (ref, off, on) in enumerate(zip(references, plain, cached)):
@@ -104,9 +83,9 @@ def test_hash_collisions_never_return_wrong_kv(tiny_llama, workload, monkeypatch
     monkeypatch.setattr(minicb.kv.prefix, "hash_block", lambda parent_hash, token_ids: 0)
     prompts, max_tokens, arrival_steps = workload
     knobs = dict(max_num_seqs=6, max_num_batched_tokens=96, max_model_len=128, block_size=BLOCK)
-    plain = run(LLM(tiny_llama, **knobs), prompts, max_tokens, arrival_steps)
+    plain = run_with_arrivals(LLM(tiny_llama, **knobs), prompts, max_tokens, arrival_steps)
     llm = LLM(tiny_llama, enable_prefix_caching=True, **knobs)
-    cached = run(llm, prompts, max_tokens, arrival_steps)
+    cached = run_with_arrivals(llm, prompts, max_tokens, arrival_steps)
     for i, (off, on) in enumerate(zip(plain, cached)):
         compare(Reference(off.outputs[0].token_ids, off.outputs[0].logprobs), on.outputs[0].token_ids,
                 on.outputs[0].logprobs, f"request {i}")

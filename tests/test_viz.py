@@ -4,26 +4,15 @@ continuous 10) and from arithmetic on the workload, not from the functions under
 
 from __future__ import annotations
 
-import io
-
 import numpy as np
 import pytest
+from figures import rendered
 from matplotlib.colors import to_rgb
-from matplotlib.figure import Figure
 
 from minicb import viz
 from minicb.sim import simulate
 from minicb.viz_base import PAD_COLOUR
 from minicb.workload import chat, fixed, seed_example
-
-
-def rendered(fig: Figure) -> Figure:
-    """Draw the figure to PNG bytes: errors in text, patches or limits surface only here."""
-    assert isinstance(fig, Figure)
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png")
-    assert buffer.tell() > 1000
-    return fig
 
 
 def requests_per_slot(grid) -> list[list[str]]:

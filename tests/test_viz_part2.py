@@ -6,14 +6,13 @@ the functions under test."""
 
 from __future__ import annotations
 
-import io
 import json
 import math
 from pathlib import Path
 
 import nbformat
 import pytest
-from matplotlib.figure import Figure
+from figures import rendered
 
 from minicb.sim import CostModel, simulate
 from minicb.viz_kernels import paged_lookup, recorded_kernel_results
@@ -32,12 +31,6 @@ from minicb.workload import Workload, WorkloadRequest, chat, fixed, seed_example
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def rendered(fig: Figure) -> Figure:
-    assert isinstance(fig, Figure)
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png")
-    assert buffer.tell() > 1000
-    return fig
 
 
 def worked_example_blocks():
