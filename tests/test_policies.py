@@ -160,8 +160,8 @@ def serve_stream(policy: str, max_wait_steps: int | None) -> SimResult:
 
 @pytest.mark.parametrize("policy", ["fcfs", "priority", "shortest_prompt_first"])
 def test_a_long_request_finishes_within_the_ageing_bound(policy):
-    """The bound follows from `_next_waiting`'s promise. The long request is overdue from step
-    arrival + W + 1; from then on nobody younger is admitted, and the requests already running
+    """The bound follows from the continuous scheduler's ageing promise. The long request is
+    overdue from step arrival + W + 1; from then on nobody younger is admitted, and the requests already running
     (shorts, each holding its slot for SHORT.output_len steps: prefill plus decodes) free a slot
     by step arrival + W + SHORT.output_len. Its prompt fits one step's budget and, decode-first,
     it then gets a token every step: LONG.output_len - 1 more steps."""

@@ -13,6 +13,8 @@ watermark) are knobs of EngineConfig.
 
 from __future__ import annotations
 
+import heapq
+
 from minicb.request import Request, RequestStatus
 from minicb.scheduler.base import ScheduledSeq, Scheduler, SchedulerOutput
 
@@ -71,7 +73,8 @@ class ContinuousScheduler(Scheduler):
     def _pick_victim(self) -> Request:
         """Among running requests not yet in this step: the latest arrival (it has the least
         progress to lose), or under the priority policy the lowest priority first. Overdue
-        requests (see `_next_waiting`) go last, so ageing also protects them from eviction."""
+        requests (see the ageing note above `_admission_key`) go last, so ageing also protects
+        them from eviction."""
         candidates = [r for r in self.running if r.request_id not in self._scheduled]
 
         def eviction_order(request: Request) -> tuple[int, ...]:
@@ -95,8 +98,14 @@ class ContinuousScheduler(Scheduler):
     def _admit_waiting(self, output: SchedulerOutput) -> None:
         if output.preempted:
             return  # memory is short: admitting now would only preempt again next step
-        while self.waiting and len(self.running) < self.config.max_num_seqs and self._token_budget > 0:
-            request = self._next_waiting()
+        # the policy's order cannot change within a step: build it once as a heap, O(W), and pop
+        # the next request in O(log W) instead of scanning the whole queue for each admission
+        # (the queue position breaks ties, as a scan would: requests built by hand may share an index)
+        queue = [(self._admission_key(request), i, request) for i, request in enumerate(self.waiting)]
+        heapq.heapify(queue)
+        admitted: set[str] = set()
+        while queue and len(self.running) < self.config.max_num_seqs and self._token_budget > 0:
+            request = heapq.heappop(queue)[2]
             if not self._claim_computed_prefix(request):
                 break   # a parallel sample waits one step for its prompt, then shares it
             num_tokens = self._tokens_for(request)
@@ -106,24 +115,20 @@ class ContinuousScheduler(Scheduler):
                 self.kv.free(request)               # give back the blocks it claimed
                 request.num_computed_tokens = 0
                 break   # head-of-line: keep the policy's order rather than skipping ahead
-            self.waiting.remove(request)
+            admitted.add(request.request_id)
             self.running.append(request)
             self._start_running(request)
             self._take(output, request, num_tokens)
+        if admitted:
+            self.waiting = [request for request in self.waiting if request.request_id not in admitted]
 
-    def _next_waiting(self) -> Request:
-        """The waiting request the policy admits next.
-
-        Ageing (max_wait_steps = W) promises, under every policy: from the step in which a request
-        is overdue (arrived more than W steps ago, so from step arrival_step + W + 1 on) until it
-        is admitted, no request that arrived after it is admitted. Overdue requests go first,
-        oldest first, and admission stops at the first request that does not fit (head-of-line),
-        so everyone younger queues behind. Its wait past W + 1 steps is then only the time the
-        requests already running, and the overdue ones older than it, take to free a slot, the
-        step's budgets and KV room for its first chunk.
-        """
-        return min(self.waiting, key=self._admission_key)
-
+    # Ageing (max_wait_steps = W) promises, under every policy: from the step in which a request is
+    # overdue (arrived more than W steps ago, so from step arrival_step + W + 1 on) until it is
+    # admitted, no request that arrived after it is admitted. Overdue requests go first, oldest
+    # first, and admission stops at the first request that does not fit (head-of-line), so everyone
+    # younger queues behind. Its wait past W + 1 steps is then only the time the requests already
+    # running, and the overdue ones older than it, take to free a slot, the step's budgets and KV
+    # room for its first chunk.
     def _admission_key(self, request: Request) -> tuple[int, ...]:
         """The policy's order, smallest first; ties go to the earlier arrival."""
         config = self.config
