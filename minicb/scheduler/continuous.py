@@ -98,14 +98,23 @@ class ContinuousScheduler(Scheduler):
     def _admit_waiting(self, output: SchedulerOutput) -> None:
         if output.preempted:
             return  # memory is short: admitting now would only preempt again next step
-        # the policy's order cannot change within a step: build it once as a heap, O(W), and pop
-        # the next request in O(log W) instead of scanning the whole queue for each admission
-        # (the queue position breaks ties, as a scan would: requests built by hand may share an index)
-        queue = [(self._admission_key(request), i, request) for i, request in enumerate(self.waiting)]
-        heapq.heapify(queue)
-        admitted: set[str] = set()
-        while queue and len(self.running) < self.config.max_num_seqs and self._token_budget > 0:
-            request = heapq.heappop(queue)[2]
+        if not self.waiting or len(self.running) >= self.config.max_num_seqs or self._token_budget <= 0:
+            return  # no room this step: do not even look at the queue
+        # The first pick scans the queue, as most steps admit at most one request. A second pick
+        # orders the rest once as a heap (the policy's order cannot change within a step), so a
+        # step that admits k of W waiting requests costs O(W + k log W), not O(k W). The queue
+        # position breaks ties, as the scan does.
+        admitted: list[Request] = []
+        heap = None
+        while len(admitted) < len(self.waiting) and len(self.running) < self.config.max_num_seqs \
+                and self._token_budget > 0:
+            if not admitted:
+                request = min(self.waiting, key=self._admission_key)
+            else:
+                if heap is None:
+                    heap = [(self._admission_key(r), i, r) for i, r in enumerate(self.waiting) if r is not admitted[0]]
+                    heapq.heapify(heap)
+                request = heapq.heappop(heap)[2]
             if not self._claim_computed_prefix(request):
                 break   # a parallel sample waits one step for its prompt, then shares it
             num_tokens = self._tokens_for(request)
@@ -115,12 +124,15 @@ class ContinuousScheduler(Scheduler):
                 self.kv.free(request)               # give back the blocks it claimed
                 request.num_computed_tokens = 0
                 break   # head-of-line: keep the policy's order rather than skipping ahead
-            admitted.add(request.request_id)
+            admitted.append(request)
             self.running.append(request)
             self._start_running(request)
             self._take(output, request, num_tokens)
-        if admitted:
-            self.waiting = [request for request in self.waiting if request.request_id not in admitted]
+        if len(admitted) == 1:
+            self.waiting.remove(admitted[0])
+        elif admitted:
+            ids = {request.request_id for request in admitted}
+            self.waiting = [request for request in self.waiting if request.request_id not in ids]
 
     # Ageing (max_wait_steps = W) promises, under every policy: from the step in which a request is
     # overdue (arrived more than W steps ago, so from step arrival_step + W + 1 on) until it is
