@@ -134,14 +134,15 @@ CELLS = [
     print(viz.format_table(rows))
     contiguous, paged = rows
     print(f"paged: {paged['running (mean)'] / contiguous['running (mean)']:.2f}x the requests running on average, "
-          f"{paged['tokens per time unit'] / contiguous['tokens per time unit']:.2f}x the throughput, same memory")
+          f"{paged['tokens per time unit'] / contiguous['tokens per time unit']:.2f}x the throughput, "
+          f"{1 - paged['steps'] / contiguous['steps']:.0%} fewer steps, same memory")
     viz.kv_usage_timeline(runs["paged"])
     """),
     ("md", """
-    Same pool, same requests: the contiguous layout never runs more than 8 requests and leaves
-    three quarters of what it reserves empty; paging fills all 32 slots when the queue is long,
-    wastes about 5 % (the unfilled tail of each request's last block), and finishes the workload
-    in 40 % fewer steps. A contiguous layout wastes memory two ways:
+    Same pool, same requests: the contiguous layout never runs more than the 8 requests whose
+    reservations fit, and most of what it reserves stays empty; paging fills all 32 slots when
+    the queue is long, wastes only the unfilled tail of each request's last block, and finishes
+    the same workload in far fewer steps. A contiguous layout wastes memory two ways:
 
     * **internal fragmentation**: the reserved but unused tail of each reservation (here almost
       all of the waste: a chat answer rarely needs its 512 slots);
@@ -179,9 +180,12 @@ CELLS = [
     middle of their answers. Then minicb's continuous scheduler **preempts**: it picks a victim
     among the running requests (the latest arrival, which has the least work to lose), frees all
     its blocks and puts it back at the head of the waiting queue. When it is readmitted it
-    **recomputes** its prompt and the tokens it had already generated, as one prefill, and carries
+    **recomputes** its prompt and the tokens it had already generated, as a prefill, and carries
     on. (The alternative, swapping its blocks to CPU memory and back, is the other option the
     vLLM paper describes; recomputation needs no second memory and a prefill is fast per token.)
+    This is why paging and scheduling belong together: the scheduler admits a request only if
+    the free list can give it its first blocks, and when the list runs dry it is again the
+    scheduler that decides who gives blocks back.
 
     24 chat requests at once, 16 slots, with pools of different sizes:
     """),
@@ -196,9 +200,9 @@ CELLS = [
     free_blocks_timeline({label: pressure[label] for label in ["96 blocks", "40 blocks"]})
     """),
     ("md", """
-    With 64 blocks instead of 512, eight preemptions cost 3 % more time: the pool is an eighth of
-    the size. With 40 the pool is so small that the batch shrinks and the workload takes half as
-    long again. Preemption is a safety valve, not a way of life; chapter 07 shows the knobs that
+    With 64 blocks instead of 512, an eighth of the pool, the preemptions cost only a few percent
+    more time. With 40 the pool is so small that the batch shrinks and the workload takes about
+    half as long again. Preemption is a safety valve, not a way of life; chapter 07 shows the knobs that
     keep it rare (a watermark of free blocks at admission, and which request to evict).
 
     Now on the real model: eight requests generating 40 tokens each, once with the default pool
@@ -221,9 +225,10 @@ CELLS = [
     print("same tokens:", answers["default pool"] == answers["12 blocks"])
     """),
     ("md", """
-    Every answer is the same, token for token: a recomputed prefill writes exactly the K/V the
-    request had before (greedy decoding, and a seeded request keeps its own random generator).
-    The price is time, in extra steps: five requests computed part of their work twice.
+    Every answer is the same, token for token: a recomputed prefill writes the K/V the request
+    had before (up to floating-point rounding), so greedy decoding picks the same tokens again,
+    and a seeded request keeps its own random generator. The price is time, in extra steps:
+    every request with a preemption in the list above computed part of its work twice.
 
     ## 5. Reference counts: one block, several holders
 
@@ -257,10 +262,10 @@ CELLS = [
     print("after they finish:", engine.kv.num_used_blocks(), "blocks in use")
     """),
     ("md", """
-    After the first step only `s0` runs; the other samples join once its prompt is cached. From
-    then on the first two blocks have four holders and are stored once; each sample copied the
-    partly filled third block before writing its own token into it. Six blocks instead of twelve,
-    and all of them back on the free list at the end.
+    After the first step only `s0` runs; the other samples join once its prompt's K/V is
+    computed. From then on the first two blocks have four holders and are stored once; each of
+    the other three samples copied the partly filled third block before writing its own token
+    into it. Six blocks instead of twelve, and all of them back on the free list at the end.
 
     Prefix caching, previewed: three requests that share a 48-token prefix (a "system prompt"),
     served one after the other by an engine with the cache on.

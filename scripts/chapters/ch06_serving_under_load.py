@@ -45,9 +45,9 @@ CELLS = [
     from minicb.load_study import QUICK, StudyConfig, format_rows, machine, run_study
     from minicb.load_study import plot as plot_study
     from minicb.server import ServerThread, build_app
-    from minicb.sim import CostModel
+    from minicb.sim import CostModel, simulate
     from minicb.viz_serving import serve_at_rates
-    from minicb.workload import chat
+    from minicb.workload import chat, poisson_arrivals
 
     torch.manual_seed(0)
     # the default model is tiny: one thread is about as fast as several and keeps timings steady
@@ -166,11 +166,14 @@ CELLS = [
     ("md", """
     How to read it (the committed numbers come from a shared 2-core CPU, so compare the
     schedulers with each other, not with a GPU). At 4 requests per second all three keep up, so
-    their throughput is the same (it is the offered load) and only TTFT tells them apart. With
-    everything sent at once, the naive server's throughput barely moves while its p95 TTFT grows
-    the most: it serves one request at a time. Static batching lifts throughput but makes new
+    their request throughput is about the same (the arrivals set it, not the server) and only
+    TTFT tells them apart. With everything sent at once, the naive server has the lowest
+    throughput and the highest p95 TTFT: it serves one request at a time, so the last in line
+    waits for every answer before its own. Static batching lifts throughput but makes new
     arrivals wait for the running batch to end. Continuous batching reaches the highest
-    throughput with the lowest p95 TTFT: throughput rises much faster than user pain. On a GPU,
+    throughput with the lowest p95 TTFT: throughput rises much faster than user pain. Batching
+    is not free on a CPU, though: a step costs more with every request in it, so TPOT grows with
+    the batch, and the naive server has the smoothest streams of the three. On a GPU,
     where a decode step costs about the same for 1 request as for 32, the gap is far wider
     (Anyscale's 2023 benchmark: up to 23× throughput with continuous batching and paging, about
     8× from continuous batching alone). The full sweep: `python -m minicb bench load-study`; any server:
@@ -227,13 +230,18 @@ CELLS = [
                       "chat: TPOT p95": live["tpot_p95"], "batch job: time": offline["time_units"],
                       "batch job: tokens/unit": offline["tokens_per_unit"], "batch job: TTFT p50": offline["ttft_p50"]})
     print(viz.format_table(table, digits=1))
+    unlimited = simulate(traffic.with_arrivals(poisson_arrivals(len(traffic), 0.12, seed=0)), cost=cost,
+                         max_num_seqs=128, max_num_batched_tokens=2048)
+    print(f"chat at 0.12 requests per unit, 128 slots: at most {max(len(s.rows) for s in unlimited.steps)} "
+          f"requests ever running at once")
     """),
     ("md", """
-    * **Chat:** 8 slots cannot keep up at this rate (a queue forms and TTFT p95 is fourteen times
-      the target); from 16 slots on, about 88 % of requests meet both SLOs and more slots change
-      nothing, because at this rate about 20 requests are ever in flight at once. What decides
-      chat is the load accepted and the length of each step (the token budget and a cap on
-      prefill per step keep a long prompt from stalling everyone's stream: chapter 07).
+    * **Chat:** 8 slots cannot keep up at this rate (a queue forms and TTFT p95 is more than ten
+      times the target); from 16 slots on, nearly nine requests in ten meet both SLOs and more
+      slots change almost nothing, because at this rate not many more than 16 requests are ever
+      in flight at once (the last line above). What decides chat is the load accepted and the
+      length of each step (the token budget and a cap on prefill per step keep a long prompt
+      from stalling everyone's stream: chapter 07).
     * **Batch job:** all 200 requests are there at once; 128 slots finish in half the time of 8
       and throughput doubles. Its median TTFT of well over a hundred units would be unacceptable
       in a chat window, and does not matter at all here.

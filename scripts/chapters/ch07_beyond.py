@@ -126,9 +126,9 @@ CELLS = [
     print("same tokens with and without the cache:", runs[False]["outputs"] == runs[True]["outputs"])
     """),
     ("md", """
-    Half of them hit. A block is offered to the cache only once its K/V is computed, at the end
-    of a step, so the four requests admitted together in the first step (as many as its
-    1,024-token budget holds) all compute the prefix themselves; the four admitted from the
+    Why not all eight? A block is offered to the cache only once its K/V is computed, at the end
+    of a step. The first step's 1,024-token budget admits three whole prompts and the start of a
+    fourth, and those four all compute the prefix themselves; the requests admitted from the
     second step on find it cached. What it saves, on this machine's clock:
     """),
     ("code", """
@@ -142,8 +142,9 @@ CELLS = [
     The saved work is prefill, so what improves is time to first token and the throughput of
     prompt tokens; the decode after it is unchanged. `python -m minicb bench prefix` measures a
     system-prompt and a few-shot workload with repeats. SGLang's RadixAttention (Zheng et al.,
-    2024) keeps the cached prefixes in a radix tree and routes requests to the replica most
-    likely to hold theirs; the hit rate, not the mechanism, is what a deployment tunes for.
+    2024) keeps the cached prefixes in a radix tree, and SGLang's cache-aware router sends each
+    request to the replica most likely to hold its prefix; the hit rate, not the mechanism, is
+    what a deployment tunes for.
 
     ## 3. Admission and preemption policies
 
@@ -151,7 +152,8 @@ CELLS = [
     who is preempted. minicb's continuous scheduler has the knobs (`EngineConfig`):
 
     * `policy`: `fcfs` (arrival order), `priority` (a request's priority, lower first, as in
-      vLLM), or `shortest_prompt_first`; preemption evicts the policy's last choice;
+      vLLM), or `shortest_prompt_first`; preemption evicts the latest arrival (under
+      `priority`, the lowest priority first);
     * `max_wait_steps`: ageing, a request waiting longer than this goes first whatever the
       policy, so nobody starves;
     * `watermark_blocks`: free blocks admission leaves for running requests to grow into;

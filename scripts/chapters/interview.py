@@ -121,4 +121,30 @@ CELLS = [
         print(f"64 chat requests, one pool of 4,096 token slots, {kv_cache:>10} KV: {o['waste_fraction']:.0%} of "
               f"reserved slots empty, at most {o['max_running']} requests running")
     """),
+    ("md", """
+    ## Apply it: five requests on four slots
+
+    A drill to do on paper before running the cell. Five requests need answers of 2, 9, 4, 12 and
+    3 tokens; there are four slots, and each step gives every running request one token. How many
+    steps does a static batch take, and how many does continuous batching take? In which step
+    does the 3-token request start, and in which does it finish? Then put in five lengths of your
+    own and predict again.
+    """),
+    ("code", """
+    from minicb.workload import fixed
+
+    lengths = [2, 9, 4, 12, 3]          # try your own five
+    five = fixed("five requests", [4] * 5, lengths)
+    for scheduler in ["static", "continuous"]:
+        result = simulate(five, scheduler=scheduler, max_num_seqs=4)
+        spans = ", ".join(f"{n}: {m.first_scheduled_step}-{m.finished_step}" for n, m in zip(lengths, result.metrics))
+        print(f"{scheduler:>10}: {result.num_steps} steps; first-last step of each answer: {spans}")
+    """),
+    ("md", """
+    The static batch keeps the fifth request waiting until its longest member ends, while the
+    slots of the short answers sit empty; it takes the longest answer plus the fifth. Continuous
+    batching gives the fifth request the first slot that frees, so it starts a few steps in and
+    the total is the longest answer alone (when the late request fits beside it). The short
+    request's wait, not the batch's size, is what changed.
+    """),
 ]
