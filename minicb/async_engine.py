@@ -14,6 +14,12 @@ applied between two steps, never during one.
     engine = AsyncLLMEngine(LLMEngine(EngineConfig(model=path)))
     async for delta in engine.generate("def fib(n):", SamplingParams(max_tokens=16)):
         print(delta.text, end="")
+
+Parallel sampling. A request with `SamplingParams(n=k)` becomes k engine requests, as in
+LLM.generate: sample i draws from seed + i when a seed is given, and the samples after the first
+fork it (`fork_of`), sharing its prompt's KV blocks. They share one stream, whose deltas say which
+sample they belong to (`index`); it ends once every sample has finished, and aborting the request
+aborts all of them.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ import asyncio
 import itertools
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from minicb.config import EngineConfig
 from minicb.detokenizer import IncrementalDetokenizer
@@ -44,28 +50,35 @@ class QueueFullError(RuntimeError):
 
 @dataclass
 class StreamDelta:
-    """What one step added to one request."""
+    """What one step added to one sample of a request (`index`: which of its n samples)."""
 
     request_id: str
     token_ids: list[int]
     text: str
-    finished: bool = False
+    finished: bool = False                # this sample finished
     finish_reason: str | None = None      # "stop" | "length" | "abort" | "error" once finished
     num_prompt_tokens: int = 0
-    num_output_tokens: int = 0
+    num_output_tokens: int = 0            # this sample's
     metrics: RequestMetrics | None = None  # on the finished delta
     error: str | None = None
+    index: int = 0
 
 
 class RequestStream:
-    """One request's deltas, as an async iterator that ends after the finished delta."""
+    """One request's deltas (of all its n samples, interleaved), as an async iterator that ends
+    after every sample's finished delta."""
 
-    def __init__(self, request_id: str):
+    def __init__(self, request_id: str, n: int = 1):
         self.request_id = request_id
-        self.finished = False
+        self.n = n
+        self.finished = False                 # the consumer has seen every sample finish
+        self.unfinished = set(range(n))       # samples whose finished delta has not been put yet
+        self._to_see = n
         self._queue: asyncio.Queue[StreamDelta] = asyncio.Queue()
 
     def put(self, delta: StreamDelta) -> None:
+        if delta.finished:
+            self.unfinished.discard(delta.index)
         self._queue.put_nowait(delta)
 
     def __aiter__(self) -> RequestStream:
@@ -75,7 +88,9 @@ class RequestStream:
         if self.finished:
             raise StopAsyncIteration
         delta = await self._queue.get()
-        self.finished = delta.finished
+        if delta.finished:
+            self._to_see -= 1
+            self.finished = self._to_see == 0
         return delta
 
 
@@ -88,6 +103,12 @@ class _PendingAdd:
     arrival_time: float
     require_fit: bool
     added: asyncio.Future = field(repr=False)
+
+    @property
+    def sample_ids(self) -> list[str]:
+        """The engine's request ids for the n samples: the request's own id when n is 1."""
+        n = self.params.n
+        return [self.request_id] if n == 1 else [f"{self.request_id}-{i}" for i in range(n)]
 
 
 class AsyncLLMEngine:
@@ -104,7 +125,9 @@ class AsyncLLMEngine:
         self._pending_adds: list[_PendingAdd] = []
         self._pending_aborts: set[str] = set()
         self._streams: dict[str, RequestStream] = {}
-        self._detokenizers: dict[str, IncrementalDetokenizer] = {}   # used by the worker call only
+        # used by the worker call only, keyed by the engine's request id (one per sample)
+        self._detokenizers: dict[str, IncrementalDetokenizer] = {}
+        self._sample_of: dict[str, tuple[str, int]] = {}      # → (the request's id, sample index)
         self._ids = itertools.count()
         self._wake: asyncio.Event | None = None
         self._loop_task: asyncio.Task | None = None
@@ -117,7 +140,8 @@ class AsyncLLMEngine:
     # --- what the server reports ---------------------------------------------------------------
     @property
     def num_waiting(self) -> int:
-        return len(self._pending_adds) + len(self.engine.scheduler.waiting)
+        """Sequences waiting: every sample of a parallel-sampling request counts."""
+        return sum(add.params.n for add in self._pending_adds) + len(self.engine.scheduler.waiting)
 
     @property
     def num_running(self) -> int:
@@ -147,7 +171,8 @@ class AsyncLLMEngine:
 
         Raises ValueError (bad input, from the engine's checks) or QueueFullError (overload).
         `require_fit=True` refuses a request whose prompt + max_tokens exceeds max_model_len
-        instead of cutting it short, as OpenAI-style servers do.
+        instead of cutting it short, as OpenAI-style servers do. `params.n > 1` runs n samples
+        of the prompt; their deltas all come through the one stream returned.
         """
         self.start()
         if self.max_queue_len is not None and self.num_waiting >= self.max_queue_len:
@@ -155,7 +180,7 @@ class AsyncLLMEngine:
         request_id = request_id or f"req-{next(self._ids)}"
         if request_id in self._streams:
             raise ValueError(f"request id {request_id!r} is already in use; ids must be unique.")
-        stream = self._streams[request_id] = RequestStream(request_id)
+        stream = self._streams[request_id] = RequestStream(request_id, params.n)
         added = asyncio.get_running_loop().create_future()
         self._pending_adds.append(_PendingAdd(request_id, prompt, params, priority, time.perf_counter(),
                                               require_fit, added))
@@ -168,7 +193,7 @@ class AsyncLLMEngine:
         return stream
 
     def abort(self, request_id: str) -> None:
-        """Ask for the request to stop; its blocks are freed before the next step."""
+        """Ask for the request (all its samples) to stop; its blocks are freed before the next step."""
         if request_id in self._streams and self._wake is not None:
             self._pending_aborts.add(request_id)
             self._wake.set()
@@ -223,16 +248,20 @@ class AsyncLLMEngine:
         self.stats.generation_tokens += len(delta.token_ids)
         stream = self._streams.get(delta.request_id)
         if delta.finished:
-            self._streams.pop(delta.request_id, None)
-            self.stats.on_finished(delta.metrics, delta.finish_reason)
+            # a request's prompt tokens count once, however many samples it has
+            self.stats.on_finished(delta.metrics, delta.finish_reason, count_prompt=delta.index == 0)
         if stream is not None:
             stream.put(delta)
+            if not stream.unfinished:
+                self._streams.pop(delta.request_id, None)
 
     def _end_stream(self, request_id: str, reason: str, error: str | None = None) -> None:
-        """End a stream from this side (not from an engine output), releasing a waiting add."""
+        """End a stream from this side (not from an engine output): every sample still open gets
+        a finished delta, and a waiting add is released."""
         stream = self._streams.pop(request_id, None)
         if stream is not None:
-            stream.put(StreamDelta(request_id, [], "", True, reason, error=error))
+            for index in sorted(stream.unfinished):
+                stream.put(StreamDelta(request_id, [], "", True, reason, error=error, index=index))
         for add in self._pending_adds:
             if add.request_id == request_id and not add.added.done():
                 add.added.set_result(None)
@@ -254,9 +283,9 @@ class AsyncLLMEngine:
                 self._add_to_engine(add)
             except ValueError as error:
                 rejected[add.request_id] = error
-        for request_id in aborts:
-            if request_id in self.engine.requests:
-                self.engine.abort(request_id)
+        for sample_id, (request_id, _) in list(self._sample_of.items()):
+            if request_id in aborts and sample_id in self.engine.requests:
+                self.engine.abort(sample_id)
         deltas = []
         # a step also runs right after an abort, even with nothing left: it reports the aborted
         # request (finish_reason "abort") and lets the engine forget it
@@ -265,25 +294,37 @@ class AsyncLLMEngine:
         return rejected, deltas
 
     def _add_to_engine(self, add: _PendingAdd) -> None:
-        engine = self.engine
-        token_ids = engine.validate(add.prompt, add.params)
+        """Add the request's samples; every check runs first, so either all are added or none."""
+        engine, params, sample_ids = self.engine, add.params, add.sample_ids
+        token_ids = engine.validate(add.prompt, params)
         limit = engine.config.max_model_len
-        if add.require_fit and len(token_ids) + add.params.max_tokens > limit:
-            raise ValueError(f"max_tokens={add.params.max_tokens} plus the prompt's {len(token_ids)} tokens "
+        if add.require_fit and len(token_ids) + params.max_tokens > limit:
+            raise ValueError(f"max_tokens={params.max_tokens} plus the prompt's {len(token_ids)} tokens "
                              f"exceeds max_model_len={limit}; ask for at most {limit - len(token_ids)} "
                              "tokens or shorten the prompt.")
-        engine.add_request(add.request_id, token_ids, add.params, add.arrival_time, add.priority)
-        self._detokenizers[add.request_id] = IncrementalDetokenizer(engine.tokenizer, add.params.stop)
+        taken = [sample_id for sample_id in sample_ids if sample_id in engine.requests]
+        if taken:
+            raise ValueError(f"request id {taken[0]!r} is already in use; ids must be unique.")
+        for index, sample_id in enumerate(sample_ids):
+            # as LLM.generate: sample i draws from seed + i, and the samples after the first fork
+            # it, sharing its prompt's KV blocks
+            seed = None if params.seed is None else params.seed + index
+            engine.add_request(sample_id, token_ids, replace(params, n=1, seed=seed), add.arrival_time,
+                               add.priority, fork_of=sample_ids[0] if index else None)
+            self._detokenizers[sample_id] = IncrementalDetokenizer(engine.tokenizer, params.stop)
+            self._sample_of[sample_id] = (add.request_id, index)
 
     def _to_delta(self, output: RequestOutput) -> StreamDelta:
-        completion = output.outputs[0]
+        completion, sample_id = output.outputs[0], output.request_id
         if output.finished:   # the engine's final text, cut at a stop string if one matched
-            text = self._detokenizers.pop(output.request_id).finish(completion.text)
+            text = self._detokenizers.pop(sample_id).finish(completion.text)
+            request_id, index = self._sample_of.pop(sample_id)
         else:
-            text = self._detokenizers[output.request_id].add(output.new_token_ids)
-        return StreamDelta(output.request_id, list(output.new_token_ids), text, output.finished,
+            text = self._detokenizers[sample_id].add(output.new_token_ids)
+            request_id, index = self._sample_of[sample_id]
+        return StreamDelta(request_id, list(output.new_token_ids), text, output.finished,
                            completion.finish_reason, len(output.prompt_token_ids), len(completion.token_ids),
-                           output.metrics if output.finished else None, output.error)
+                           output.metrics if output.finished else None, output.error, index)
 
     def _abort_everything(self) -> None:
         for request_id in list(self.engine.requests):
@@ -291,3 +332,4 @@ class AsyncLLMEngine:
         if self.engine.requests:
             self.engine.step()
         self._detokenizers.clear()
+        self._sample_of.clear()

@@ -48,6 +48,10 @@ class ParsedRequest:
     require_fit: bool          # max_tokens was given: prompt + max_tokens must fit max_model_len
 
 
+# the most samples (`n`) one request may ask for: each is a sequence in the batch, holding a slot
+# and KV blocks of its own once it has diverged from the shared prompt
+MAX_N = 16
+
 # (JSON field, allowed Python types, what to call it in an error)
 _NUMBER, _INT = ((int, float), "a number"), ((int,), "an integer")
 _SAMPLING_FIELDS = {"max_tokens": _INT, "max_completion_tokens": _INT, "temperature": _NUMBER,
@@ -70,8 +74,12 @@ def _is_token_ids(value) -> bool:
 
 def _sampling(body: dict, max_model_len: int, default_max_tokens: int) -> tuple[SamplingParams, bool]:
     values = {name: _field(body, name, *spec) for name, spec in _SAMPLING_FIELDS.items()}
-    if values["n"] not in (None, 1):
-        raise APIError(f"'n' must be 1 (got {values['n']}); send one request per sample.", param="n")
+    n = 1 if values["n"] is None else values["n"]
+    if n < 1:
+        raise APIError(f"'n' must be at least 1 (got {n}): it is how many completions to generate.", param="n")
+    if n > MAX_N:
+        raise APIError(f"'n' must be at most {MAX_N} (got {n}); ask for at most {MAX_N} samples per request, "
+                       "or send several requests (with different seeds) for more.", param="n")
     max_tokens = values["max_tokens"] if values["max_tokens"] is not None else values["max_completion_tokens"]
     if max_tokens is not None and max_tokens >= max_model_len:
         raise APIError(f"max_tokens={max_tokens} cannot fit: max_model_len is {max_model_len} and the prompt "
@@ -90,7 +98,7 @@ def _sampling(body: dict, max_model_len: int, default_max_tokens: int) -> tuple[
                        param="logprobs" if body.get("logprobs") not in (None, False) else "echo")
     try:
         params = SamplingParams(
-            temperature=1.0 if values["temperature"] is None else values["temperature"],
+            n=n, temperature=1.0 if values["temperature"] is None else values["temperature"],
             top_p=1.0 if values["top_p"] is None else values["top_p"],
             top_k=-1 if values["top_k"] is None else values["top_k"], seed=values["seed"],
             max_tokens=default_max_tokens if max_tokens is None else max_tokens, stop=stop,
@@ -166,15 +174,16 @@ def usage(num_prompt_tokens: int, num_output_tokens: int) -> dict:
 
 
 def choice(chat: bool, text: str, finish_reason: str | None, token_ids: list[int] | None,
-           delta: bool, first: bool = False) -> dict:
-    """One entry of `choices`: text for completions, a message (or a delta of one) for chat."""
+           delta: bool, first: bool = False, index: int = 0) -> dict:
+    """One entry of `choices` (`index`: which of the n samples): text for completions, a message
+    (or a delta of one) for chat."""
     if not chat:
-        entry = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+        entry = {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
     elif delta:
-        entry = {"index": 0, "delta": {"role": "assistant", "content": text} if first else {"content": text},
+        entry = {"index": index, "delta": {"role": "assistant", "content": text} if first else {"content": text},
                  "logprobs": None, "finish_reason": finish_reason}
     else:
-        entry = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+        entry = {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": None,
                  "finish_reason": finish_reason}
     if token_ids is not None:
         entry["token_ids"] = token_ids

@@ -1,12 +1,17 @@
 """An OpenAI-compatible HTTP server over the async engine (FastAPI + uvicorn).
 
-    python -m minicb serve --model PATH --port 8000 --scheduler continuous --kv-cache paged
+    python -m minicb serve --model PATH --port 8000 --scheduler continuous --kv-cache paged \
+        --enable-prefix-caching
 
 Endpoints: POST /v1/completions, POST /v1/chat/completions (where the tokenizer has a chat
-template), GET /v1/models, GET /health, GET /metrics (Prometheus text). Tokens stream as
-server-sent events when the request says `"stream": true`. A client that hangs up has its
-request aborted and its KV blocks freed before the next step; a bad request gets HTTP 400 and
-an OpenAI-style error object; too many waiting requests get 503 with Retry-After.
+template), GET /v1/models, GET /health, GET /metrics (Prometheus text: requests, tokens, KV
+blocks, prefix-cache queries, hits and evictions, latency histograms). Tokens stream as
+server-sent events when the request says `"stream": true`. `"n": k` (up to MAX_N) returns k
+samples as choices 0..k-1 (streamed chunks carry their choice's index); they share the prompt's
+KV blocks, sample i uses seed + i when a seed is given, and usage counts the prompt once and the
+completion tokens of every choice. A client that hangs up has its request (every sample of it)
+aborted and its KV blocks freed before the next step; a bad request gets HTTP 400 and an
+OpenAI-style error object; too many waiting requests get 503 with Retry-After.
 
 From a notebook or a test, run it in a background thread:
 
@@ -83,7 +88,7 @@ def build_app(model: str | None = None, *, engine: AsyncLLMEngine | None = None,
     async def metrics() -> PlainTextResponse:
         kv = engine.engine.kv
         text = engine.stats.render(engine.num_running, engine.num_waiting, kv.num_used_blocks(),
-                                   kv.num_free_blocks())
+                                   kv.num_free_blocks(), kv.prefix_stats())
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @app.post("/v1/completions")
@@ -126,14 +131,21 @@ async def _serve(engine: AsyncLLMEngine, request: Request, parsed: ParsedRequest
     deltas = await _collect_unless_disconnected(engine, stream, request)
     if deltas is None:
         return JSONResponse({}, status_code=499)   # nobody is listening any more
-    last = deltas[-1]
-    if last.finish_reason == "error":
-        raise APIError(f"the engine failed while serving this request: {last.error}", status=500,
+    failed = next((d for d in deltas if d.finish_reason == "error"), None)
+    if failed is not None:
+        raise APIError(f"the engine failed while serving this request: {failed.error}", status=500,
                        error_type="internal_error")
-    token_ids = [t for d in deltas for t in d.token_ids] if parsed.return_token_ids else None
-    text = "".join(d.text for d in deltas)
-    return response(chat, response_id, model_name, [choice(chat, text, last.finish_reason, token_ids, False)],
-                    usage(last.num_prompt_tokens, last.num_output_tokens), chunk=False)
+    choices, num_prompt_tokens, num_output_tokens = [], 0, 0
+    for index in range(stream.n):
+        sample = [d for d in deltas if d.index == index]
+        last = sample[-1]
+        token_ids = [t for d in sample for t in d.token_ids] if parsed.return_token_ids else None
+        choices.append(choice(chat, "".join(d.text for d in sample), last.finish_reason, token_ids, False,
+                              index=index))
+        num_prompt_tokens = max(num_prompt_tokens, last.num_prompt_tokens)
+        num_output_tokens += last.num_output_tokens
+    return response(chat, response_id, model_name, choices, usage(num_prompt_tokens, num_output_tokens),
+                    chunk=False)
 
 
 def _sse(data: dict | str) -> str:
@@ -142,23 +154,31 @@ def _sse(data: dict | str) -> str:
 
 async def _events(engine: AsyncLLMEngine, stream: RequestStream, parsed: ParsedRequest, response_id: str,
                   model_name: str, chat: bool) -> AsyncIterator[str]:
-    """Server-sent events: one chunk per step that produced tokens. When the client hangs up,
-    the server cancels this generator mid-await and `finally` aborts the request."""
+    """Server-sent events: one chunk per step and sample that produced tokens, tagged with the
+    sample's choice index. When the client hangs up, the server cancels this generator
+    mid-await and `finally` aborts the request, every sample of it."""
     try:
-        first = True
+        unsent = set(range(stream.n))     # choices yet to send a chunk (a chat's first one has the role)
+        num_prompt_tokens = num_output_tokens = 0
+        failed = False
         async for delta in stream:
             if delta.finish_reason == "error":
                 yield _sse(APIError(f"the engine failed: {delta.error}", status=500,
                                     error_type="internal_error").body())
+                failed = True
                 break
             finish = delta.finish_reason if delta.finished else None
             ids = delta.token_ids if parsed.return_token_ids else None
-            entry = choice(chat, delta.text, finish, ids, delta=True, first=first)
+            entry = choice(chat, delta.text, finish, ids, delta=True, first=delta.index in unsent,
+                           index=delta.index)
+            unsent.discard(delta.index)
             yield _sse(response(chat, response_id, model_name, [entry], None, chunk=True))
-            first = False
-            if delta.finished and parsed.include_usage:
-                yield _sse(response(chat, response_id, model_name, [],
-                                    usage(delta.num_prompt_tokens, delta.num_output_tokens), chunk=True))
+            if delta.finished:
+                num_prompt_tokens = max(num_prompt_tokens, delta.num_prompt_tokens)
+                num_output_tokens += delta.num_output_tokens
+        if parsed.include_usage and not failed:   # after every choice has finished
+            yield _sse(response(chat, response_id, model_name, [],
+                                usage(num_prompt_tokens, num_output_tokens), chunk=True))
         yield _sse("[DONE]")
     finally:
         if not stream.finished:
@@ -167,7 +187,8 @@ async def _events(engine: AsyncLLMEngine, stream: RequestStream, parsed: ParsedR
 
 async def _collect_unless_disconnected(engine: AsyncLLMEngine, stream: RequestStream,
                                        request: Request) -> list[StreamDelta] | None:
-    """All of a request's deltas; None (and the request aborted) if the client hangs up first."""
+    """All of a request's deltas (every sample's); None (and the request aborted) if the client
+    hangs up first."""
 
     async def drain() -> list[StreamDelta]:
         return [delta async for delta in stream]
@@ -235,12 +256,14 @@ def engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--num-kv-blocks", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--enable-prefix-caching", action="store_true",
+                        help="reuse the KV of cached prompt prefixes (needs --kv-cache paged)")
 
 
 def engine_knobs(args: argparse.Namespace) -> dict:
     return {name: getattr(args, name) for name in (
         "scheduler", "kv_cache", "attention", "device", "dtype", "max_num_seqs", "max_num_batched_tokens",
-        "max_model_len", "block_size", "num_kv_blocks", "seed")}
+        "max_model_len", "block_size", "num_kv_blocks", "seed", "enable_prefix_caching")}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,14 +1,22 @@
 """The server's live counters, written out in Prometheus' text format for GET /metrics.
 
 Gauges say what is happening now (requests running and waiting, KV blocks used and free);
-counters only grow (tokens, finished requests); histograms count latencies into buckets, from
-which a dashboard computes percentiles over any time window. Names follow vLLM's, with a
-`minicb_` prefix, so a dashboard built for one reads the other.
+counters only grow (tokens, finished requests, prefix-cache lookups); histograms count latencies
+into buckets, from which a dashboard computes percentiles over any time window. Names follow
+vLLM's, with a `minicb_` prefix, so a dashboard built for one reads the other.
+
+A request with n parallel samples counts its prompt tokens once; each sample counts as a
+finished request (with its own finish reason and latencies) and its tokens as generated.
+The prefix-cache counters are the KV manager's (`engine.kv.prefix_stats()`): tokens looked up
+and tokens found when requests are admitted, and cached blocks evicted. They stay 0 when prefix
+caching is off.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+
+from minicb.kv.prefix import PrefixCacheStats
 
 # bucket upper bounds in seconds: from sub-millisecond (tiny models) to a minute (a long queue)
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -55,15 +63,20 @@ class ServingStats:
                               "Time per output token after the first.", TPOT_BUCKETS)
         self.e2e = Histogram("minicb_e2e_request_latency_seconds", "Arrival to last token.", E2E_BUCKETS)
 
-    def on_finished(self, metrics, finish_reason: str) -> None:
+    def on_finished(self, metrics, finish_reason: str, count_prompt: bool = True) -> None:
+        """One request (or one sample of it) finished; `count_prompt=False` for the samples of a
+        parallel-sampling request after its first, whose prompt is already counted."""
         self.finished[finish_reason] += 1
-        self.prompt_tokens += metrics.num_prompt_tokens
+        if count_prompt:
+            self.prompt_tokens += metrics.num_prompt_tokens
         values = (metrics.ttft, metrics.tpot, metrics.e2e)
         for histogram, value in zip((self.ttft, self.tpot, self.e2e), values):
             if value is not None:
                 histogram.observe(value)
 
-    def render(self, num_running: int, num_waiting: int, kv_used: int, kv_free: int) -> str:
+    def render(self, num_running: int, num_waiting: int, kv_used: int, kv_free: int,
+               prefix: PrefixCacheStats | None = None) -> str:
+        prefix = prefix or PrefixCacheStats()
         lines: list[str] = []
 
         def metric(name: str, kind: str, help_text: str, samples: list[tuple[str, float]]) -> None:
@@ -76,11 +89,22 @@ class ServingStats:
         metric("minicb_kv_blocks_free", "gauge", "KV cache blocks on the free list.", [("", kv_free)])
         metric("minicb_kv_cache_usage_perc", "gauge", "Fraction of KV blocks in use (0 to 1).",
                [("", kv_used / max(kv_used + kv_free, 1))])
-        metric("minicb_prompt_tokens_total", "counter", "Prompt tokens of finished requests.",
+        metric("minicb_prefix_cache_queries_total", "counter",
+               "Prompt tokens looked up in the prefix cache at admission.", [("", prefix.queried_tokens)])
+        metric("minicb_prefix_cache_hits_total", "counter",
+               "Prompt tokens found in the prefix cache (not computed again).", [("", prefix.hit_tokens)])
+        metric("minicb_prefix_cache_hit_rate", "gauge",
+               "Hits over queries since the start (0 to 1); rate() of the two counters gives a window.",
+               [("", prefix.hit_rate)])
+        metric("minicb_prefix_cache_evictions_total", "counter",
+               "Cached blocks evicted to make room.", [("", prefix.evictions)])
+        metric("minicb_prompt_tokens_total", "counter",
+               "Prompt tokens of finished requests (once per request, however many samples).",
                [("", self.prompt_tokens)])
         metric("minicb_generation_tokens_total", "counter", "Tokens generated.",
                [("", self.generation_tokens)])
-        metric("minicb_request_success_total", "counter", "Finished requests by finish reason.",
+        metric("minicb_request_success_total", "counter",
+               "Finished requests by finish reason (each of n parallel samples counts).",
                [(f'{{finished_reason="{r}"}}', count) for r, count in sorted(self.finished.items())])
         metric("minicb_request_rejected_total", "counter", "Requests turned away before running.",
                [(f'{{reason="{reason}"}}', count) for reason, count in sorted(self.rejected.items())])

@@ -1,5 +1,5 @@
-"""AsyncLLMEngine: background steps, per-request streams, aborts, bad input, overload;
-and the incremental detokeniser behind the streamed text."""
+"""AsyncLLMEngine: background steps, per-request streams, parallel samples (n > 1), aborts, bad
+input, overload; and the incremental detokeniser behind the streamed text."""
 
 from __future__ import annotations
 
@@ -119,6 +119,79 @@ def test_abort_frees_blocks_running_queued_and_on_early_exit(tiny_llama):
     assert_idle(engine)
 
 
+def by_sample(deltas) -> dict[int, list]:
+    samples: dict[int, list] = {}
+    for delta in deltas:
+        samples.setdefault(delta.index, []).append(delta)
+    return samples
+
+
+def test_parallel_samples_share_one_stream_and_equal_each_seed_run_alone(tiny_llama):
+    prompt = list(range(5, 25))            # 20 tokens: more than one block, the last one partly filled
+    sampled = dict(temperature=1.0, ignore_eos=True, max_tokens=10)
+    reference = LLM(tiny_llama, max_model_len=256)
+    alone = [reference.generate(prompt, SamplingParams(seed=40 + i, **sampled), use_tqdm=False)[0]
+             for i in range(3)]
+    engine = make_engine(tiny_llama, block_size=8)
+
+    async def scenario():
+        deltas = await drain(engine, prompt, SamplingParams(n=3, seed=40, **sampled))
+        await engine.shutdown()
+        return deltas
+
+    deltas = run(scenario())
+    samples = by_sample(deltas)
+    assert sorted(samples) == [0, 1, 2]
+    assert {d.request_id for d in deltas} == {deltas[0].request_id}     # one request, one stream
+    outputs = []
+    for index, sample in samples.items():
+        assert [d.finished for d in sample] == [False] * (len(sample) - 1) + [True]
+        tokens = [t for d in sample for t in d.token_ids]
+        assert tokens == alone[index].outputs[0].token_ids, f"sample {index} differs from seed {40 + index} alone"
+        last = sample[-1]
+        assert (last.finish_reason, last.num_output_tokens, last.num_prompt_tokens) == ("length", 10, 20)
+        # the samples after the first forked it: all but its last prompt token came from shared blocks
+        assert last.metrics.num_cached_tokens == (0 if index == 0 else len(prompt) - 1)
+        outputs.append(tokens)
+    assert len({tuple(t) for t in outputs}) == 3, "the seeds should give three different samples"
+    assert engine.stats.finished["length"] == 3
+    assert engine.stats.prompt_tokens == len(prompt)        # counted once for the request
+    assert engine.stats.generation_tokens == 30
+    assert_idle(engine)
+
+
+def test_aborting_a_parallel_request_aborts_every_sample(tiny_llama):
+    engine = make_engine(tiny_llama, max_num_seqs=2)        # the third sample has to wait
+
+    async def scenario():
+        stream = await engine.add_request([5, 6, 7], SamplingParams(n=3, max_tokens=200, **GREEDY),
+                                          request_id="group")
+        # a sample's engine id is taken while it runs: a request may not reuse it
+        with pytest.raises(ValueError, match="already in use"):
+            await engine.add_request([8, 9], SamplingParams(max_tokens=2), request_id="group-1")
+        deltas = []
+        async for delta in stream:
+            deltas.append(delta)
+            if len(deltas) == 4:
+                assert engine.engine.kv.num_used_blocks() > 0
+                engine.abort(stream.request_id)
+        # and on shutdown, every open sample of every request ends with "abort"
+        open_stream = await engine.add_request([9, 10], SamplingParams(n=2, max_tokens=200, **GREEDY))
+        await open_stream.__anext__()
+        await engine.shutdown()
+        return deltas, [d async for d in open_stream]
+
+    deltas, shut = run(scenario())
+    finals = [d for d in deltas if d.finished]
+    assert sorted(d.index for d in finals) == [0, 1, 2]
+    assert {d.finish_reason for d in finals} == {"abort"}
+    assert all(d.num_output_tokens < 200 for d in finals)
+    assert engine.stats.finished["abort"] == 3
+    assert sorted(d.index for d in shut if d.finished) == [0, 1]
+    assert {d.finish_reason for d in shut if d.finished} == {"abort"}
+    assert_idle(engine)
+
+
 def test_bad_input_raises_and_the_engine_keeps_serving(tiny_llama):
     engine = make_engine(tiny_llama)
 
@@ -163,7 +236,8 @@ def test_queue_beyond_max_queue_len_is_refused_at_once(tiny_llama):
     assert later[-1].finish_reason == "length"
 
 
-def test_a_failing_step_ends_the_streams_in_flight_and_serving_goes_on(tiny_llama, monkeypatch):
+@pytest.mark.parametrize("n", [1, 2])
+def test_a_failing_step_ends_the_streams_in_flight_and_serving_goes_on(tiny_llama, monkeypatch, n):
     engine = make_engine(tiny_llama)
     real_step = engine.engine.step
     calls = {"n": 0}
@@ -177,13 +251,14 @@ def test_a_failing_step_ends_the_streams_in_flight_and_serving_goes_on(tiny_llam
     monkeypatch.setattr(engine.engine, "step", flaky_step)
 
     async def scenario():
-        failed = await drain(engine, [5, 6], SamplingParams(max_tokens=20, **GREEDY))
+        failed = await drain(engine, [5, 6], SamplingParams(n=n, max_tokens=20, **GREEDY))
         good = await drain(engine, [7, 8], SamplingParams(max_tokens=3, **GREEDY))
         await engine.shutdown()
         return failed, good
 
     failed, good = run(scenario())
-    assert failed[-1].finish_reason == "error" and "simulated fault" in failed[-1].error
+    assert sorted(d.index for d in failed if d.finished) == list(range(n))
+    assert all(d.finish_reason == "error" and "simulated fault" in d.error for d in failed if d.finished)
     assert good[-1].finish_reason == "length" and good[-1].num_output_tokens == 3
     assert_idle(engine)
 

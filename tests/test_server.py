@@ -1,6 +1,6 @@
 """The OpenAI-compatible server over loopback, serving the shipped default model: the official
-openai client (plain and streamed), 64 concurrent streams, clients that hang up, bad requests,
-overload, /metrics."""
+openai client (plain and streamed), parallel samples (n > 1), 64 concurrent streams, clients that
+hang up, bad requests, overload, /metrics (prefix caching off and on), the command line."""
 
 from __future__ import annotations
 
@@ -14,7 +14,9 @@ import openai
 import pytest
 from serving_common import SIMPLE_CHAT_TEMPLATE, checkpoint_copy, run
 
+import minicb.server
 from minicb import LLM, SamplingParams, default_model_path
+from minicb.openai_protocol import MAX_N
 from minicb.server import ServerThread, build_app
 
 MAX_MODEL_LEN = 256
@@ -37,6 +39,12 @@ def server(chat_model):
 @pytest.fixture(scope="module")
 def client(server) -> openai.OpenAI:
     return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def reference(chat_model) -> LLM:
+    """The same model offline, to run each request alone."""
+    return LLM(chat_model, max_model_len=MAX_MODEL_LEN)
 
 
 def engine_of(server):
@@ -114,6 +122,76 @@ def test_chat_completion_uses_the_chat_template(client, chat_model):
     assert whole.usage.prompt_tokens == len(expected.prompt_token_ids)
 
 
+SAMPLED = dict(max_tokens=12, temperature=1.0, seed=321)
+
+
+def run_alone(reference: LLM, prompt, index: int):
+    """Sample `index` of an n > 1 request: the same request alone, with seed + index."""
+    params = SamplingParams(max_tokens=SAMPLED["max_tokens"], temperature=SAMPLED["temperature"],
+                            seed=SAMPLED["seed"] + index)
+    return reference.generate(prompt, params, use_tqdm=False)[0]
+
+
+def test_n_samples_each_equal_the_request_run_alone_with_seed_plus_i(server, client, reference):
+    prompt = "def add(a, b):"
+    reply = client.completions.create(model="tiny", prompt=prompt, n=3, **SAMPLED,
+                                      extra_body={"return_token_ids": True})
+    assert [c.index for c in reply.choices] == [0, 1, 2]
+    expected = [run_alone(reference, prompt, i) for i in range(3)]
+    for got, want in zip(reply.choices, expected):
+        assert got.token_ids == want.outputs[0].token_ids
+        assert got.text == want.outputs[0].text
+        assert got.finish_reason == want.outputs[0].finish_reason
+    assert len({tuple(c.token_ids) for c in reply.choices}) == 3, "three seeds, three different samples"
+    assert reply.usage.prompt_tokens == len(expected[0].prompt_token_ids)          # once, not three times
+    assert reply.usage.completion_tokens == sum(len(e.outputs[0].token_ids) for e in expected)
+    assert reply.usage.total_tokens == reply.usage.prompt_tokens + reply.usage.completion_tokens
+    wait_until_idle(server)
+    assert engine_of(server).engine.kv.num_used_blocks() == 0
+
+
+def test_streamed_n_samples_deliver_every_choice_with_its_index(server, client, reference):
+    prompt = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22]   # past one block
+    chunks = list(client.completions.create(model="tiny", prompt=prompt, n=2, **SAMPLED, stream=True,
+                                            stream_options={"include_usage": True},
+                                            extra_body={"return_token_ids": True}))
+    text, token_ids, finish = {}, {}, {}
+    for chunk in chunks[:-1]:
+        (entry,) = chunk.choices             # one choice per chunk, as OpenAI streams n > 1
+        text[entry.index] = text.get(entry.index, "") + entry.text
+        token_ids[entry.index] = token_ids.get(entry.index, []) + entry.token_ids
+        assert entry.index not in finish, "a chunk came after its choice finished"
+        if entry.finish_reason is not None:
+            finish[entry.index] = entry.finish_reason
+    expected = [run_alone(reference, prompt, i) for i in range(2)]
+    assert sorted(text) == sorted(finish) == [0, 1]
+    for index, want in enumerate(expected):
+        assert token_ids[index] == want.outputs[0].token_ids
+        assert text[index] == want.outputs[0].text
+        assert finish[index] == want.outputs[0].finish_reason
+    assert token_ids[0] != token_ids[1]
+    usage = chunks[-1].usage                  # the last chunk: usage over both choices, no choices
+    assert chunks[-1].choices == []
+    assert usage.prompt_tokens == len(prompt)
+    assert usage.completion_tokens == sum(len(e.outputs[0].token_ids) for e in expected)
+    wait_until_idle(server)
+    assert engine_of(server).engine.kv.num_used_blocks() == 0
+
+
+def test_chat_with_n_samples_streamed_and_plain_agree(client):
+    messages = [{"role": "user", "content": "write add"}]
+    options = dict(model="tiny", messages=messages, n=2, max_tokens=10, temperature=1.0, seed=9)
+    whole = client.chat.completions.create(**options)
+    assert [c.index for c in whole.choices] == [0, 1]
+    content, roles = {0: "", 1: ""}, {}
+    for chunk in client.chat.completions.create(**options, stream=True):
+        for entry in chunk.choices:
+            roles.setdefault(entry.index, entry.delta.role)    # each choice's first delta has the role
+            content[entry.index] += entry.delta.content or ""
+    assert roles == {0: "assistant", 1: "assistant"}
+    assert [content[0], content[1]] == [c.message.content for c in whole.choices]
+
+
 def test_64_concurrent_streaming_clients_all_complete(server):
     async def one(client: openai.AsyncOpenAI, index: int) -> tuple[list[int], int, str]:
         stream = await client.completions.create(
@@ -154,6 +232,25 @@ def test_a_client_that_hangs_up_mid_stream_is_aborted_and_frees_its_blocks(serve
     assert engine.engine.kv.num_used_blocks() == 0
 
 
+def test_hanging_up_on_n_samples_aborts_every_one_and_frees_their_blocks(server):
+    engine = engine_of(server)
+    aborted_before = engine.stats.finished["abort"]
+    body = {"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 200, "n": 3, "stream": True, "ignore_eos": True}
+    with httpx.stream("POST", server.url + "/v1/completions", json=body) as response:
+        lines = response.iter_lines()
+        assert next(line for line in lines if line.startswith("data:"))
+        assert engine.engine.kv.num_used_blocks() > 0
+    wait_until_idle(server)
+    assert engine.stats.finished["abort"] == aborted_before + 3
+    assert engine.engine.kv.num_used_blocks() == 0
+    body = {**body, "stream": False, "n": 2}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(server.url + "/v1/completions", json=body, timeout=0.3)
+    wait_until_idle(server)
+    assert engine.stats.finished["abort"] == aborted_before + 5
+    assert engine.engine.kv.num_used_blocks() == 0
+
+
 def test_a_non_streaming_client_that_gives_up_is_aborted_too(server):
     engine = engine_of(server)
     aborted_before = engine.stats.finished["abort"]
@@ -179,7 +276,9 @@ BAD_REQUESTS = [
     ({"model": "tiny", "prompt": "hi", "top_p": 0}, "top_p"),
     ({"model": "tiny", "prompt": "hi", "top_p": 1.5}, "top_p"),
     ({"model": "gpt-4", "prompt": "hi"}, "model"),
-    ({"model": "tiny", "prompt": "hi", "n": 2}, "n"),
+    ({"model": "tiny", "prompt": "hi", "n": 0}, "n"),
+    ({"model": "tiny", "prompt": "hi", "n": MAX_N + 1}, "n"),
+    ({"model": "tiny", "prompt": "hi", "n": 2.5}, "n"),
 ]
 
 
@@ -191,6 +290,16 @@ def test_a_bad_request_gets_400_and_the_next_one_succeeds(server, body, param):
     assert error["type"] == "invalid_request_error" and error["param"] == param and error["message"]
     good = httpx.post(server.url + "/v1/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 2})
     assert good.status_code == 200 and good.json()["usage"]["completion_tokens"] >= 1
+
+
+def test_too_many_samples_get_400_naming_the_limit_and_the_fix(server):
+    response = httpx.post(server.url + "/v1/completions", json={"model": "tiny", "prompt": "hi", "n": 1000})
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["param"] == "n"
+    assert f"at most {MAX_N}" in error["message"] and "1000" in error["message"]
+    assert "several requests" in error["message"]
+    assert not engine_of(server).engine.requests        # nothing was queued
 
 
 def test_a_body_that_is_not_json_gets_400(server):
@@ -215,6 +324,68 @@ def test_metrics_count_what_was_served(server):
     kv = engine_of(server).engine.kv
     assert after["minicb_kv_blocks_used"] + after["minicb_kv_blocks_free"] == kv.num_blocks
     assert after["minicb_num_requests_running"] == after["minicb_num_requests_waiting"] == 0
+
+
+PREFIX = list(range(100, 164))        # 64 tokens: four full blocks of 16
+
+
+def two_requests_sharing_a_prefix(server) -> None:
+    """One after the other, so the second can find the first's blocks in the cache."""
+    for suffix in ([7, 8, 9, 10, 11, 12, 13, 14], [20, 21, 22, 23, 24, 25, 26, 27]):
+        reply = httpx.post(server.url + "/v1/completions", json={
+            "model": "tiny", "prompt": PREFIX + suffix, "max_tokens": 4, "ignore_eos": True})
+        assert reply.status_code == 200
+
+
+PREFIX_METRICS = ("minicb_prefix_cache_queries_total", "minicb_prefix_cache_hits_total",
+                  "minicb_prefix_cache_hit_rate", "minicb_prefix_cache_evictions_total")
+
+
+def test_prefix_cache_metrics_read_0_with_caching_off(server):
+    two_requests_sharing_a_prefix(server)
+    metrics = scrape(server)
+    assert {name: metrics[name] for name in PREFIX_METRICS} == dict.fromkeys(PREFIX_METRICS, 0)
+
+
+def test_prefix_cache_metrics_count_hits_with_caching_on(chat_model):
+    app = build_app(chat_model, served_model_name="tiny", max_model_len=MAX_MODEL_LEN, max_num_seqs=4,
+                    block_size=16, enable_prefix_caching=True)
+    with ServerThread(app) as server:
+        text = httpx.get(server.url + "/metrics").text
+        for name in PREFIX_METRICS:
+            kind = "gauge" if name.endswith("rate") else "counter"
+            assert f"# TYPE {name} {kind}" in text
+        two_requests_sharing_a_prefix(server)
+        metrics = scrape(server)
+        # both looked up their 72 prompt tokens; the second found the 64 of the shared prefix
+        assert metrics["minicb_prefix_cache_queries_total"] == 2 * 72
+        assert metrics["minicb_prefix_cache_hits_total"] == 64
+        assert metrics["minicb_prefix_cache_hit_rate"] == pytest.approx(64 / 144)
+        assert metrics["minicb_prefix_cache_evictions_total"] == 0
+        # parallel samples with caching on: the third request finds the prefix too, its forks share it
+        reply = httpx.post(server.url + "/v1/completions", json={
+            "model": "tiny", "prompt": PREFIX + [30, 31], "n": 3, "max_tokens": 4, "temperature": 1.0,
+            "seed": 1, "ignore_eos": True}).json()
+        assert [c["index"] for c in reply["choices"]] == [0, 1, 2]
+        assert reply["usage"] == {"prompt_tokens": 66, "completion_tokens": 12, "total_tokens": 78}
+        assert scrape(server)["minicb_prefix_cache_hits_total"] == 64 + 64
+        wait_until_idle(server)
+        kv = engine_of(server).engine.kv
+        assert kv.num_used_blocks() == 0
+        assert kv.allocator.num_free() + len(kv.cache.evictable) == kv.num_blocks   # held by no one
+
+
+def test_the_command_line_passes_enable_prefix_caching_to_the_engine(monkeypatch):
+    served = []
+    monkeypatch.setattr(minicb.server.uvicorn, "run", lambda app, **options: served.append(app))
+    common = ["--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", "2"]
+    assert minicb.server.main(common) == 0
+    assert minicb.server.main([*common, "--enable-prefix-caching"]) == 0
+    caching = [app.state.engine.engine.config.enable_prefix_caching for app in served]
+    assert caching == [False, True]
+    assert served[1].state.engine.engine.kv.cache is not None
+    with pytest.raises(SystemExit):     # a contiguous cache cannot share blocks: a clear usage error
+        minicb.server.main([*common, "--enable-prefix-caching", "--kv-cache", "contiguous"])
 
 
 def test_overload_gets_503_with_retry_after_and_chat_without_template_gets_400():
