@@ -95,11 +95,11 @@ CELLS = [
     `minicb.server` serves that engine over HTTP with FastAPI: `POST /v1/completions` (and
     `/v1/chat/completions` for models with a chat template), `GET /v1/models`, `GET /health` and
     `GET /metrics` in Prometheus' text format. From a shell it is
-    `python -m minicb serve --max-num-seqs 8`; from a notebook, `ServerThread` runs it in a
-    background thread on a free port. Any OpenAI client can talk to it:
+    `python -m minicb serve --max-num-seqs 8 --enable-prefix-caching`; from a notebook,
+    `ServerThread` runs it in a background thread on a free port. Any OpenAI client can talk to it:
     """),
     ("code", """
-    server = ServerThread(build_app(max_num_seqs=8)).start()
+    server = ServerThread(build_app(max_num_seqs=8, enable_prefix_caching=True)).start()
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="not-needed")
     model = client.models.list().data[0].id
     completion = client.completions.create(model=model, prompt="def fibonacci(n):", max_tokens=12, temperature=0)
@@ -121,6 +121,19 @@ CELLS = [
     print(f"{len(chunks)} chunks: {chunks}")
     """),
     ("md", """
+    `n` asks for several samples of one prompt. The engine computes the prompt once and the
+    samples share its KV blocks (chapter 04's copy-on-write), each drawing from its own seed
+    stream (`seed`, `seed + 1`, ...):
+    """),
+    ("code", """
+    samples = client.completions.create(model=model, prompt="import os", max_tokens=10, temperature=0.8,
+                                        seed=7, n=3)
+    for choice in samples.choices:
+        print(choice.index, repr(choice.text))
+    print("usage:", samples.usage.prompt_tokens, "prompt tokens (counted once),",
+          samples.usage.completion_tokens, "completion tokens")
+    """),
+    ("md", """
     Bad input gets an HTTP 400 with an OpenAI-style error that names the problem, and the
     server keeps serving everyone else; a full queue gets a 503 with `Retry-After`, and a client
     that hangs up has its request aborted and its KV blocks freed before the next step.
@@ -132,14 +145,17 @@ CELLS = [
         print("HTTP", error.status_code, "-", error.body["message"])
     text = httpx.get(server.url + "/metrics").text
     wanted = ("minicb_num_requests_running ", "minicb_kv_blocks_used ", "minicb_generation_tokens_total ",
-              "minicb_request_success_total", "minicb_request_rejected_total")
+              "minicb_request_success_total", "minicb_request_rejected_total", "minicb_prefix_cache_")
     print("\\n".join(line for line in text.splitlines() if line.startswith(wanted)))
     server.stop()
     """),
     ("md", """
     What a dashboard scrapes: gauges (running, waiting, KV blocks used), counters (tokens,
-    finished and rejected requests) and latency histograms, named like vLLM's so the same
-    dashboards read both.
+    finished and rejected requests, prefix-cache lookups and hits) and latency histograms, named
+    like vLLM's so the same dashboards read both. No hits here: these prompts are shorter than one
+    16-token block, and only full blocks are cached (the forked samples share the prompt's blocks
+    directly, without a lookup). Chapter 07 measures the cache on prompts that share a long
+    prefix.
 
     ## 3. The load study: naive, static and continuous at rising request rates
 
