@@ -166,9 +166,38 @@ CELLS = [
     ("md", """
     Throughput goes up (three requests share every step), but look at the TTFTs: the second batch
     (the 48-, 12- and 32-token requests) waits for the first batch's 64-token answer, even though
-    the 8-token request in it finished almost at once and left its slot idle. With `transformers`
-    the barrier is even stricter: `generate` on a padded batch returns nothing until the last row
-    is done, so even the 8-token answer waits for the 64-token one.
+    the 8-token request in it finished almost at once and left its slot idle.
+
+    ## 5. The same barrier in `transformers`
+
+    With `transformers` the barrier is even stricter: `generate` on a padded batch returns nothing
+    until the last row is done. The static baseline of the benchmarks (`minicb.bench_peers`) runs
+    six requests needing 30 to 300 tokens through `model.generate` in batches of three, on the
+    same weights, and notes when each row's last token was computed and when the batch came back:
+    """),
+    ("code", """
+    from minicb.bench_offline import load_hf_model
+    from minicb.bench_peers import hf_static_batches
+    from minicb.model.loader import resolve_model_path
+
+    hf_model = load_hf_model(str(resolve_model_path(None)), "cpu", "float32")   # the default model
+    needs = [30, 300, 60, 120, 45, 200]
+    hf_prompts = fixed("six requests", [24] * 6, needs).prompt_token_ids(hf_model.config.vocab_size, seed=0)
+    run = hf_static_batches(hf_model, hf_prompts, needs, pad_token_id=0, batch_size=3)
+    useful, computed = sum(needs), run.settings["decode_rows_computed"]
+    print(f"tokens wanted {useful}, rows computed {computed}: {1 - useful / computed:.0%} of the rows are holes")
+    """),
+    ("code", """
+    # NBVAL_IGNORE_OUTPUT
+    for n, m in zip(needs, run.metrics):
+        print(f"needs {n:>3} tokens: its last token at {m.token_times[-1] - m.arrival_time:5.2f} s, "
+              f"handed back at {m.finished_time - m.arrival_time:5.2f} s")
+    """),
+    ("md", """
+    Each batch hands back all three answers together, when its longest row is done: the 30-token
+    answer waits for the 300-token one, and the second batch cannot start until then. (Left
+    padding and the attention mask are what let rows of different prompt lengths share one
+    `generate` call.)
 
     Static batching trades one problem for another: naive serving wasted the device, static
     batching wastes the *slots* (holes) and makes short requests pay for long ones. Waiting to
