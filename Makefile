@@ -2,6 +2,7 @@
 #   make lab     open the book (JupyterLab on notebooks/)
 #   make test    run every test: unit, parity with transformers, kernels (Triton interpreter),
 #                notebooks (nbval), exercises (graded against solutions/)
+#   make test-gpu  on a CUDA machine: the GPU tests, with compiled Triton kernels
 PYTHON     ?= python3
 VENV       ?= .venv
 BIN        := $(VENV)/bin
@@ -11,7 +12,7 @@ TORCH_SPEC ?= torch==2.13.0
 STAMP      := $(VENV)/.minicb-installed
 CH         ?=
 
-.PHONY: setup test lab demo lint grade env-check clean
+.PHONY: setup test test-gpu lab demo lint grade env-check clean
 
 setup: $(STAMP)
 
@@ -25,6 +26,11 @@ $(STAMP): pyproject.toml
 
 test: setup
 	TRITON_INTERPRET=1 $(BIN)/python -m pytest --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg tests notebooks
+
+# On a CUDA machine: the tests marked gpu, with compiled kernels (make test runs Triton through its
+# interpreter, where those tests skip).
+test-gpu: setup
+	$(BIN)/python -m pytest -m gpu tests -p no:cacheprovider
 
 lab: setup
 	$(BIN)/jupyter lab notebooks/

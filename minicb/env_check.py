@@ -1,54 +1,113 @@
-"""python -m minicb env-check: one line per dependency, the device, and a verdict.
+"""python -m minicb env-check: one line per dependency, the device, a real Triton kernel run, and a verdict.
 
 Paste its output into a bug report.
+
+The dependency list is read from minicb's own package metadata (what pyproject.toml declares), so
+it cannot fall out of step with the install; a source tree that was never installed falls back to
+the list below.
 """
 
 from __future__ import annotations
 
-import importlib
+import importlib.metadata
 import os
 import platform
+import subprocess
 import sys
 
-REQUIRED = ["torch", "transformers", "safetensors", "tokenizers", "triton", "numpy", "matplotlib",
-            "ipywidgets", "tqdm", "fastapi", "uvicorn", "httpx"]
-OPTIONAL = ["pytest", "nbval", "jupyterlab", "hypothesis", "openai"]
+from packaging.requirements import Requirement
+
+FALLBACK_REQUIRED = ["torch", "transformers", "safetensors", "tokenizers", "triton", "numpy", "matplotlib",
+                     "ipywidgets", "tqdm", "fastapi", "uvicorn", "httpx", "psutil"]
+FALLBACK_DEV = ["pytest", "pytest-timeout", "nbval", "jupyterlab", "hypothesis", "ruff", "openai", "nbformat",
+                "ipykernel"]
 MINIMUM_PYTHON = (3, 10)
 
+# A kernel launch in a fresh interpreter (TRITON_INTERPRET must be set before triton is imported):
+# write three tokens' K/V through the KV-write kernel and compare with the plain-torch twin.
+_TRITON_SMOKE = """
+import torch
+from minicb.kernels import write_kv, write_kv_reference
+device = "cuda" if torch.cuda.is_available() else "cpu"
+k, v = torch.randn(2, 3, 2, 8, device=device).unbind(0)
+caches = [torch.zeros(4, 4, 2, 8, device=device) for _ in range(4)]
+slots = torch.tensor([5, -1, 9], device=device)
+write_kv(k, v, caches[0], caches[1], slots)
+write_kv_reference(k, v, caches[2], caches[3], slots)
+assert torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3]), "kernel and reference differ"
+print("ok")
+"""
 
-def _version(name: str) -> str | None:
+
+def requirements() -> tuple[list[Requirement], list[Requirement]]:
+    """(runtime, dev) requirements as declared by the installed package."""
     try:
-        module = importlib.import_module(name)
-    except Exception:
-        return None
-    return getattr(module, "__version__", "installed")
+        declared = [Requirement(line) for line in importlib.metadata.requires("minicb") or []]
+    except importlib.metadata.PackageNotFoundError:
+        return [Requirement(n) for n in FALLBACK_REQUIRED], [Requirement(n) for n in FALLBACK_DEV]
+    runtime = [r for r in declared if r.marker is None]
+    dev = [r for r in declared if r.marker is not None and r.marker.evaluate({"extra": "dev"})]
+    return runtime, dev
 
 
-def check() -> tuple[list[str], bool]:
+def _installed(requirement: Requirement) -> tuple[str | None, bool]:
+    """(installed version or None, whether it satisfies the requirement)."""
+    try:
+        version = importlib.metadata.version(requirement.name)
+    except importlib.metadata.PackageNotFoundError:
+        return None, False
+    return version, requirement.specifier.contains(version, prereleases=True)
+
+
+def triton_smoke(cuda: bool, timeout: float = 120.0) -> tuple[bool, str]:
+    """Launch a real kernel: compiled on a GPU, through the interpreter on a CPU."""
+    env = dict(os.environ)
+    if not cuda:
+        env["TRITON_INTERPRET"] = "1"
+    try:
+        done = subprocess.run([sys.executable, "-c", _TRITON_SMOKE], env=env, capture_output=True, text=True,
+                              timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return False, f"a tiny kernel did not finish in {timeout:.0f} s"
+    if done.returncode == 0 and done.stdout.strip().endswith("ok"):
+        return True, "compiled kernels on the GPU" if cuda else "interpreter (TRITON_INTERPRET=1), slow but exact"
+    last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+    return False, f"the KV-write kernel failed: {last}"
+
+
+def check(run_kernel: bool = True) -> tuple[list[str], bool]:
     lines, ok = [], True
     python_ok = sys.version_info[:2] >= MINIMUM_PYTHON
     ok &= python_ok
     lines.append(f"{'OK  ' if python_ok else 'FAIL'} python {platform.python_version()} (need >= 3.10)")
-    for name in REQUIRED:
-        version = _version(name)
-        ok &= version is not None
-        lines.append(f"{'OK  ' if version else 'FAIL'} {name} {version or 'missing: run make setup'}")
-    for name in OPTIONAL:
-        version = _version(name)
-        lines.append(f"{'OK  ' if version else 'WARN'} {name} {version or 'missing (needed for tests and the lab)'}")
+    runtime, dev = requirements()
+    for requirement in runtime:
+        version, good = _installed(requirement)
+        ok &= good
+        problem = "missing" if version is None else f"{version} installed, need {requirement.specifier}"
+        lines.append(f"OK   {requirement.name} {version}" if good else
+                     f"FAIL {requirement.name}: {problem}; run make setup")
+    for requirement in dev:
+        version, good = _installed(requirement)
+        problem = "missing" if version is None else f"{version} installed, want {requirement.specifier}"
+        lines.append(f"OK   {requirement.name} {version}" if good else
+                     f"WARN {requirement.name}: {problem} (needed for tests and the lab; run make setup)")
+    cuda = False
     try:
         import torch
 
-        if torch.cuda.is_available():
+        cuda = torch.cuda.is_available()
+        if cuda:
             lines.append(f"OK   device: CUDA, {torch.cuda.get_device_name(0)} (torch CUDA {torch.version.cuda})")
-            triton_mode = "GPU (compiled kernels)"
         else:
             lines.append(f"OK   device: CPU only ({os.cpu_count()} cores); notebooks and tests run here")
-            triton_mode = "interpreter only (TRITON_INTERPRET=1), slow but exact"
-        lines.append(f"OK   triton: {triton_mode}")
     except Exception as error:  # torch missing or broken
         ok = False
         lines.append(f"FAIL device: torch unusable ({error})")
+    if run_kernel:
+        kernel_ok, message = triton_smoke(cuda)
+        ok &= kernel_ok
+        lines.append(f"{'OK  ' if kernel_ok else 'FAIL'} triton: {message}")
     try:
         from minicb.default_model import default_model_path
 

@@ -31,8 +31,8 @@ def test_triton_attention_gives_the_same_greedy_tokens(tiny_qwen2, scheduler):
                     reason="needs CUDA with compiled Triton (run: pytest -m gpu without TRITON_INTERPRET)")
 @pytest.mark.parametrize("attention", ["torch", "triton"])
 def test_cuda_engine_equals_transformers_on_the_parity_workload(tiny_llama, attention):
-    from reference import compare, hf_greedy
-    from test_engine_parity import make_workload, run_with_arrivals
+    from reference import compare, hf_greedy, run_with_arrivals
+    from test_engine_parity import make_workload
 
     prompts, max_tokens, arrival_steps = make_workload()
     references = hf_greedy(tiny_llama, prompts, max_tokens)

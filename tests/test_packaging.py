@@ -59,3 +59,46 @@ def test_kernels_is_reached_as_minicb_kernels_never_as_top_level():
     spec = importlib.util.find_spec("kernels")
     assert spec is None or "minicb" not in str(spec.origin or ""), \
         "a top-level `kernels` module would shadow Hugging Face's kernels package"
+
+
+# --- the commands a newcomer runs first ----------------------------------------------------------
+def test_env_check_lists_every_declared_package_and_runs_a_kernel():
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-m", "minicb", "env-check"], capture_output=True, text=True,
+                          timeout=300, env={**__import__("os").environ, "TRITON_INTERPRET": ""})
+    assert done.returncode == 0, done.stdout + done.stderr
+    checked = {line.split()[1].rstrip(":").lower() for line in done.stdout.splitlines() if line[:4] in ("OK  ", "WARN")}
+    assert pyproject_packages() <= checked, f"env-check does not check {pyproject_packages() - checked}"
+    assert re.search(r"^OK   triton: (interpreter|compiled)", done.stdout, re.M), done.stdout
+    assert done.stdout.rstrip().endswith("verdict: ready")
+
+
+def test_env_check_fails_on_a_missing_package_and_a_broken_kernel(monkeypatch):
+    from packaging.requirements import Requirement
+
+    from minicb import env_check
+
+    runtime, dev = env_check.requirements()
+    monkeypatch.setattr(env_check, "requirements",
+                        lambda: (runtime + [Requirement("minicb-no-such-package>=1")], dev))
+    lines, ok = env_check.check(run_kernel=False)
+    assert not ok
+    assert any(line.startswith("FAIL minicb-no-such-package: missing") for line in lines), lines
+
+    monkeypatch.setattr(env_check, "_TRITON_SMOKE", "raise SystemExit('kernel exploded')")
+    kernel_ok, message = env_check.triton_smoke(cuda=False)
+    assert not kernel_ok and "kernel exploded" in message
+
+
+def test_demo_runs_every_system_and_they_agree():
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-m", "minicb", "demo", "--num-prompts", "6", "--max-num-seqs", "3",
+                           "--workload", "seed-example"], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = [line.split() for line in done.stdout.splitlines()
+            if line.split() and line.split()[0] in {"naive+paged", "static+paged", "continuous+contiguous",
+                                                    "continuous+paged"}]
+    assert len(rows) == 4, done.stdout
+    assert all(row[-1] == "True" for row in rows), done.stdout
