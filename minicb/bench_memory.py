@@ -41,11 +41,11 @@ def occupancy(result: SimResult, kv_cache: str) -> dict:
     steps = result.steps
     reserved = [s.num_reserved_slots for s in steps]
     tokens = [s.num_kv_tokens for s in steps]
-    running = [sum(1 for _, kind, _ in s.rows if kind != "idle") for s in steps]
-    total_reserved = sum(reserved)
+    running = [s.stats.num_useful_rows for s in steps]
+    summary = result.step_summary()
     return {"kv_cache": kv_cache, "steps": len(steps), "time_units": result.total_time,
-            "mean_running": sum(running) / len(steps), "max_running": max(running),
-            "waste_fraction": 1 - sum(tokens) / total_reserved if total_reserved else 0.0,
+            "mean_running": summary.mean_running, "max_running": max(running),
+            "waste_fraction": 1 - summary.kv_utilisation if sum(reserved) else 0.0,
             "peak_reserved_slots": max(reserved), "preemptions": sum(len(s.preempted) for s in steps),
             "output_tokens_per_time_unit": result.summary(virtual=False).output_throughput,
             "running": running, "reserved_slots": reserved, "kv_tokens": tokens}

@@ -9,7 +9,7 @@ import torch
 
 from minicb.config import EngineConfig
 from minicb.kv import make_kv_manager
-from minicb.metrics import RequestMetrics
+from minicb.metrics import RequestMetrics, StepTotals, count_step
 from minicb.model.loader import load_model, load_tokenizer, resolve_model_path
 from minicb.outputs import CompletionOutput, RequestOutput
 from minicb.request import Request, RequestStatus
@@ -40,6 +40,8 @@ class LLMEngine:
         self.requests: dict[str, Request] = {}
         self._arrivals = 0
         self._seed_generator = torch.Generator().manual_seed(config.seed)
+        # per-step counts (slot, padding and KV use): running totals + the last steps; see minicb.metrics
+        self.step_stats = StepTotals()
 
     # --- requests --------------------------------------------------------------------------
     def validate(self, prompt: Prompt, params: SamplingParams) -> list[int]:
@@ -124,6 +126,7 @@ class LLMEngine:
         if not plan.is_empty:
             sampled = self.runner.execute(plan)
             touched = self.scheduler.update(plan, sampled.token_ids)
+            self.step_stats.add(count_step(plan, self.kv, self.scheduler.running, self.config.max_num_seqs))
             rows = [s.request for s in plan.seqs if s.needs_logits]
             for request, logprob in zip(rows, sampled.logprobs):
                 if logprob is not None:

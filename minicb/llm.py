@@ -9,6 +9,7 @@ from tqdm.auto import tqdm
 
 from minicb.config import EngineConfig
 from minicb.engine import LLMEngine, Prompt
+from minicb.metrics import StepTotals
 from minicb.outputs import RequestOutput
 from minicb.sampling import SamplingParams
 
@@ -27,6 +28,12 @@ class LLM:
     @property
     def tokenizer(self):
         return self.llm_engine.tokenizer
+
+    @property
+    def step_stats(self) -> StepTotals:
+        """The engine's per-step counts since it started (or its last `reset()`):
+        `llm.step_stats.summary()` gives slot utilisation, padding waste and KV utilisation."""
+        return self.llm_engine.step_stats
 
     def generate(self, prompts: Prompt | Sequence[Prompt],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,

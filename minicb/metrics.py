@@ -8,10 +8,20 @@ Per request (from its timestamps):
   queue time                  = first scheduled − arrival
 Each exists in seconds (wall clock) and in engine steps (virtual time: deterministic, so the
 notebooks can print exact tables). The definitions follow vLLM's serving benchmark.
+
+Per step (counts, so deterministic): `count_step` turns one step's plan and the KV it left held
+into a `StepStats`; the engine and the cost-model runner (minicb.sim) both call it.
+`summarize_steps` folds them into
+  slot utilisation  useful rows / request slots (max_num_seqs) over all steps; a static batch's
+                    finished ("ghost") rows and empty slots are the rest
+  padding waste     padding + ghost tokens / all token rows computed (static batching's loss)
+  KV utilisation    tokens stored / KV slots reserved, summed over steps (so each step weighs by
+                    what it reserved); 1 - it is the share of reserved KV that sat empty
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -113,6 +123,7 @@ class Summary:
     queue: dict[str, float]
     goodput: float | None = None
     extra: dict = field(default_factory=dict)
+    steps: StepSummary | None = None   # slot, padding and KV use, when summarize() was given steps
 
     def row(self) -> dict[str, float]:
         """A flat dict, handy for tables."""
@@ -131,8 +142,10 @@ def meets_slo(m: RequestMetrics, ttft: float | None = None, tpot: float | None =
 
 
 def summarize(metrics: Sequence[RequestMetrics], virtual: bool = False, slo_ttft: float | None = None,
-              slo_tpot: float | None = None) -> Summary:
-    """Throughput, latency percentiles and goodput; `virtual=True` measures in engine steps."""
+              slo_tpot: float | None = None, steps: StepTotals | Iterable[StepStats] | None = None) -> Summary:
+    """Throughput, latency percentiles and goodput; `virtual=True` measures in engine steps.
+
+    `steps` (an engine's `step_stats`, or StepStats records) adds `Summary.steps`."""
     if virtual:
         start = min(m.arrival_step for m in metrics)
         end = max(m.finished_step or m.arrival_step for m in metrics)
@@ -155,4 +168,113 @@ def summarize(metrics: Sequence[RequestMetrics], virtual: bool = False, slo_ttft
     return Summary(len(metrics), duration, output_tokens, prompt_tokens, len(metrics) / duration,
                    output_tokens / duration, (output_tokens + prompt_tokens) / duration,
                    percentiles(ttfts), percentiles(tpots), percentiles(itls), percentiles(e2es),
-                   percentiles(queues), goodput)
+                   percentiles(queues), goodput, steps=None if steps is None else summarize_steps(steps))
+
+
+# --- per step ---------------------------------------------------------------------------------------
+@dataclass(slots=True)
+class StepStats:
+    """One step that ran the model. KV counts are read after the step's update: what it left held."""
+
+    step: int
+    num_slots: int            # request slots the engine has (max_num_seqs)
+    num_rows: int             # rows in the batch, a static batch's ghost rows included
+    num_useful_rows: int      # rows that are not ghosts: the slots doing useful work
+    num_tokens: int           # token rows computed: real tokens + left padding + ghost rows
+    num_pad_tokens: int       # left padding + ghost rows: computed, then thrown away
+    num_prefill_tokens: int
+    num_decode_tokens: int    # ghost rows excluded
+    num_reserved_slots: int   # KV slots held by live requests
+    num_kv_tokens: int        # tokens whose K/V sit in those slots
+    num_preempted: int = 0
+
+
+def count_step(plan, kv, running: Iterable, num_slots: int) -> StepStats:
+    """The counts of one step: `plan` is its SchedulerOutput, `kv` the KV manager and `running` the
+    scheduler's running requests, both read after the step's update. One pass over the rows and
+    one over the running requests; no per-token work."""
+    useful = tokens = pad = prefill = decode = 0
+    for seq in plan.seqs:
+        n, p = seq.num_tokens, seq.num_pad
+        tokens += n + p
+        if seq.ghost:
+            pad += n + p
+            continue
+        useful += 1
+        pad += p
+        if seq.is_prefill:
+            prefill += n
+        else:
+            decode += n
+    return StepStats(plan.step, num_slots, len(plan.seqs), useful, tokens, pad, prefill, decode,
+                     kv.num_reserved_slots(), sum(r.num_computed_tokens for r in running), len(plan.preempted))
+
+
+class StepTotals:
+    """Running sums of StepStats (constant memory, so a long-running server can keep one) and the
+    last `window` steps themselves in `recent`."""
+
+    def __init__(self, window: int = 1024):
+        self.recent: deque[StepStats] = deque(maxlen=window)
+        self.reset()
+
+    def reset(self) -> None:
+        """Start counting afresh (say, before the run to measure)."""
+        self.num_steps = self.num_slots = self.num_rows = self.num_useful_rows = 0
+        self.num_tokens = self.num_pad_tokens = self.num_prefill_tokens = self.num_decode_tokens = 0
+        self.num_reserved_slots = self.num_kv_tokens = self.num_preempted = 0
+        self.recent.clear()
+
+    def add(self, stats: StepStats) -> None:
+        self.num_steps += 1
+        self.num_slots += stats.num_slots
+        self.num_rows += stats.num_rows
+        self.num_useful_rows += stats.num_useful_rows
+        self.num_tokens += stats.num_tokens
+        self.num_pad_tokens += stats.num_pad_tokens
+        self.num_prefill_tokens += stats.num_prefill_tokens
+        self.num_decode_tokens += stats.num_decode_tokens
+        self.num_reserved_slots += stats.num_reserved_slots
+        self.num_kv_tokens += stats.num_kv_tokens
+        self.num_preempted += stats.num_preempted
+        self.recent.append(stats)
+
+    def summary(self) -> StepSummary:
+        return summarize_steps(self)
+
+    def __repr__(self) -> str:
+        return f"StepTotals(num_steps={self.num_steps}, {self.summary()})"
+
+
+@dataclass
+class StepSummary:
+    """Aggregates over steps; NaN where there is nothing to divide by."""
+
+    num_steps: int
+    slot_utilisation: float   # useful rows / (steps × max_num_seqs)
+    padding_waste: float      # padding + ghost tokens / token rows computed
+    kv_utilisation: float     # Σ tokens stored / Σ KV slots reserved, over steps
+    mean_running: float       # useful rows per step
+    num_preempted: int
+
+    def row(self) -> dict[str, float]:
+        return {"steps": self.num_steps, "slot_util": self.slot_utilisation, "pad_waste": self.padding_waste,
+                "kv_util": self.kv_utilisation}
+
+
+def summarize_steps(steps: StepTotals | Iterable[StepStats]) -> StepSummary:
+    """Slot utilisation, padding waste and KV utilisation of an engine's `step_stats` (all steps since
+    its last reset) or of any StepStats records (e.g. a simulation's)."""
+    if not isinstance(steps, StepTotals):
+        totals = StepTotals(window=0)
+        for stats in steps:
+            totals.add(stats)
+        steps = totals
+
+    def ratio(a: int, b: int) -> float:
+        return a / b if b else float("nan")
+
+    return StepSummary(steps.num_steps, ratio(steps.num_useful_rows, steps.num_slots),
+                       ratio(steps.num_pad_tokens, steps.num_tokens),
+                       ratio(steps.num_kv_tokens, steps.num_reserved_slots),
+                       ratio(steps.num_useful_rows, steps.num_steps), steps.num_preempted)

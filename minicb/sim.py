@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from minicb.config import EngineConfig
 from minicb.kv import make_kv_manager
-from minicb.metrics import RequestMetrics, Summary, summarize
+from minicb.metrics import RequestMetrics, StepStats, StepSummary, Summary, count_step, summarize, summarize_steps
 from minicb.request import Request, RequestStatus
 from minicb.sampling import SamplingParams
 from minicb.scheduler import make_scheduler
@@ -39,15 +39,28 @@ class StepRecord:
     start: float
     end: float
     rows: list[tuple[str, str, int]]     # (request id, "prefill" | "decode" | "idle", tokens)
-    num_pad_tokens: int
+    stats: StepStats                     # the counts the real engine keeps too (minicb.metrics.count_step)
     num_free_blocks: int
     block_tables: dict[str, list[int]]
     preempted: list[str]
-    num_reserved_slots: int = 0   # KV slots held by live requests after the step
-    num_kv_tokens: int = 0        # tokens whose K/V sit in those slots
     # CPU seconds this step spent in schedule() + update(), the CPU side of the loop (thread time:
     # other processes sharing the core do not inflate it)
     scheduler_seconds: float = field(default=0.0, repr=False, compare=False)
+
+    @property
+    def num_pad_tokens(self) -> int:
+        """Left padding + ghost rows."""
+        return self.stats.num_pad_tokens
+
+    @property
+    def num_reserved_slots(self) -> int:
+        """KV slots held by live requests after the step."""
+        return self.stats.num_reserved_slots
+
+    @property
+    def num_kv_tokens(self) -> int:
+        """Tokens whose K/V sit in those slots."""
+        return self.stats.num_kv_tokens
 
 
 @dataclass
@@ -71,10 +84,13 @@ class SimResult:
     def summary(self, virtual: bool = True, **slo) -> Summary:
         return summarize(self.metrics, virtual=virtual, **slo)
 
+    def step_summary(self) -> StepSummary:
+        """Slot utilisation, padding waste and KV utilisation, as the engine's `step_stats` give them."""
+        return summarize_steps(s.stats for s in self.steps)
+
     def slot_utilisation(self) -> float:
         """Share of slot-steps that produced a useful token (the rest idle or empty)."""
-        useful = sum(1 for s in self.steps for _, kind, _ in s.rows if kind != "idle")
-        return useful / max(self.num_steps * self.config.max_num_seqs, 1)
+        return self.step_summary().slot_utilisation if self.steps else 0.0
 
     def finish_steps(self) -> dict[str, int]:
         return {r.request_id: r.times.finished_step for r in self.requests}
@@ -146,9 +162,8 @@ def simulate(workload: Workload, cost: CostModel | None = None, record_blocks: b
         update_start = time.thread_time()
         scheduler.update(plan, [1] * sum(s.needs_logits for s in plan.seqs))
         schedule_seconds += time.thread_time() - update_start
-        result.steps.append(StepRecord(plan.step, start, clock.now, rows, plan.num_pad_tokens,
-                                       kv.num_free_blocks(), tables, [r.request_id for r in plan.preempted],
-                                       kv.num_reserved_slots(), sum(r.num_computed_tokens for r in scheduler.running),
-                                       schedule_seconds))
+        stats = count_step(plan, kv, scheduler.running, config.max_num_seqs)
+        result.steps.append(StepRecord(plan.step, start, clock.now, rows, stats, kv.num_free_blocks(), tables,
+                                       [r.request_id for r in plan.preempted], schedule_seconds))
     requests.sort(key=lambda r: r.arrival_index)
     return result
