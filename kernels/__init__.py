@@ -7,9 +7,12 @@
 Each kernel has a plain-torch twin (``*_reference``) that the tests hold it to.
 """
 
+from ._compat import patch_interpreter_index
 from .kv_write import write_kv, write_kv_reference
 from .paged_attention import paged_attention, paged_attention_reference
 from .split_kv import choose_num_splits
+
+patch_interpreter_index()  # Triton < 3.8 interpreter with NumPy >= 2.4; a no-op elsewhere
 
 __all__ = [
     "choose_num_splits",
