@@ -23,7 +23,8 @@ from pathlib import Path
 import httpx
 
 from minicb.bench_serve import SIZED_WORKLOADS, BenchConfig, benchmark
-from minicb.server import ServerThread, build_app, engine_arguments, engine_knobs
+from minicb.config import EngineConfig
+from minicb.server import POLICY_KNOBS, ServerThread, build_app, engine_arguments, engine_knobs
 from minicb.viz_curves import tradeoff_curve
 
 SCHEDULERS = ("naive", "static", "continuous")
@@ -41,7 +42,8 @@ class StudyConfig:
     range_ratio: float = 0.75                 # lengths vary ±75%: a static batch waits for its longest
     burstiness: float = 1.0
     seed: int = 0
-    knobs: dict = field(default_factory=lambda: {"max_num_seqs": 16})   # engine knobs, the same for all
+    # engine knobs, the same for all; the policy knobs (policy, step_order, ...) go to continuous only
+    knobs: dict = field(default_factory=lambda: {"max_num_seqs": 16})
 
 
 QUICK = {"request_rates": (4.0, math.inf), "num_prompts": 12, "input_len": 16, "output_len": 16}
@@ -51,7 +53,8 @@ def run_study(config: StudyConfig, progress: bool = False) -> list[dict]:
     """Every scheduler at every rate; one row per (scheduler, rate)."""
     rows = []
     for scheduler in config.schedulers:
-        app = build_app(config.model, max_queue_len=None, **{**config.knobs, "scheduler": scheduler})
+        knobs = {k: v for k, v in config.knobs.items() if scheduler == "continuous" or k not in POLICY_KNOBS}
+        app = build_app(config.model, max_queue_len=None, **{**knobs, "scheduler": scheduler})
         vocab_size = app.state.engine.engine.vocab_size
         with ServerThread(app) as server:
             _warm_up(server.url)
@@ -141,6 +144,10 @@ def main(argv: list[str] | None = None) -> int:
     given = {"request_rates": args.request_rates and tuple(args.request_rates),
              "num_prompts": args.num_prompts, "input_len": args.input_len, "output_len": args.output_len}
     knobs = {k: v for k, v in engine_knobs(args).items() if k != "scheduler"}
+    try:       # a knob the config refuses is a usage error, before any server starts
+        EngineConfig(**knobs)
+    except ValueError as error:
+        parser.error(str(error))
     config = replace(defaults, model=args.model, schedulers=tuple(args.schedulers), workload=args.workload,
                      range_ratio=args.range_ratio, burstiness=args.burstiness, seed=args.seed, knobs=knobs,
                      **{**(QUICK if args.quick else {}), **{k: v for k, v in given.items() if v is not None}})

@@ -46,6 +46,7 @@ class ParsedRequest:
     include_usage: bool        # stream_options.include_usage: a last chunk carries token counts
     return_token_ids: bool     # an extension (as in vLLM): choices also carry the token ids
     require_fit: bool          # max_tokens was given: prompt + max_tokens must fit max_model_len
+    priority: int = 0          # an extension (as in vLLM): under the priority policy, lower is served first
 
 
 # the most samples (`n`) one request may ask for: each is a sequence in the batch, holding a slot
@@ -120,8 +121,9 @@ def _options(body: dict, prompt, params: SamplingParams, require_fit: bool) -> P
     options = body.get("stream_options") or {}
     if not isinstance(options, dict):
         raise APIError("'stream_options' must be an object.", param="stream_options")
+    priority = _field(body, "priority", *_INT, 0)
     return ParsedRequest(prompt, params, stream, bool(options.get("include_usage")),
-                         bool(body.get("return_token_ids")), require_fit)
+                         bool(body.get("return_token_ids")), require_fit, priority)
 
 
 def parse_completion(body: dict, model_name: str, max_model_len: int) -> ParsedRequest:

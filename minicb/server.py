@@ -1,7 +1,7 @@
 """An OpenAI-compatible HTTP server over the async engine (FastAPI + uvicorn).
 
     python -m minicb serve --model PATH --port 8000 --scheduler continuous --kv-cache paged \
-        --enable-prefix-caching
+        --enable-prefix-caching --policy priority --max-prefill-tokens-per-step 256
 
 Endpoints: POST /v1/completions, POST /v1/chat/completions (where the tokenizer has a chat
 template), GET /v1/models, GET /health, GET /metrics (Prometheus text: requests, tokens, KV
@@ -12,6 +12,12 @@ KV blocks, sample i uses seed + i when a seed is given, and usage counts the pro
 completion tokens of every choice. A client that hangs up has its request (every sample of it)
 aborted and its KV blocks freed before the next step; a bad request gets HTTP 400 and an
 OpenAI-style error object; too many waiting requests get 503 with Retry-After.
+
+The continuous scheduler's policy knobs are flags (--policy, --step-order,
+--max-prefill-tokens-per-step, --max-wait-steps, --watermark-blocks; see benchmarks/policies.md).
+Under --policy priority a request may carry an integer `"priority"` (vLLM's extension: lower is
+served first, default 0); a server with another policy refuses a priority other than 0, since it
+would be ignored.
 
 From a notebook or a test, run it in a background thread:
 
@@ -36,7 +42,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
 from minicb.async_engine import AsyncLLMEngine, QueueFullError, RequestStream, StreamDelta
-from minicb.config import ATTENTIONS, DTYPES, KV_CACHES, SCHEDULERS, EngineConfig
+from minicb.config import ATTENTIONS, DTYPES, KV_CACHES, POLICIES, SCHEDULERS, STEP_ORDERS, EngineConfig
 from minicb.engine import LLMEngine
 from minicb.openai_protocol import (
     APIError,
@@ -116,8 +122,14 @@ async def _json_body(request: Request) -> dict:
 
 async def _serve(engine: AsyncLLMEngine, request: Request, parsed: ParsedRequest, model_name: str,
                  chat: bool):
+    policy = engine.engine.config.policy
+    if parsed.priority != 0 and policy != "priority":
+        raise APIError(f"'priority' is {parsed.priority}, but this server schedules with policy={policy!r}, "
+                       "which ignores it; leave 'priority' out (or 0), or start the server with "
+                       "--policy priority.", param="priority")
     try:
-        stream = await engine.add_request(parsed.prompt, parsed.params, require_fit=parsed.require_fit)
+        stream = await engine.add_request(parsed.prompt, parsed.params, priority=parsed.priority,
+                                          require_fit=parsed.require_fit)
     except ValueError as error:
         raise APIError(str(error), param=param_named_in(str(error))) from None
     except QueueFullError as error:
@@ -243,6 +255,23 @@ class ServerThread:
         self.stop()
 
 
+def _int_at_least(minimum: int):
+    """An argparse type: an integer >= minimum, or a usage error saying so."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < minimum:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {minimum} (got {text!r})")
+        return value
+    return parse
+
+
+# the continuous scheduler's policy knobs (EngineConfig refuses them with another scheduler)
+POLICY_KNOBS = ("policy", "step_order", "max_prefill_tokens_per_step", "max_wait_steps", "watermark_blocks")
+
+
 def engine_arguments(parser: argparse.ArgumentParser) -> None:
     """The engine knobs as command-line flags (shared with the load study)."""
     parser.add_argument("--scheduler", choices=SCHEDULERS, default="continuous")
@@ -258,15 +287,28 @@ def engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--enable-prefix-caching", action="store_true",
                         help="reuse the KV of cached prompt prefixes (needs --kv-cache paged)")
+    policy = parser.add_argument_group("scheduling policy (continuous scheduler only; see benchmarks/policies.md)")
+    policy.add_argument("--policy", choices=POLICIES, default="fcfs",
+                        help="admission order; under 'priority' a request's integer 'priority' field "
+                             "decides (lower first, default 0)")
+    policy.add_argument("--step-order", choices=STEP_ORDERS, default="decode_first",
+                        help="whether running requests' next tokens or new prompts fill a step first")
+    policy.add_argument("--max-prefill-tokens-per-step", type=_int_at_least(1), default=None, metavar="N",
+                        help="cap on prompt tokens per step, so a long prompt is chunked (default: no cap)")
+    policy.add_argument("--max-wait-steps", type=_int_at_least(1), default=None, metavar="N",
+                        help="ageing: a request waiting more steps than this goes first (default: off)")
+    policy.add_argument("--watermark-blocks", type=_int_at_least(0), default=0, metavar="N",
+                        help="KV blocks admission leaves free for running requests to grow into")
 
 
 def engine_knobs(args: argparse.Namespace) -> dict:
     return {name: getattr(args, name) for name in (
         "scheduler", "kv_cache", "attention", "device", "dtype", "max_num_seqs", "max_num_batched_tokens",
-        "max_model_len", "block_size", "num_kv_blocks", "seed", "enable_prefix_caching")}
+        "max_model_len", "block_size", "num_kv_blocks", "seed", "enable_prefix_caching", *POLICY_KNOBS)}
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The `python -m minicb serve` command line."""
     parser = argparse.ArgumentParser(prog="python -m minicb serve", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default=None, help="checkpoint directory (default: the shipped model)")
     parser.add_argument("--served-model-name", default=None, help="the name clients pass as 'model'")
@@ -276,11 +318,16 @@ def main(argv: list[str] | None = None) -> int:
                         help="waiting requests beyond this get 503 with Retry-After")
     parser.add_argument("--log-level", default="info")
     engine_arguments(parser)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     try:
         app = build_app(args.model, served_model_name=args.served_model_name,
                         max_queue_len=args.max_queue_len, **engine_knobs(args))
-    except ValueError as error:
+    except ValueError as error:     # a knob the config refuses (or a combination): a usage error
         parser.error(str(error))
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
     return 0

@@ -1,6 +1,7 @@
 """The OpenAI-compatible server over loopback, serving the shipped default model: the official
 openai client (plain and streamed), parallel samples (n > 1), 64 concurrent streams, clients that
-hang up, bad requests, overload, /metrics (prefix caching off and on), the command line."""
+hang up, bad requests, overload, /metrics (prefix caching off and on), request priorities, the
+command line."""
 
 from __future__ import annotations
 
@@ -16,8 +17,9 @@ from serving_common import SIMPLE_CHAT_TEMPLATE, checkpoint_copy, run
 
 import minicb.server
 from minicb import LLM, SamplingParams, default_model_path
+from minicb.config import EngineConfig
 from minicb.openai_protocol import MAX_N
-from minicb.server import ServerThread, build_app
+from minicb.server import POLICY_KNOBS, ServerThread, build_app, build_parser, engine_knobs
 
 MAX_MODEL_LEN = 256
 
@@ -279,6 +281,9 @@ BAD_REQUESTS = [
     ({"model": "tiny", "prompt": "hi", "n": 0}, "n"),
     ({"model": "tiny", "prompt": "hi", "n": MAX_N + 1}, "n"),
     ({"model": "tiny", "prompt": "hi", "n": 2.5}, "n"),
+    ({"model": "tiny", "prompt": "hi", "priority": "high"}, "priority"),
+    ({"model": "tiny", "prompt": "hi", "priority": 1.5}, "priority"),
+    ({"model": "tiny", "prompt": "hi", "priority": True}, "priority"),
 ]
 
 
@@ -300,6 +305,24 @@ def test_too_many_samples_get_400_naming_the_limit_and_the_fix(server):
     assert f"at most {MAX_N}" in error["message"] and "1000" in error["message"]
     assert "several requests" in error["message"]
     assert not engine_of(server).engine.requests        # nothing was queued
+
+
+@pytest.mark.parametrize("endpoint, body", [
+    ("completions", {"prompt": "hi"}), ("chat/completions", {"messages": [{"role": "user", "content": "hi"}]})])
+def test_priority_must_be_an_integer_and_needs_the_priority_policy(server, endpoint, body):
+    url, body = f"{server.url}/v1/{endpoint}", {"model": "tiny", "max_tokens": 2, **body}
+    for bad in ("1", 0.5, [1]):
+        response = httpx.post(url, json={**body, "priority": bad})
+        assert response.status_code == 400
+        error = response.json()["error"]
+        assert error["param"] == "priority" and "'priority' must be an integer" in error["message"]
+    # this server schedules first come, first served: a priority it would ignore is refused, 0 is fine
+    response = httpx.post(url, json={**body, "priority": 3})
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["param"] == "priority" and "--policy priority" in error["message"]
+    assert httpx.post(url, json={**body, "priority": 0}).status_code == 200
+    assert not engine_of(server).engine.requests
 
 
 def test_a_body_that_is_not_json_gets_400(server):
@@ -386,6 +409,99 @@ def test_the_command_line_passes_enable_prefix_caching_to_the_engine(monkeypatch
     assert served[1].state.engine.engine.kv.cache is not None
     with pytest.raises(SystemExit):     # a contiguous cache cannot share blocks: a clear usage error
         minicb.server.main([*common, "--enable-prefix-caching", "--kv-cache", "contiguous"])
+
+
+def test_the_command_line_passes_the_policy_knobs_to_the_engine(monkeypatch):
+    flags = ["--policy", "priority", "--step-order", "prefill_first", "--max-prefill-tokens-per-step", "64",
+             "--max-wait-steps", "8", "--watermark-blocks", "2"]
+    expected = {"policy": "priority", "step_order": "prefill_first", "max_prefill_tokens_per_step": 64,
+                "max_wait_steps": 8, "watermark_blocks": 2}
+    config = EngineConfig(**engine_knobs(build_parser().parse_args(flags)))
+    assert {name: getattr(config, name) for name in POLICY_KNOBS} == expected
+    defaults = EngineConfig(**engine_knobs(build_parser().parse_args([])))
+    assert {name: getattr(defaults, name) for name in POLICY_KNOBS} == \
+        {name: getattr(EngineConfig(), name) for name in POLICY_KNOBS}
+    served = []
+    monkeypatch.setattr(minicb.server.uvicorn, "run", lambda app, **options: served.append(app))
+    assert minicb.server.main(["--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", "2", *flags]) == 0
+    engine = served[0].state.engine.engine
+    assert {name: getattr(engine.config, name) for name in POLICY_KNOBS} == expected
+    assert engine.scheduler.config.policy == "priority"
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--policy", "priority", "--scheduler", "static"],
+     "policy='priority' only apply to scheduler='continuous' (got scheduler='static')"),
+    (["--scheduler", "naive", "--max-wait-steps", "4"], "max_wait_steps=4 only apply to scheduler='continuous'"),
+    (["--policy", "lifo"], "argument --policy: invalid choice: 'lifo'"),
+    (["--step-order", "random"], "argument --step-order: invalid choice: 'random'"),
+    (["--max-prefill-tokens-per-step", "0"], "--max-prefill-tokens-per-step: must be an integer >= 1 (got '0')"),
+    (["--max-wait-steps", "two"], "--max-wait-steps: must be an integer >= 1 (got 'two')"),
+    (["--watermark-blocks", "-1"], "--watermark-blocks: must be an integer >= 0 (got '-1')"),
+    (["--max-prefill-tokens-per-step", "4096"], "max_prefill_tokens_per_step must be None or an integer from 1"),
+])
+def test_the_command_line_refuses_bad_policy_knobs_with_a_usage_error(monkeypatch, capsys, flags, message):
+    monkeypatch.setattr(minicb.server.uvicorn, "run", lambda app, **options: pytest.fail("it served"))
+    with pytest.raises(SystemExit) as exit_:
+        minicb.server.main(flags)
+    assert exit_.value.code == 2
+    error = capsys.readouterr().err
+    assert error.startswith("usage: python -m minicb serve") and message in error
+
+
+def test_a_priority_server_serves_a_higher_priority_request_first(chat_model):
+    """One slot: while a long request holds it, a low-priority (5) and then a high-priority (-1)
+    request queue up; once the slot frees, the one sent second is served first."""
+    app = build_app(chat_model, served_model_name="tiny", max_model_len=512, max_num_seqs=1, policy="priority")
+    engine = app.state.engine.engine
+    finished = []          # the priority of each request, in the order the engine finished them
+    engine_step = engine.step
+
+    def step():
+        priority = {request_id: r.priority for request_id, r in engine.requests.items()}
+        outputs = engine_step()
+        finished.extend(priority[o.request_id] for o in outputs if o.finished)
+        return outputs
+
+    engine.step = step
+    long_body = {"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 500, "stream": True, "ignore_eos": True}
+    queued = {
+        "low": ("completions", {"prompt": [8, 9], "priority": 5}),
+        "high": ("chat/completions", {"messages": [{"role": "user", "content": "hi"}], "priority": -1}),
+    }
+    responses = {}
+
+    def send(name: str) -> threading.Thread:
+        endpoint, body = queued[name]
+        thread = threading.Thread(target=lambda: responses.update({name: httpx.post(
+            f"{server.url}/v1/{endpoint}", json={"model": "tiny", "max_tokens": 8, "ignore_eos": True, **body},
+            timeout=120)}))
+        thread.start()
+        return thread
+
+    def wait_for_waiting(count: int) -> dict[str, float]:
+        deadline = time.monotonic() + 30
+        while (metrics := scrape(server))["minicb_num_requests_waiting"] < count:
+            assert time.monotonic() < deadline, f"{count} requests never waited"
+            time.sleep(0.01)
+        return metrics
+
+    with ServerThread(app) as server, \
+            httpx.stream("POST", server.url + "/v1/completions", json=long_body) as hog:
+        lines = hog.iter_lines()       # kept: dropping the iterator would close the connection
+        next(line for line in lines if line.startswith("data:"))      # the hog holds the slot now
+        threads = [send("low")]
+        wait_for_waiting(1)
+        threads.append(send("high"))
+        metrics = wait_for_waiting(2)
+        assert metrics["minicb_num_requests_running"] == 1 and metrics["minicb_num_requests_waiting"] == 2
+        assert not finished            # the hog is still running: nobody was admitted yet
+        hog.close()                    # the hog hangs up: the slot frees
+        for thread in threads:
+            thread.join(120)
+    assert responses["low"].status_code == responses["high"].status_code == 200
+    assert responses["high"].json()["usage"]["completion_tokens"] == 8
+    assert finished == [0, -1, 5]      # the aborted hog, then the high priority, then the low
 
 
 def test_overload_gets_503_with_retry_after_and_chat_without_template_gets_400():
