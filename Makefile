@@ -27,10 +27,10 @@ $(STAMP): pyproject.toml
 test: setup
 	TRITON_INTERPRET=1 $(BIN)/python -m pytest --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg tests notebooks
 
-# On a CUDA machine: the tests marked gpu, with compiled kernels (make test runs Triton through its
-# interpreter, where those tests skip).
+# On a CUDA machine: every kernel and Triton-engine test with compiled kernels on the GPU, the
+# tests marked gpu included (make test runs Triton through its interpreter, where those skip).
 test-gpu: setup
-	$(BIN)/python -m pytest -m gpu tests -p no:cacheprovider
+	$(BIN)/python -m pytest tests/test_kernels.py tests/test_engine_triton.py -p no:cacheprovider
 
 lab: setup
 	$(BIN)/jupyter lab notebooks/

@@ -32,10 +32,17 @@ from minicb.kernels import (  # noqa: E402
 from minicb.kernels.split_kv import MAX_SPLITS, MIN_KEYS_PER_SPLIT  # noqa: E402
 
 INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
-gpu = pytest.mark.skipif(
+_needs_compiled_cuda = pytest.mark.skipif(
     not torch.cuda.is_available() or INTERPRETING,
     reason="needs CUDA and compiled kernels (run without TRITON_INTERPRET)",
 )
+
+
+def gpu(test):
+    """Marks a test `gpu` (so ``-m gpu`` selects it) and skips it without CUDA or under the interpreter."""
+    return pytest.mark.gpu(_needs_compiled_cuda(test))
+
+
 DEVICE = "cpu" if INTERPRETING or not torch.cuda.is_available() else "cuda"
 
 # (head_dim, block_size, gqa group, num_kv_heads): every head_dim x block_size pair, and every
@@ -183,6 +190,31 @@ def test_write_then_attend_matches_dense_causal_attention():
             dense = torch.nn.functional.scaled_dot_product_attention(qi, ki, vi, is_causal=True)
             got = out[cu[i] : cu[i + 1]]
             torch.testing.assert_close(got, dense.transpose(0, 1)[r.start : r.stop], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("config", CONFIGS[:4], ids=lambda c: f"d{c[0]}-bs{c[1]}-g{c[2]}")
+@pytest.mark.parametrize("kind", ["decode", "prefill", "mixed", "left_padded"])
+def test_torch_backend_matches_reference(config, kind):
+    """The torch backend (whole-block gather, index tensors built once per step) on the same batches,
+    with block tables wider than the keys need (as the contiguous KV manager makes them), called as
+    every layer calls it: twice on one metadata object."""
+    from minicb.model.attention import AttentionMetadata, paged_attention_torch
+
+    head_dim, block_size, group, num_kv_heads = config
+    q_lens, seq_lens = batch_shapes(block_size)[kind]
+    batch = make_batch(q_lens, seq_lens, head_dim, block_size, group, num_kv_heads,
+                       seed=seed_of("torch", config, kind), device="cpu")
+    spare = batch.k_cache.shape[0] - 1
+    wide = torch.cat([batch.block_tables, torch.full((len(seq_lens), 2), spare, dtype=torch.int32)], dim=1)
+    meta = AttentionMetadata(slot_mapping=torch.full((len(batch.q),), -1), cu_seqlens_q=batch.cu_seqlens_q,
+                             seq_lens=batch.seq_lens, block_tables=wide, max_seqlen_q=batch.max_seqlen_q,
+                             max_seqlen_k=batch.max_seqlen_k)
+    expected = paged_attention_reference(*batch.args())
+    scale = head_dim**-0.5
+    first = paged_attention_torch(batch.q, batch.k_cache, batch.v_cache, meta, scale)
+    again = paged_attention_torch(batch.q, batch.k_cache, batch.v_cache, meta, scale)
+    torch.testing.assert_close(first, expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(again, first, atol=0, rtol=0)
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: f"d{c[0]}-bs{c[1]}-kv{c[3]}")
