@@ -139,8 +139,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--burstiness", type=float, default=defaults.burstiness)
     parser.add_argument("--out-dir", default="benchmarks/results")
     engine_arguments(parser)
-    parser.set_defaults(max_num_seqs=16)
+    parser.set_defaults(max_num_seqs=16, scheduler=None)
     args = parser.parse_args(argv)
+    if args.scheduler is not None:   # the study serves each of --schedulers in turn
+        parser.error(f"--scheduler {args.scheduler} has no effect here: the study serves every scheduler "
+                     f"named by --schedulers (e.g. --schedulers {args.scheduler})")
     given = {"request_rates": args.request_rates and tuple(args.request_rates),
              "num_prompts": args.num_prompts, "input_len": args.input_len, "output_len": args.output_len}
     knobs = {k: v for k, v in engine_knobs(args).items() if k != "scheduler"}

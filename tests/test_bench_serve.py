@@ -159,3 +159,14 @@ def test_load_study_serves_every_scheduler_and_plots(tiny_llama, tmp_path):
     assert len(format_rows(rows).splitlines()) == 2 + len(rows)
     plot(rows, tmp_path / "study.png")
     assert (tmp_path / "study.png").stat().st_size > 0
+
+
+def test_load_study_refuses_the_single_scheduler_flag(capsys):
+    """`--scheduler` belongs to `serve`; the study would silently serve all three anyway."""
+    from minicb.load_study import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--scheduler", "static"])
+    assert exit_.value.code == 2
+    error = capsys.readouterr().err
+    assert "--scheduler static has no effect here" in error and "--schedulers static" in error
