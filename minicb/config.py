@@ -99,7 +99,9 @@ class EngineConfig:
         policy_knobs = {"policy": (self.policy, "fcfs"), "step_order": (self.step_order, "decode_first"),
                         "max_prefill_tokens_per_step": (cap, None),
                         "max_wait_steps": (self.max_wait_steps, None),
-                        "watermark_blocks": (self.watermark_blocks, 0)}
+                        "watermark_blocks": (self.watermark_blocks, 0),
+                        # naive and static batches allocate a request's blocks whole, never a cached prefix
+                        "enable_prefix_caching": (self.enable_prefix_caching, False)}
         changed = [f"{name}={value!r}" for name, (value, default) in policy_knobs.items() if value != default]
         _check(self.scheduler == "continuous" or not changed,
                f"{', '.join(changed)} only apply to scheduler='continuous' (got scheduler={self.scheduler!r}); "

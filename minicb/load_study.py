@@ -53,7 +53,8 @@ def run_study(config: StudyConfig, progress: bool = False) -> list[dict]:
     """Every scheduler at every rate; one row per (scheduler, rate)."""
     rows = []
     for scheduler in config.schedulers:
-        knobs = {k: v for k, v in config.knobs.items() if scheduler == "continuous" or k not in POLICY_KNOBS}
+        knobs = {k: v for k, v in config.knobs.items()   # the continuous scheduler's own knobs go to it alone
+                 if scheduler == "continuous" or k not in (*POLICY_KNOBS, "enable_prefix_caching")}
         app = build_app(config.model, max_queue_len=None, **{**knobs, "scheduler": scheduler})
         vocab_size = app.state.engine.engine.vocab_size
         with ServerThread(app) as server:

@@ -286,7 +286,7 @@ def engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-kv-blocks", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--enable-prefix-caching", action="store_true",
-                        help="reuse the KV of cached prompt prefixes (needs --kv-cache paged)")
+                        help="reuse the KV of cached prompt prefixes (continuous scheduler, --kv-cache paged)")
     policy = parser.add_argument_group("scheduling policy (continuous scheduler only; see benchmarks/policies.md)")
     policy.add_argument("--policy", choices=POLICIES, default="fcfs",
                         help="admission order; under 'priority' a request's integer 'priority' field "

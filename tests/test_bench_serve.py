@@ -151,8 +151,9 @@ def test_against_minicb_every_request_is_measured(tiny_llama, tmp_path):
 def test_load_study_serves_every_scheduler_and_plots(tiny_llama, tmp_path):
     config = StudyConfig(tiny_llama, request_rates=(math.inf,), num_prompts=4, workload="random", input_len=8,
                          output_len=5, knobs={"max_num_seqs": 4, "max_model_len": 64,
-                                              # policy knobs: the continuous server's only
-                                              "policy": "shortest_prompt_first", "step_order": "prefill_first"})
+                                              # policy knobs and prefix caching: the continuous server's only
+                                              "policy": "shortest_prompt_first", "step_order": "prefill_first",
+                                              "enable_prefix_caching": True})
     rows = run_study(config)
     assert [r["scheduler"] for r in rows] == ["naive", "static", "continuous"]
     assert all(r["completed"] == 4 and r["failed"] == 0 and r["output_throughput"] > 0 for r in rows)

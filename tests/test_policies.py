@@ -36,6 +36,7 @@ ONE_STEP = CostModel(step_overhead=1.0, prefill_token=0.0, decode_seq=0.0)   # t
     ({"watermark_blocks": True}, "watermark_blocks"),
     ({"scheduler": "static", "policy": "priority"}, "only apply to scheduler='continuous'"),
     ({"scheduler": "naive", "watermark_blocks": 2}, "only apply to scheduler='continuous'"),
+    ({"scheduler": "static", "enable_prefix_caching": True}, "enable_prefix_caching=True only apply to"),
 ])
 def test_bad_policy_knobs_raise_a_clear_error(knobs, names):
     with pytest.raises(ValueError, match=names):
