@@ -93,10 +93,13 @@ class BlockAllocator:
 def slot_mapping(block_table: list[int], start: int, num_tokens: int, block_size: int) -> list[int]:
     """The slots of positions start, start + 1, ..., start + num_tokens - 1 of a request.
 
+    Block b holds slots b * block_size ... b * block_size + block_size - 1 of the pool, and a
+    request's positions fill its blocks in the order of its block table.
+
     >>> slot_mapping([3, 0, 7], start=3, num_tokens=3, block_size=4)   # positions 3, 4, 5
     [15, 0, 1]
     """
-    # BEGIN SOLUTION: slot of position p = block_table[p // block_size] * block_size + p % block_size
+    # BEGIN SOLUTION: which block holds position p, at which offset, and where that block starts
     return [block_table[p // block_size] * block_size + p % block_size
             for p in range(start, start + num_tokens)]
     # END SOLUTION
