@@ -14,6 +14,7 @@ writing results (JSON with the machine recorded, and a PNG).
 
 from __future__ import annotations
 
+import gc
 import inspect
 import json
 import tempfile
@@ -160,6 +161,8 @@ class PeakMemory:
             self._peak = max(self._peak, self._used())
 
     def __enter__(self) -> PeakMemory:
+        # free what earlier work left unreachable now: freed during the block, it would hide growth
+        gc.collect()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)

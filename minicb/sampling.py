@@ -3,6 +3,11 @@
 Every request owns a CPU `torch.Generator`. Sampling draws ONE uniform number per request per
 step from it and inverts the request's own CDF, so a seeded request yields the same tokens alone
 or inside any batch, on any device: its randomness never depends on its neighbours.
+
+The CDF runs over the vocabulary in token-id order: any fixed order samples the same
+distribution, and this one needs no sort. Only a request with top_k or top_p sorts its row, to
+find the tokens it keeps (sorting a batch's rows of 4,096 logits costs more than the rest of
+sampling together, about a third of a small model's 64-row decode step on a CPU).
 """
 
 from __future__ import annotations
@@ -62,23 +67,21 @@ class SamplerOutput:
 
 
 class Sampler:
-    """Greedy at temperature 0; otherwise temperature → top-k → top-p → one inverse-CDF draw."""
+    """Greedy at temperature 0; otherwise temperature → (top-k → top-p) → one inverse-CDF draw."""
 
     def __call__(self, logits: torch.Tensor, params: list[SamplingParams],
                  generators: list[torch.Generator]) -> SamplerOutput:
         logits = logits.float()
-        greedy_tokens = logits.argmax(dim=-1)
-        if all(p.greedy for p in params):
-            tokens = greedy_tokens
+        greedy = [p.greedy for p in params]
+        if all(greedy):
+            tokens = logits.argmax(dim=-1)
+        elif not any(greedy):
+            tokens = self._sample(logits, params, generators)
         else:
-            tokens = torch.where(self._greedy_mask(params, logits.device), greedy_tokens,
+            tokens = torch.where(torch.tensor(greedy, device=logits.device), logits.argmax(dim=-1),
                                  self._sample(logits, params, generators))
         token_ids = tokens.tolist()
         return SamplerOutput(token_ids, self._logprobs(logits, tokens, params))
-
-    @staticmethod
-    def _greedy_mask(params: list[SamplingParams], device: torch.device) -> torch.Tensor:
-        return torch.tensor([p.greedy for p in params], device=device)
 
     @staticmethod
     def _sample(logits: torch.Tensor, params: list[SamplingParams],
@@ -86,19 +89,31 @@ class Sampler:
         device, vocab = logits.device, logits.shape[-1]
         temperature = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in params],
                                    device=device)
-        top_k = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params], device=device)
-        top_p = torch.tensor([p.top_p for p in params], device=device)
-        sorted_logits, sorted_ids = (logits / temperature[:, None]).sort(dim=-1, descending=True)
-        ranks = torch.arange(vocab, device=device)
-        sorted_logits = sorted_logits.masked_fill(ranks[None, :] >= top_k[:, None], float("-inf"))
-        probs = sorted_logits.softmax(dim=-1)
-        # top-p keeps the smallest prefix whose mass reaches top_p (always at least the first token)
-        mass_before = probs.cumsum(dim=-1) - probs
-        probs = probs.masked_fill(mass_before >= top_p[:, None], 0.0)
+        probs = (logits / temperature[:, None]).softmax(dim=-1)
+        restricted = [row for row, p in enumerate(params) if p.top_k > 0 or p.top_p < 1]
+        if restricted:
+            rows = torch.tensor(restricted, device=device)
+            top_k = torch.tensor([params[r].top_k if params[r].top_k > 0 else vocab for r in restricted],
+                                 device=device)
+            top_p = torch.tensor([params[r].top_p for r in restricted], device=device)
+            probs[rows] = Sampler._keep_top_k_top_p(probs[rows], top_k, top_p)
         cdf = probs.cumsum(dim=-1)
         uniforms = torch.cat([torch.rand(1, generator=g) for g in generators]).to(device)
+        # the first token whose cumulative mass exceeds u * total: a token of mass 0 is never it
         choice = torch.searchsorted(cdf, (uniforms * cdf[:, -1])[:, None], right=True)
-        return sorted_ids.gather(1, choice.clamp(max=vocab - 1)).squeeze(1)
+        return choice.clamp(max=vocab - 1).squeeze(1)
+
+    @staticmethod
+    def _keep_top_k_top_p(probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+        """Zero every token outside the row's top_k most likely, then outside the smallest set of
+        the most likely whose mass (renormalised over the top_k) reaches top_p; the first always stays."""
+        sorted_probs, sorted_ids = probs.sort(dim=-1, descending=True)
+        ranks = torch.arange(probs.shape[-1], device=probs.device)
+        sorted_probs = sorted_probs.masked_fill(ranks[None, :] >= top_k[:, None], 0.0)
+        sorted_probs = sorted_probs / sorted_probs.sum(dim=-1, keepdim=True)
+        mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+        sorted_probs = sorted_probs.masked_fill(mass_before >= top_p[:, None], 0.0)
+        return torch.zeros_like(probs).scatter_(1, sorted_ids, sorted_probs)
 
     @staticmethod
     def _logprobs(logits: torch.Tensor, tokens: torch.Tensor,

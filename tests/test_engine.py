@@ -81,7 +81,9 @@ def test_stop_token_ids_and_max_tokens(tiny_llama):
 def test_eos_stops_unless_ignored(tiny_llama):
     prompts = random_prompts(40, seed=6)
     llm = LLM(tiny_llama, max_num_seqs=16)
-    outputs = llm.generate(prompts, SamplingParams(max_tokens=64, temperature=1.0, seed=0), use_tqdm=False)
+    # no per-request seed: each request draws from its own generator (one shared seed would give
+    # all 40 the same uniforms, so they would meet EOS together or not at all)
+    outputs = llm.generate(prompts, SamplingParams(max_tokens=64, temperature=1.0), use_tqdm=False)
     eos = 2
     ended = [o for o in outputs if o.outputs[0].finish_reason == "stop"]
     assert ended, "with 40 sampled requests of 64 tokens some should meet EOS (id 2) in a 512 vocabulary"
