@@ -32,8 +32,9 @@ test: setup
 test-gpu: setup
 	$(BIN)/python -m pytest tests/test_kernels.py tests/test_engine_triton.py -p no:cacheprovider
 
+# Jupyter refuses to run as root unless told; in a container you often are root.
 lab: setup
-	$(BIN)/jupyter lab notebooks/
+	$(BIN)/jupyter lab notebooks/ $(if $(filter 0,$(shell id -u)),--allow-root)
 
 demo: setup
 	$(BIN)/python -m minicb demo
