@@ -122,8 +122,9 @@ CELLS = [
     TTFT hides the users at the back of the queue, while p95 ("95 % of requests did at least this
     well") is what the unluckiest regular user sees. Servers publish p50, p95 and p99, and
     goodput counts only the requests that met *every* target, so a server cannot buy throughput
-    by making a few users wait forever. (The word comes from DistServe, OSDI '24; vLLM's
-    benchmark reports it the same way.)
+    by making a few users wait forever. (The word is older than LLM serving; its serving sense
+    comes from DistServe, OSDI '24, which defines goodput as the highest request rate a system
+    sustains while meeting the SLOs. vLLM's benchmark reports it per second, as here.)
 
     ## 3. How long are answers?
 

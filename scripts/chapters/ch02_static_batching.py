@@ -97,7 +97,7 @@ CELLS = [
     """),
     ("md", """
     The hatched cells are the holes: A and B are finished but keep their rows until step 10; E and
-    F wait in the queue although two slots have been doing nothing since step 4. Counted from the
+    F wait in the queue although two slots have been doing nothing since steps 4 and 5. Counted from the
     schedule:
     """),
     ("code", """

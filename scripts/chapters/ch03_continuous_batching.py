@@ -194,6 +194,14 @@ CELLS = [
       of stutters for everyone else (ITL p99 up to 18 units with 64 slots): the prefill–decode
       interference that chunked prefill (Sarathi-Serve, OSDI '24) was designed to tame.
 
+    Real schedulers have three more knobs, each guarding against a failure of its own. **Memory
+    headroom**: admitting every long context that arrives fills the KV cache, and the scheduler
+    must then evict someone mid-answer; keeping some blocks free at admission avoids that.
+    **Fairness**: admitting only what is cheap (the shortest prompts first) starves the large
+    requests, so a request that has waited too long must go first. **TTFT targets**: holding
+    newcomers back to build a fatter batch raises throughput and makes every new arrival wait.
+    Chapter 07 measures all three (`watermark_blocks`, `max_wait_steps`, the admission policies).
+
     So the knobs trade throughput and time to first token against the smoothness of everyone
     else's stream, and the product decides which matters: chat wants a bounded TTFT *and* a
     steady stream; an offline job takes the biggest batch that fits. Move the sliders to see the
@@ -253,8 +261,8 @@ CELLS = [
     short requests their slots back as soon as anyone finishes. (On a 2-core CPU a step's cost
     grows with its batch faster than on a GPU, so the wall-clock ratios are smaller than the step
     counts suggest; Orca reported up to 36.9× the throughput of FasterTransformer at the same
-    latency on GPUs; Anyscale's 2023 benchmark measured up to 23× with vLLM, about 8× of it from continuous
-    batching alone.)
+    latency on GPUs; Anyscale's 2023 benchmark measured up to 23× the throughput of static
+    batching with vLLM, and about 8× with continuous batching alone, without paging.)
 
     ## 6. The memory problem
 
@@ -303,6 +311,13 @@ CELLS = [
     the same number of slots does more useful work and short requests are not stuck behind long
     ones. In the worked example: 10 steps instead of 14 with the same four slots.
     *A common wrong answer:* "GPUs just like bigger batches."
+
+    **In the worked example, why does continuous batching take 10 steps where static takes 14?**
+    Both use the same four slots. Static batching runs the first batch until its 10-token
+    requests finish, and only then starts the two waiting 4-token requests: 10 + 4. Continuous
+    batching hands the slots of the two 4-token requests to the waiting ones at step 5, so those
+    finish at step 8, inside the 10 steps the long requests need anyway.
+    *A common wrong answer:* "continuous batching runs a bigger batch." (Never more than four rows.)
 
     **Why does continuous batching make memory allocation harder?**
     Caches of different lengths appear and vanish every step and grow one token at a time with

@@ -152,7 +152,8 @@ CELLS = [
     Paging removes external fragmentation entirely (any free block will do) and bounds internal
     fragmentation by one partly filled block per request. The vLLM paper measured the same on
     real systems: only 20.4–38.2 % of KV memory held token states in earlier systems, under 4 %
-    was wasted with paging, and serving throughput rose 2–4× at the same latency.
+    was wasted with paging, and serving throughput rose 2–4× over FasterTransformer and Orca at
+    the same latency.
 
     **The block size** trades the waste in that last block against bookkeeping: more blocks mean
     longer block tables and, on a GPU, smaller scattered reads for the attention kernel. The same

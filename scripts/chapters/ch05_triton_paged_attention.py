@@ -268,7 +268,8 @@ CELLS = [
     so their arithmetic intensity is about the batch size in bfloat16: why batching pays, chapter
     00.) Decode attention is memory-bound at any batch, so its honest unit is bandwidth: K/V
     bytes read per second against what the GPU can stream. That gives a floor on its time, from
-    arithmetic alone: the benchmark's grid, Llama-3-8B heads, bfloat16:
+    arithmetic alone: the benchmark's grid, Llama-3-8B heads, bfloat16, for one layer's attention
+    (a decode step of the whole model reads 32 times as much, one layer after another):
     """),
     ("code", """
     rows = []

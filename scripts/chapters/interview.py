@@ -94,8 +94,8 @@ CELLS = [
     | claim | source |
     |---|---|
     | iteration-level scheduling: 36.9× the throughput of FasterTransformer at the same latency | Orca, OSDI '22 |
-    | KV memory holding tokens: 20.4–38.2 % before, paging wastes < 4 %; 2–4× throughput | vLLM, SOSP '23 |
-    | up to 23× throughput with vLLM, about 8× from continuous batching alone | Anyscale blog, 2023 |
+    | KV memory holding tokens: 20.4–38.2 % before, < 4 % wasted with paging; 2–4× vs FT and Orca | vLLM, SOSP '23 |
+    | up to 23× the throughput of static batching with vLLM, ~8× with continuous batching alone | Anyscale blog, 2023 |
     | chunked prefill, stall-free batching: up to 2.6× serving capacity vs vLLM (Mistral-7B) | Sarathi-Serve, OSDI '24 |
     | split-KV decoding: up to 8× faster long-sequence generation | Flash-Decoding, 2023 |
     | speculative decoding: 2–3× on T5-XXL, 2–2.5× on Chinchilla 70B | Leviathan et al., ICML '23; Chen et al., 2023 |
