@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 SCHEDULERS = ("naive", "static", "continuous")
 KV_CACHES = ("contiguous", "paged")
@@ -10,6 +10,11 @@ ATTENTIONS = ("torch", "triton")
 DTYPES = ("float32", "float16", "bfloat16")
 POLICIES = ("fcfs", "priority", "shortest_prompt_first")
 STEP_ORDERS = ("decode_first", "prefill_first")
+# the continuous scheduler's policy knobs, and every knob only it uses (another scheduler refuses
+# them set away from their defaults: naive and static batches admit in order, allocate a request's
+# blocks whole and never claim a cached prefix)
+POLICY_KNOBS = ("policy", "step_order", "max_prefill_tokens_per_step", "max_wait_steps", "watermark_blocks")
+CONTINUOUS_ONLY_KNOBS = (*POLICY_KNOBS, "enable_prefix_caching")
 
 
 def _is_int(value) -> bool:
@@ -96,13 +101,9 @@ class EngineConfig:
                f"max_wait_steps must be None (no ageing) or an integer >= 1 (got {self.max_wait_steps!r}).")
         _check(_is_int(self.watermark_blocks) and self.watermark_blocks >= 0,
                f"watermark_blocks must be an integer >= 0 (got {self.watermark_blocks!r}).")
-        policy_knobs = {"policy": (self.policy, "fcfs"), "step_order": (self.step_order, "decode_first"),
-                        "max_prefill_tokens_per_step": (cap, None),
-                        "max_wait_steps": (self.max_wait_steps, None),
-                        "watermark_blocks": (self.watermark_blocks, 0),
-                        # naive and static batches allocate a request's blocks whole, never a cached prefix
-                        "enable_prefix_caching": (self.enable_prefix_caching, False)}
-        changed = [f"{name}={value!r}" for name, (value, default) in policy_knobs.items() if value != default]
+        defaults = {f.name: f.default for f in fields(self)}
+        changed = [f"{name}={getattr(self, name)!r}" for name in CONTINUOUS_ONLY_KNOBS
+                   if getattr(self, name) != defaults[name]]
         _check(self.scheduler == "continuous" or not changed,
                f"{', '.join(changed)} only apply to scheduler='continuous' (got scheduler={self.scheduler!r}); "
                "use the continuous scheduler or leave those knobs at their defaults.")

@@ -23,8 +23,8 @@ from pathlib import Path
 import httpx
 
 from minicb.bench_serve import SIZED_WORKLOADS, BenchConfig, benchmark
-from minicb.config import EngineConfig
-from minicb.server import POLICY_KNOBS, ServerThread, build_app, engine_arguments, engine_knobs
+from minicb.config import CONTINUOUS_ONLY_KNOBS, EngineConfig
+from minicb.server import ServerThread, build_app, engine_arguments, engine_knobs
 from minicb.viz_curves import tradeoff_curve
 
 SCHEDULERS = ("naive", "static", "continuous")
@@ -53,8 +53,7 @@ def run_study(config: StudyConfig, progress: bool = False) -> list[dict]:
     """Every scheduler at every rate; one row per (scheduler, rate)."""
     rows = []
     for scheduler in config.schedulers:
-        knobs = {k: v for k, v in config.knobs.items()   # the continuous scheduler's own knobs go to it alone
-                 if scheduler == "continuous" or k not in (*POLICY_KNOBS, "enable_prefix_caching")}
+        knobs = {k: v for k, v in config.knobs.items() if scheduler == "continuous" or k not in CONTINUOUS_ONLY_KNOBS}
         app = build_app(config.model, max_queue_len=None, **{**knobs, "scheduler": scheduler})
         vocab_size = app.state.engine.engine.vocab_size
         with ServerThread(app) as server:

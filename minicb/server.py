@@ -42,7 +42,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
 from minicb.async_engine import AsyncLLMEngine, QueueFullError, RequestStream, StreamDelta
-from minicb.config import ATTENTIONS, DTYPES, KV_CACHES, POLICIES, SCHEDULERS, STEP_ORDERS, EngineConfig
+from minicb.config import ATTENTIONS, DTYPES, KV_CACHES, POLICIES, POLICY_KNOBS, SCHEDULERS, STEP_ORDERS, EngineConfig
 from minicb.engine import LLMEngine
 from minicb.openai_protocol import (
     APIError,
@@ -266,10 +266,6 @@ def _int_at_least(minimum: int):
             raise argparse.ArgumentTypeError(f"must be an integer >= {minimum} (got {text!r})")
         return value
     return parse
-
-
-# the continuous scheduler's policy knobs (EngineConfig refuses them with another scheduler)
-POLICY_KNOBS = ("policy", "step_order", "max_prefill_tokens_per_step", "max_wait_steps", "watermark_blocks")
 
 
 def engine_arguments(parser: argparse.ArgumentParser) -> None:
