@@ -6,7 +6,7 @@ from dataclasses import dataclass, field, fields
 
 SCHEDULERS = ("naive", "static", "continuous")
 KV_CACHES = ("contiguous", "paged")
-ATTENTIONS = ("torch", "triton")
+ATTENTIONS = ("auto", "torch", "triton", "cpu")
 DTYPES = ("float32", "float16", "bfloat16")
 POLICIES = ("fcfs", "priority", "shortest_prompt_first")
 STEP_ORDERS = ("decode_first", "prefill_first")
@@ -36,6 +36,9 @@ class EngineConfig:
     block_size              tokens per KV block (paged) and the reservation unit (contiguous)
     num_kv_blocks           size of the KV pool in blocks; None = enough for max_num_seqs
                             requests of max_model_len tokens (no preemption ever needed)
+    attention               torch (the readable reference) | triton (GPU kernels) | cpu (a C
+                            kernel for decodes on a CPU, compiled on first use) | auto (cpu
+                            where it runs: float32 on a CPU with a C compiler; else torch)
 
     Policy knobs (continuous scheduler only):
     policy                  admission order: fcfs | priority (lower value first, as in vLLM) |
@@ -52,7 +55,7 @@ class EngineConfig:
     model: str | None = None
     scheduler: str = "continuous"
     kv_cache: str = "paged"
-    attention: str = "torch"
+    attention: str = "auto"
     device: str = "cpu"
     dtype: str = "float32"
     max_num_seqs: int = 32

@@ -10,6 +10,7 @@ import torch
 from minicb.config import EngineConfig
 from minicb.kv import make_kv_manager
 from minicb.metrics import RequestMetrics, StepTotals, count_step
+from minicb.model.attention import resolve_backend
 from minicb.model.loader import load_model, load_tokenizer, resolve_model_path
 from minicb.outputs import CompletionOutput, RequestOutput
 from minicb.request import Request, RequestStatus
@@ -28,6 +29,7 @@ class LLMEngine:
         path = resolve_model_path(config.model)
         self.model_path = str(path)
         self.tokenizer = load_tokenizer(path)
+        config.attention = resolve_backend(config.attention, config.device, config.dtype)
         self.model = load_model(path, config.device, config.dtype, config.attention)
         config.finalize(self.model.args.max_position_embeddings)
         self.vocab_size = self.model.args.vocab_size

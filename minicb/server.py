@@ -272,7 +272,7 @@ def engine_arguments(parser: argparse.ArgumentParser) -> None:
     """The engine knobs as command-line flags (shared with the load study)."""
     parser.add_argument("--scheduler", choices=SCHEDULERS, default="continuous")
     parser.add_argument("--kv-cache", choices=KV_CACHES, default="paged")
-    parser.add_argument("--attention", choices=ATTENTIONS, default="torch")
+    parser.add_argument("--attention", choices=ATTENTIONS, default="auto")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", choices=DTYPES, default="float32")
     parser.add_argument("--max-num-seqs", type=int, default=32)

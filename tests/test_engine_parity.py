@@ -1,4 +1,5 @@
-"""Greedy outputs of every scheduler × KV layout equal transformers' generate, request by request."""
+"""Greedy outputs of every scheduler × KV layout × attention backend equal transformers' generate,
+request by request. (The Triton backend's engine parity is in test_engine_triton.py.)"""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ from reference import compare, hf_greedy, run_with_arrivals
 
 from minicb import LLM, SamplingParams
 
-CONFIGS = [("naive", "paged"), ("static", "paged"), ("static", "contiguous"),
-           ("continuous", "contiguous"), ("continuous", "paged")]
+CONFIGS = [("naive", "paged", "cpu"), ("static", "paged", "cpu"), ("static", "contiguous", "cpu"),
+           ("continuous", "contiguous", "cpu"), ("continuous", "paged", "cpu"),
+           ("static", "contiguous", "torch"), ("continuous", "paged", "torch")]
 
 
 def make_workload(num_requests: int = 32, seed: int = 0, vocab: int = 512):
@@ -34,10 +36,10 @@ def references(tiny_model, workload):
     return hf_greedy(tiny_model, prompts, max_tokens)
 
 
-@pytest.mark.parametrize("scheduler,kv_cache", CONFIGS)
-def test_greedy_equals_transformers(tiny_model, workload, references, scheduler, kv_cache):
+@pytest.mark.parametrize("scheduler,kv_cache,attention", CONFIGS)
+def test_greedy_equals_transformers(tiny_model, workload, references, scheduler, kv_cache, attention):
     prompts, max_tokens, arrival_steps = workload
-    llm = LLM(tiny_model, scheduler=scheduler, kv_cache=kv_cache, max_num_seqs=8,
+    llm = LLM(tiny_model, scheduler=scheduler, kv_cache=kv_cache, attention=attention, max_num_seqs=8,
               max_num_batched_tokens=256, max_model_len=320, block_size=16)
     outputs = run_with_arrivals(llm, prompts, max_tokens, arrival_steps)
     verdicts = [compare(ref, out.outputs[0].token_ids, out.outputs[0].logprobs, f"request {i}")

@@ -1,8 +1,10 @@
 """Attention over the paged KV cache for a packed batch (see docs/ARCHITECTURE.md).
 
-Two backends with one signature: "torch" (the readable reference, gather + SDPA) and "triton"
-(minicb.kernels). Both first write this step's K/V into the cache through `slot_mapping`, then
-let every query attend to its request's cached keys through the block table.
+Three backends with one signature: "torch" (the readable reference, gather + SDPA), "triton"
+(minicb.kernels, for GPUs) and "cpu" (minicb.kernels.cpu, a C kernel for the decode rows on a
+CPU, SDPA for the prompts). All first write this step's K/V into the cache through
+`slot_mapping`, then let every query attend to its request's cached keys through the block
+table. "auto" (the default) picks "cpu" where that kernel can run, otherwise "torch".
 """
 
 from __future__ import annotations
@@ -33,11 +35,12 @@ class AttentionMetadata:
         if self.seq_lens_host is None:
             self.seq_lens_host = self.seq_lens.tolist()
 
-    def torch_plan(self, block_size: int) -> TorchPlan:
+    def torch_plan(self, block_size: int, decodes: bool = True) -> TorchPlan:
         """The torch backend's index tensors for this step. Every layer needs the same ones, so
-        the first layer builds them and the others reuse them."""
+        the first layer builds them and the others reuse them. decodes=False leaves the decode
+        rows out (the cpu backend attends them in its kernel)."""
         if self._torch_plan is None:
-            self._torch_plan = TorchPlan.build(self, block_size)
+            self._torch_plan = TorchPlan.build(self, block_size, decodes)
         return self._torch_plan
 
 
@@ -68,9 +71,10 @@ class TorchPlan:
 
     decode: DecodeBatch | None
     prefills: list[PrefillChunk]
+    has_decodes: bool = False
 
     @staticmethod
-    def build(meta: AttentionMetadata, block_size: int) -> TorchPlan:
+    def build(meta: AttentionMetadata, block_size: int, decodes: bool = True) -> TorchPlan:
         device = meta.block_tables.device
         q_lens, seq_lens = meta.q_lens_host, meta.seq_lens_host
 
@@ -80,7 +84,7 @@ class TorchPlan:
 
         decode = None
         rows = [i for i, n in enumerate(q_lens) if n == 1]
-        if rows:
+        if rows and decodes:
             index = torch.tensor(rows, device=device)
             num_keys = max(seq_lens[i] for i in rows)
             visible = torch.arange(num_keys, device=device)[None, :] < meta.seq_lens[index].long()[:, None]
@@ -98,7 +102,7 @@ class TorchPlan:
                 prefills.append(PrefillChunk(start, q_len, seq_len, blocks_of(meta.block_tables[row:row + 1], seq_len),
                                              visible))
             start += q_len
-        return TorchPlan(decode, prefills)
+        return TorchPlan(decode, prefills, has_decodes=bool(rows))
 
 
 def write_kv_torch(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -137,14 +141,22 @@ def paged_attention_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
     of a mask, which lets SDPA skip the key blocks above the diagonal.
     """
     out = torch.empty_like(q)
-    gqa = q.shape[1] != k_cache.shape[2]   # SDPA lets each group of query heads share a KV head
     plan = meta.torch_plan(k_cache.shape[1])
     if plan.decode is not None:
         d = plan.decode
         keys = gather_keys(k_cache, d.blocks, d.num_keys).transpose(1, 2)
         values = gather_keys(v_cache, d.blocks, d.num_keys).transpose(1, 2)
         out[d.tokens] = F.scaled_dot_product_attention(
-            q[d.tokens][:, :, None, :], keys, values, attn_mask=d.visible, scale=scale, enable_gqa=gqa)[:, :, 0, :]
+            q[d.tokens][:, :, None, :], keys, values, attn_mask=d.visible, scale=scale,
+            enable_gqa=q.shape[1] != k_cache.shape[2])[:, :, 0, :]
+    attend_prefills_torch(q, k_cache, v_cache, plan, scale, out)
+    return out
+
+
+def attend_prefills_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: TorchPlan,
+                          scale: float, out: torch.Tensor) -> None:
+    """Each prefill chunk on its own: gather its keys, SDPA, write its rows of `out`."""
+    gqa = q.shape[1] != k_cache.shape[2]   # SDPA lets each group of query heads share a KV head
     for c in plan.prefills:
         keys = gather_keys(k_cache, c.blocks, c.seq_len).transpose(1, 2)
         values = gather_keys(v_cache, c.blocks, c.seq_len).transpose(1, 2)
@@ -152,7 +164,48 @@ def paged_attention_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
         out[c.start:c.start + c.q_len] = F.scaled_dot_product_attention(
             chunk, keys, values, attn_mask=c.visible, is_causal=c.visible is None, scale=scale,
             enable_gqa=gqa)[0].transpose(0, 1)
+
+
+def paged_attention_cpu(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                        meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    """The CPU backend: decode rows in the C kernel, prefill chunks through SDPA.
+
+    A decode reads a row's keys once, straight from its blocks (minicb/kernels/cpu_attention.c),
+    instead of gathering them padded and reading them again. A prompt is compute-bound, where
+    SDPA's blocked matrix products beat a per-query loop, so prompts keep the torch path.
+    """
+    from minicb.kernels.cpu import paged_attention_cpu as kernel
+
+    out = torch.empty_like(q)
+    plan = meta.torch_plan(k_cache.shape[1], decodes=False)
+    if plan.has_decodes:
+        kernel(q, k_cache, v_cache, meta.cu_seqlens_q, meta.seq_lens, meta.block_tables, scale,
+               decodes_only=True, out=out)
+    attend_prefills_torch(q, k_cache, v_cache, plan, scale, out)
     return out
+
+
+def resolve_backend(attention: str, device: str, dtype: str) -> str:
+    """"auto" → "cpu" where the C kernel serves (float32 on a CPU, and it compiles), else "torch".
+
+    An explicit "cpu" that cannot run raises, naming why and the alternative.
+    """
+    if attention not in ("auto", "cpu"):
+        return attention
+    fits = torch.device(device).type == "cpu" and dtype == "float32"
+    if attention == "auto" and not fits:
+        return "torch"
+    if not fits:
+        raise ValueError(f"attention='cpu' runs float32 on a CPU (got dtype={dtype!r} on device={device!r}); "
+                         "use attention='torch' (or 'triton' on a GPU).")
+    from minicb.kernels.cpu import available
+
+    ok, why = available()
+    if ok:
+        return "cpu"
+    if attention == "auto":
+        return "torch"
+    raise ValueError(f"attention='cpu' is unavailable here: {why}. Use attention='torch'.")
 
 
 class Attention:
@@ -168,8 +221,11 @@ class Attention:
         elif backend == "torch":
             self._write = write_kv_torch
             self._attend = paged_attention_torch
+        elif backend == "cpu":
+            self._write = write_kv_torch
+            self._attend = paged_attention_cpu
         else:
-            raise ValueError(f"attention={backend!r} is not 'torch' or 'triton'.")
+            raise ValueError(f"attention={backend!r} is not 'torch', 'triton' or 'cpu'.")
         self.backend = backend
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,

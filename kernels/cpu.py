@@ -1,0 +1,120 @@
+"""The CPU paged-attention kernel (``cpu_attention.c``): compiled on first use, called through ctypes.
+
+Triton runs on a CPU only through its interpreter, far too slow to serve with, and the torch
+backend's gather + SDPA moves every decode row's (padded) keys three times. This kernel reads each
+row's real keys once, straight from its blocks. It is compiled with the machine's C compiler
+(``cc``, or ``$CC``) the first time it is needed and cached under ``~/.cache/minicb`` (or
+``$MINICB_CACHE``), keyed by the source and the flags, so later runs load it in milliseconds.
+Where no compiler works, :func:`available` says why, and the engine keeps the torch backend.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("cpu_attention.c")
+# Tried in order: the fastest build first, then builds for compilers without -march=native or
+# OpenMP (Apple's clang has no -fopenmp: the kernel then runs on one thread).
+FLAG_SETS = (["-O3", "-march=native", "-fopenmp"], ["-O3", "-fopenmp"], ["-O3", "-march=native"], ["-O3"])
+
+
+class CPUKernelUnavailable(RuntimeError):
+    pass
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("MINICB_CACHE") or Path.home() / ".cache" / "minicb") / "kernels"
+
+
+def _compile(compiler: str, flags: list[str], target: Path) -> str | None:
+    """Build the shared library at `target`; return the compiler's complaint, or None on success."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        built = Path(tmp) / target.name
+        cmd = [compiler, *flags, "-shared", "-fPIC", str(SOURCE), "-o", str(built), "-lm"]
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        except (OSError, subprocess.TimeoutExpired) as err:
+            return f"{' '.join(cmd)}: {err}"
+        if done.returncode != 0:
+            return f"{' '.join(cmd)}: {done.stderr.strip()[-500:]}"
+        os.replace(built, target)   # atomic: a concurrent process sees the old file or the new one
+    return None
+
+
+@functools.cache
+def _library() -> ctypes.CDLL:
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if compiler is None:
+        raise CPUKernelUnavailable("no C compiler found (cc, gcc or clang; or set $CC)")
+    source = SOURCE.read_bytes()
+    complaints = []
+    for flags in FLAG_SETS:
+        key = hashlib.sha256(source + " ".join([compiler, *flags]).encode()).hexdigest()[:16]
+        target = cache_dir() / f"cpu_attention-{key}.so"
+        if not target.exists():
+            complaint = _compile(compiler, flags, target)
+            if complaint:
+                complaints.append(complaint)
+                continue
+        try:
+            lib = ctypes.CDLL(str(target))
+        except OSError as err:
+            complaints.append(f"{target}: {err}")
+            continue
+        fn = lib.minicb_paged_attention_f32
+        fn.restype = ctypes.c_int
+        fn.argtypes = [ctypes.c_void_p] * 7 + [ctypes.c_int64] * 8 + [ctypes.c_float, ctypes.c_int32]
+        lib.flags = flags
+        return lib
+    raise CPUKernelUnavailable("the CPU attention kernel did not compile: " + " | ".join(complaints))
+
+
+def available() -> tuple[bool, str]:
+    """(True, how it was built) or (False, why not)."""
+    try:
+        return True, " ".join(_library().flags)
+    except CPUKernelUnavailable as err:
+        return False, str(err)
+
+
+def paged_attention_cpu(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                        seq_lens: torch.Tensor, block_tables: torch.Tensor, scale: float,
+                        decodes_only: bool = False, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Attend a packed batch over the paged cache; same contract as the Triton ``paged_attention``.
+
+    q [num_tokens, q_heads, head_dim] and the caches [num_blocks, block_size, kv_heads, head_dim]
+    must be float32, contiguous and on the CPU; the index tensors int32.
+    """
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        if t.device.type != "cpu" or t.dtype != torch.float32 or not t.is_contiguous():
+            raise ValueError(f"{name} must be a contiguous float32 CPU tensor for the CPU kernel, got "
+                             f"{t.dtype} on {t.device}; use attention='torch' for other dtypes and devices.")
+    for name, t in (("cu_seqlens_q", cu_seqlens_q), ("seq_lens", seq_lens), ("block_tables", block_tables)):
+        if t.dtype != torch.int32 or not t.is_contiguous():
+            raise ValueError(f"{name} must be a contiguous int32 tensor, got {t.dtype}.")
+    num_tokens, q_heads, head_dim = q.shape
+    num_blocks, block_size, kv_heads, _ = k_cache.shape
+    if q_heads % kv_heads:
+        raise ValueError(f"{q_heads} query heads do not divide into {kv_heads} KV heads.")
+    out = torch.empty_like(q) if out is None else out
+    if num_tokens == 0:
+        return out
+    status = _library().minicb_paged_attention_f32(
+        q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(), cu_seqlens_q.data_ptr(),
+        seq_lens.data_ptr(), block_tables.data_ptr(), seq_lens.numel(), num_tokens, q_heads, kv_heads, head_dim,
+        block_size, block_tables.shape[1], num_blocks, scale, int(decodes_only))
+    if status == -2:
+        raise ValueError("a block table names a block outside the KV pool, or is shorter than its row's keys.")
+    if status != 0:
+        raise MemoryError("the CPU attention kernel could not allocate its scratch rows")
+    return out
