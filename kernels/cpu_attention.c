@@ -7,12 +7,14 @@
  * (padded) K/V where one over the real keys suffices. Here each (query token, KV head) reads its
  * keys straight from the blocks its block table names, once: K for the scores, V for the sum.
  *
- * One work item = one query token and one KV head. Its G = q_heads / kv_heads query heads share
- * that KV head (grouped-query attention), so each key is read once for all G of them.
+ * One work item = one query token, all its heads: a key's heads lie side by side in its block, so
+ * the item reads each key's K (then V) as one contiguous run. The G = q_heads / kv_heads query
+ * heads of a KV head share it (grouped-query attention): each key is read once for all of them.
  * Query j of request i sits at position max(seq_len - q_len + j, 0) and sees keys 0..position.
  *
- * Softmax in three passes over a per-thread scratch row (scores, then max and exp, then the
- * weighted sum of V), all in float32. Parallel over work items with OpenMP when compiled with it.
+ * Softmax in three passes over per-thread scratch rows (scores, then max and exp, then the
+ * weighted sum of V), all in float32. Parallel over query tokens with OpenMP when compiled with
+ * it. The common head sizes (64, 128) get their own copy of the loop, unrolled by the compiler.
  */
 #include <math.h>
 #include <stdint.h>
@@ -29,6 +31,60 @@ static int64_t row_of(const int32_t *cu_seqlens_q, int64_t num_seqs, int64_t tok
     return lo;
 }
 
+/* One query token against keys 0..n-1 of its request, every head. `scores` holds q_heads rows of
+ * n floats, `acc` q_heads rows of head_dim. Inlined with a constant head_dim where one is known. */
+static inline __attribute__((always_inline)) void attend_token(
+    const float *restrict qt, float *restrict ot, const float *restrict k_cache, const float *restrict v_cache,
+    const int32_t *restrict table, int64_t n, int64_t q_heads, int64_t kv_heads, const int64_t head_dim,
+    int64_t block_size, float scale, float *restrict scores, float *restrict acc)
+{
+    const int64_t group = q_heads / kv_heads;
+    const int64_t key_stride = kv_heads * head_dim;     /* from one key to the next in a block */
+    const int64_t block_stride = block_size * key_stride;
+
+    /* pass 1: scores[qh][p] = scale * q_qh . k_p, block by block, every head of a key in turn */
+    for (int64_t start = 0; start < n; start += block_size) {
+        const float *kb = k_cache + (int64_t)table[start / block_size] * block_stride;
+        const int64_t len = n - start < block_size ? n - start : block_size;
+        for (int64_t o = 0; o < len; o++) {
+            for (int64_t qh = 0; qh < q_heads; qh++) {
+                const float *kp = kb + o * key_stride + (qh / group) * head_dim;
+                const float *qp = qt + qh * head_dim;
+                float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+                for (int64_t d = 0; d < head_dim; d++) s += qp[d] * kp[d];
+                scores[qh * n + start + o] = s * scale;
+            }
+        }
+    }
+    /* pass 2: unnormalised softmax weights; each head's 1/sum waits in its output row */
+    for (int64_t qh = 0; qh < q_heads; qh++) {
+        float *sq = scores + qh * n, m = sq[0], sum = 0.0f;
+        for (int64_t p = 1; p < n; p++) m = sq[p] > m ? sq[p] : m;
+        for (int64_t p = 0; p < n; p++) { sq[p] = expf(sq[p] - m); sum += sq[p]; }
+        memset(acc + qh * head_dim, 0, sizeof(float) * (size_t)head_dim);
+        ot[qh * head_dim] = 1.0f / sum;
+    }
+    /* pass 3: acc[qh] = sum_p w[qh][p] * v_p */
+    for (int64_t start = 0; start < n; start += block_size) {
+        const float *vb = v_cache + (int64_t)table[start / block_size] * block_stride;
+        const int64_t len = n - start < block_size ? n - start : block_size;
+        for (int64_t o = 0; o < len; o++) {
+            for (int64_t qh = 0; qh < q_heads; qh++) {
+                const float *vp = vb + o * key_stride + (qh / group) * head_dim;
+                const float w = scores[qh * n + start + o];
+                float *aq = acc + qh * head_dim;
+#pragma omp simd
+                for (int64_t d = 0; d < head_dim; d++) aq[d] += w * vp[d];
+            }
+        }
+    }
+    for (int64_t qh = 0; qh < q_heads; qh++) {
+        const float inv = ot[qh * head_dim];
+        for (int64_t d = 0; d < head_dim; d++) ot[qh * head_dim + d] = acc[qh * head_dim + d] * inv;
+    }
+}
+
 int minicb_paged_attention_f32(
     const float *q,               /* [num_tokens, q_heads, head_dim] */
     const float *k_cache,         /* [num_blocks, block_size, kv_heads, head_dim] */
@@ -40,10 +96,6 @@ int minicb_paged_attention_f32(
     int64_t num_seqs, int64_t num_tokens, int64_t q_heads, int64_t kv_heads, int64_t head_dim,
     int64_t block_size, int64_t table_width, int64_t num_blocks, float scale, int32_t decodes_only)
 {
-    const int64_t group = q_heads / kv_heads;
-    const int64_t key_stride = kv_heads * head_dim;          /* from one key to the next in a block */
-    const int64_t block_stride = block_size * key_stride;
-    const int64_t items = num_tokens * kv_heads;
     int64_t max_seq_len = 1;
     for (int64_t r = 0; r < num_seqs; r++) max_seq_len = seq_lens[r] > max_seq_len ? seq_lens[r] : max_seq_len;
     /* every block a row reads must be in the pool: a bad table is an error, never a wild read */
@@ -59,71 +111,32 @@ int minicb_paged_attention_f32(
 
 #pragma omp parallel
     {
-        float *scores = malloc(sizeof(float) * (size_t)(group * max_seq_len));
-        float *acc = malloc(sizeof(float) * (size_t)(group * head_dim));
+        float *scores = malloc(sizeof(float) * (size_t)(q_heads * max_seq_len));
+        float *acc = malloc(sizeof(float) * (size_t)(q_heads * head_dim));
         if (scores == NULL || acc == NULL) {
 #pragma omp atomic write
             failed = 1;
         }
-#pragma omp for schedule(dynamic, 4)
-        for (int64_t item = 0; item < items; item++) {
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t token = 0; token < num_tokens; token++) {
             if (failed) continue;
-            const int64_t token = item / kv_heads, h = item % kv_heads;
             const int64_t row = row_of(cu_seqlens_q, num_seqs, token);
             const int64_t q_len = cu_seqlens_q[row + 1] - cu_seqlens_q[row];
             if (decodes_only && q_len > 1) continue;
-            const int64_t j = token - cu_seqlens_q[row];
-            int64_t pos = (int64_t)seq_lens[row] - q_len + j;
+            int64_t pos = (int64_t)seq_lens[row] - q_len + (token - cu_seqlens_q[row]);
             if (pos < 0) pos = 0;
-            const int64_t n = pos + 1;
+            const float *qt = q + token * q_heads * head_dim;
+            float *ot = out + token * q_heads * head_dim;
             const int32_t *table = block_tables + row * table_width;
-            const float *qg = q + (token * q_heads + h * group) * head_dim;
-
-            /* pass 1: scores[g][p] = scale * q_g . k_p, block by block */
-            for (int64_t start = 0; start < n; start += block_size) {
-                const float *kb = k_cache + (int64_t)table[start / block_size] * block_stride + h * head_dim;
-                const int64_t len = n - start < block_size ? n - start : block_size;
-                for (int64_t o = 0; o < len; o++) {
-                    const float *kp = kb + o * key_stride;
-                    for (int64_t g = 0; g < group; g++) {
-                        const float *qp = qg + g * head_dim;
-                        float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-                        for (int64_t d = 0; d < head_dim; d++) s += qp[d] * kp[d];
-                        scores[g * n + start + o] = s * scale;
-                    }
-                }
-            }
-            /* pass 2: softmax weights, unnormalised; remember each head's sum */
-            for (int64_t g = 0; g < group; g++) {
-                float *sg = scores + g * n, m = sg[0], sum = 0.0f;
-                for (int64_t p = 1; p < n; p++) m = sg[p] > m ? sg[p] : m;
-                for (int64_t p = 0; p < n; p++) { sg[p] = expf(sg[p] - m); sum += sg[p]; }
-                float *ag = acc + g * head_dim;
-                memset(ag, 0, sizeof(float) * (size_t)head_dim);
-                /* stash 1/sum in the output row until pass 3 is done */
-                out[(token * q_heads + h * group + g) * head_dim] = 1.0f / sum;
-            }
-            /* pass 3: acc[g] = sum_p w[g][p] * v_p */
-            for (int64_t start = 0; start < n; start += block_size) {
-                const float *vb = v_cache + (int64_t)table[start / block_size] * block_stride + h * head_dim;
-                const int64_t len = n - start < block_size ? n - start : block_size;
-                for (int64_t o = 0; o < len; o++) {
-                    const float *vp = vb + o * key_stride;
-                    for (int64_t g = 0; g < group; g++) {
-                        const float w = scores[g * n + start + o];
-                        float *ag = acc + g * head_dim;
-#pragma omp simd
-                        for (int64_t d = 0; d < head_dim; d++) ag[d] += w * vp[d];
-                    }
-                }
-            }
-            for (int64_t g = 0; g < group; g++) {
-                float *dst = out + (token * q_heads + h * group + g) * head_dim;
-                const float inv = dst[0];
-                const float *ag = acc + g * head_dim;
-                for (int64_t d = 0; d < head_dim; d++) dst[d] = ag[d] * inv;
-            }
+            if (head_dim == 64)
+                attend_token(qt, ot, k_cache, v_cache, table, pos + 1, q_heads, kv_heads, 64, block_size, scale,
+                             scores, acc);
+            else if (head_dim == 128)
+                attend_token(qt, ot, k_cache, v_cache, table, pos + 1, q_heads, kv_heads, 128, block_size, scale,
+                             scores, acc);
+            else
+                attend_token(qt, ot, k_cache, v_cache, table, pos + 1, q_heads, kv_heads, head_dim, block_size,
+                             scale, scores, acc);
         }
         free(scores);
         free(acc);
