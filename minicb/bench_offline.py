@@ -39,6 +39,7 @@ from minicb.bench import (
 )
 from minicb.bench_agreement import agreement
 from minicb.bench_peers import SystemRun, hf_continuous, hf_one_at_a_time, hf_static_batches
+from minicb.config import ATTENTIONS
 from minicb.metrics import summarize
 from minicb.sysinfo import describe, machine_info
 
@@ -78,6 +79,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--hf-max-batch-tokens", type=int, default=512,
                    help="tokens per step of transformers' continuous batching: on a CPU it builds a dense "
                         "attention mask per step, so it runs best with small steps (512 was its best of 256-18432)")
+    p.add_argument("--attention", default="auto", choices=ATTENTIONS,
+                   help="minicb's attention backend (default auto: the C kernel on a CPU where it compiles)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
@@ -92,7 +95,7 @@ def run_minicb(name: str, model_path: str, args, prompts, output_lens, progress:
 
     knobs = dict(MINICB_KNOBS[name], max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                  max_model_len=args.max_model_len, num_kv_blocks=args.num_kv_blocks, block_size=args.block_size,
-                 device=args.device, dtype=args.dtype)
+                 device=args.device, dtype=args.dtype, attention=args.attention)
     llm = LLM(model_path, **knobs)
     llm.generate(prompts[:2], SamplingParams(max_tokens=2, temperature=0, ignore_eos=True), use_tqdm=False)  # warm-up
     params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in output_lens]
@@ -103,7 +106,8 @@ def run_minicb(name: str, model_path: str, args, prompts, output_lens, progress:
         results = llm.generate(prompts, params, use_tqdm=progress)
     cpu_seconds = time.process_time() - cpu_start
     # the KV pool is allocated up front, before the probe starts: count it as memory the run needs
-    settings = dict(knobs, num_kv_blocks=engine.config.num_kv_blocks, steps=len(steps),
+    settings = dict(knobs, num_kv_blocks=engine.config.num_kv_blocks, attention=engine.config.attention,
+                    steps=len(steps),
                     kv_pool_bytes=engine.runner.kv_cache_bytes(), peak_growth_bytes=probe.peak_bytes,
                     time_split=time_split(steps, cpu_seconds))
     return SystemRun([r.outputs[0].token_ids for r in results], [r.metrics for r in results], settings, cpu_seconds)
@@ -231,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
                "workload": workload_facts(workload, scale),
                "settings": {k: getattr(args, k) for k in ("max_num_seqs", "max_num_batched_tokens", "num_kv_blocks",
                                                           "block_size", "hf_page_size", "hf_max_batch_tokens", "seed",
-                                                          "threads")},
+                                                          "threads", "attention")},
                "systems": list(rows.values()), "targets": targets}
     from minicb.bench_plots import plot_offline
 

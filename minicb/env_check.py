@@ -1,4 +1,5 @@
-"""python -m minicb env-check: one line per dependency, the device, a real Triton kernel run, and a verdict.
+"""python -m minicb env-check: one line per dependency, the device, a real Triton kernel run, the CPU
+attention kernel, and a verdict.
 
 Paste its output into a bug report.
 
@@ -75,6 +76,20 @@ def triton_smoke(cuda: bool, timeout: float = 120.0) -> tuple[bool, str]:
     return False, f"the KV-write kernel failed: {last}"
 
 
+def cpu_kernel_line() -> str:
+    """The CPU attention kernel: built (and how), or why not. Never a FAIL: without it the engine
+    runs the torch backend, only slower."""
+    try:
+        from minicb.kernels.cpu import available
+
+        built, how = available()
+    except Exception as error:   # an unexpected failure while building or loading it
+        built, how = False, str(error)
+    if built:
+        return f"OK   cpu attention kernel: compiled ({how}); attention='auto' uses it on the CPU"
+    return f"WARN cpu attention kernel: {how}; the engine uses attention='torch' on the CPU (slower)"
+
+
 def check(run_kernel: bool = True) -> tuple[list[str], bool]:
     lines, ok = [], True
     python_ok = sys.version_info[:2] >= MINIMUM_PYTHON
@@ -108,6 +123,7 @@ def check(run_kernel: bool = True) -> tuple[list[str], bool]:
         kernel_ok, message = triton_smoke(cuda)
         ok &= kernel_ok
         lines.append(f"{'OK  ' if kernel_ok else 'FAIL'} triton: {message}")
+        lines.append(cpu_kernel_line())
     try:
         from minicb.default_model import default_model_path
 

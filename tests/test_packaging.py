@@ -71,7 +71,23 @@ def test_env_check_lists_every_declared_package_and_runs_a_kernel():
     checked = {line.split()[1].rstrip(":").lower() for line in done.stdout.splitlines() if line[:4] in ("OK  ", "WARN")}
     assert pyproject_packages() <= checked, f"env-check does not check {pyproject_packages() - checked}"
     assert re.search(r"^OK   triton: (interpreter|compiled)", done.stdout, re.M), done.stdout
+    assert re.search(r"^OK   cpu attention kernel: compiled \(-O3", done.stdout, re.M), done.stdout
     assert done.stdout.rstrip().endswith("verdict: ready")
+
+
+def test_env_check_warns_but_passes_without_a_c_compiler(monkeypatch, tmp_path):
+    from minicb.kernels import cpu
+
+    from minicb import env_check
+
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    monkeypatch.setenv("MINICB_CACHE", str(tmp_path))
+    cpu._library.cache_clear()
+    try:
+        line = env_check.cpu_kernel_line()
+    finally:
+        cpu._library.cache_clear()
+    assert line.startswith("WARN cpu attention kernel:") and "no-such-cc" in line and "attention='torch'" in line
 
 
 def test_env_check_fails_on_a_missing_package_and_a_broken_kernel(monkeypatch):
