@@ -298,7 +298,7 @@ CELLS = [
 
     print("C kernel built with:", cpu_kernel.available()[1])
     torch_ms, cpu_ms = best_ms(paged_attention_torch), best_ms(paged_attention_cpu)
-    print(f"torch backend (gather + SDPA): {torch_ms:6.2f} ms\nC kernel:                      {cpu_ms:6.2f} ms"
+    print(f"torch backend (gather + SDPA): {torch_ms:6.2f} ms\\nC kernel:                      {cpu_ms:6.2f} ms"
           f"   ({torch_ms / cpu_ms:.1f}x faster)")
     """),
     ("code", """
@@ -426,7 +426,7 @@ CELLS = [
     every decode row's blocks into a tensor padded to the longest row, then reads it again:
     several passes over padded K/V for an operation bound by memory traffic. A kernel that follows
     the block table and reads each real key once does one pass (minicb's C kernel, on a 64-row
-    decode step of a 2-core CPU: 6x faster on one thread, 10x on two).
+    decode step of a 2-core CPU: about 5x faster on one thread, 10x on two).
     *A common wrong answer:* "paging costs nothing": on any device it costs the table lookups,
     and a gather-based fallback also costs the copies.
 
