@@ -62,7 +62,10 @@ def _library() -> ctypes.CDLL:
         key = hashlib.sha256(source + " ".join([compiler, *flags]).encode()).hexdigest()[:16]
         target = cache_dir() / f"cpu_attention-{key}.so"
         if not target.exists():
-            complaint = _compile(compiler, flags, target)
+            try:
+                complaint = _compile(compiler, flags, target)
+            except OSError as err:   # e.g. a cache directory that cannot be written
+                complaint = f"{target.parent}: {err} (set $MINICB_CACHE to a writable directory)"
             if complaint:
                 complaints.append(complaint)
                 continue
@@ -106,7 +109,11 @@ def paged_attention_cpu(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
     num_blocks, block_size, kv_heads, _ = k_cache.shape
     if q_heads % kv_heads:
         raise ValueError(f"{q_heads} query heads do not divide into {kv_heads} KV heads.")
-    out = torch.empty_like(q) if out is None else out
+    if out is None:
+        out = torch.empty_like(q)
+    elif out.shape != q.shape or out.dtype != q.dtype or out.device != q.device or not out.is_contiguous():
+        raise ValueError(f"out must be a contiguous tensor shaped and typed like q {tuple(q.shape)}, got "
+                         f"{tuple(out.shape)} {out.dtype}.")
     if num_tokens == 0:
         return out
     status = _library().minicb_paged_attention_f32(

@@ -93,6 +93,8 @@ def test_bad_arguments_are_refused_with_the_fix():
     short = batch.block_tables[:, :1].contiguous()   # the longest row needs more blocks than this
     with pytest.raises(ValueError, match="shorter than its row"):
         cpu.paged_attention_cpu(*args[:5], short, 0.125)
+    with pytest.raises(ValueError, match="out must be a contiguous"):
+        cpu.paged_attention_cpu(*args, out=torch.empty_like(batch.q).transpose(0, 1))
 
 
 def test_auto_picks_the_kernel_where_it_runs():
@@ -115,5 +117,18 @@ def test_without_a_compiler_auto_falls_back_and_cpu_says_why(monkeypatch, tmp_pa
         assert resolve_backend("auto", "cpu", "float32") == "torch"
         with pytest.raises(ValueError, match="unavailable here.*attention='torch'"):
             resolve_backend("cpu", "cpu", "float32")
+    finally:
+        cpu._library.cache_clear()
+
+
+def test_an_unwritable_cache_is_a_reason_not_a_crash(monkeypatch, tmp_path):
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("a file where the cache directory should go")
+    monkeypatch.setenv("MINICB_CACHE", str(blocker))
+    cpu._library.cache_clear()
+    try:
+        ok, why = cpu.available()
+        assert not ok and "MINICB_CACHE" in why
+        assert resolve_backend("auto", "cpu", "float32") == "torch"
     finally:
         cpu._library.cache_clear()

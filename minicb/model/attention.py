@@ -176,6 +176,7 @@ def paged_attention_cpu(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
     """
     from minicb.kernels.cpu import paged_attention_cpu as kernel
 
+    q = q.contiguous()   # the kernel indexes q and out as packed rows
     out = torch.empty_like(q)
     plan = meta.torch_plan(k_cache.shape[1], decodes=False)
     if plan.has_decodes:
