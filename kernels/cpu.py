@@ -4,7 +4,7 @@ Triton runs on a CPU only through its interpreter, far too slow to serve with, a
 backend's gather + SDPA moves every decode row's (padded) keys three times. This kernel reads each
 row's real keys once, straight from its blocks. It is compiled with the machine's C compiler
 (``cc``, or ``$CC``) the first time it is needed and cached under ``~/.cache/minicb`` (or
-``$MINICB_CACHE``), keyed by the source and the flags, so later runs load it in milliseconds.
+``$MINICB_CACHE``), keyed by the source, the flags and the CPU, so later runs load it in milliseconds.
 Where no compiler works, :func:`available` says why, and the engine keeps the torch backend.
 """
 
@@ -14,6 +14,7 @@ import ctypes
 import functools
 import hashlib
 import os
+import platform
 import shutil
 import subprocess
 import tempfile
@@ -51,6 +52,19 @@ def _compile(compiler: str, flags: list[str], target: Path) -> str | None:
     return None
 
 
+def _cpu_identity() -> str:
+    """What -march=native compiles for: the CPU's feature flags where Linux lists them. Part of the
+    cache key, so a cache shared between different machines never loads a build for another CPU."""
+    try:
+        with open("/proc/cpuinfo") as info:
+            for line in info:
+                if line.startswith(("flags", "Features")):
+                    return line.strip()
+    except OSError:
+        pass
+    return f"{platform.machine()} {platform.processor()}"
+
+
 @functools.cache
 def _library() -> ctypes.CDLL:
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
@@ -59,7 +73,7 @@ def _library() -> ctypes.CDLL:
     source = SOURCE.read_bytes()
     complaints = []
     for flags in FLAG_SETS:
-        key = hashlib.sha256(source + " ".join([compiler, *flags]).encode()).hexdigest()[:16]
+        key = hashlib.sha256(source + " ".join([compiler, *flags, _cpu_identity()]).encode()).hexdigest()[:16]
         target = cache_dir() / f"cpu_attention-{key}.so"
         if not target.exists():
             try:
