@@ -28,12 +28,22 @@ class AttentionMetadata:
     q_lens_host: list[int] | None = None    # the same lengths as Python ints (shapes are decided on
     seq_lens_host: list[int] | None = None  # the host); derived from the tensors when not given
     _torch_plan: TorchPlan | None = field(default=None, init=False, repr=False, compare=False)
+    _writes: tuple | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.q_lens_host is None:
             self.q_lens_host = (self.cu_seqlens_q[1:] - self.cu_seqlens_q[:-1]).tolist()
         if self.seq_lens_host is None:
             self.seq_lens_host = self.seq_lens.tolist()
+
+    def writes(self) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """(rows to write or None for all of them, their slots): the padding rows (slot -1) left
+        out, worked out once per step for every layer."""
+        if self._writes is None:
+            real = self.slot_mapping >= 0
+            self._writes = (None, self.slot_mapping) if bool(real.all()) else \
+                (real.nonzero().squeeze(1), self.slot_mapping[real])
+        return self._writes
 
     def torch_plan(self, block_size: int, decodes: bool = True) -> TorchPlan:
         """The torch backend's index tensors for this step. Every layer needs the same ones, so
@@ -106,13 +116,15 @@ class TorchPlan:
 
 
 def write_kv_torch(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                   slot_mapping: torch.Tensor) -> None:
-    """Scatter K/V [num_tokens, kv_heads, head_dim] into the cache; slot -1 is skipped."""
+                   meta: AttentionMetadata) -> None:
+    """Scatter K/V [num_tokens, kv_heads, head_dim] into the cache through meta.slot_mapping;
+    slot -1 (padding) is skipped."""
     num_kv_heads, head_dim = k.shape[1], k.shape[2]
-    real = slot_mapping >= 0
-    slots = slot_mapping[real]
-    k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slots, k[real])
-    v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slots, v[real])
+    rows, slots = meta.writes()
+    if rows is not None:
+        k, v = k.index_select(0, rows), v.index_select(0, rows)
+    k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slots, k)
+    v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slots, v)
 
 
 def gather_keys(cache: torch.Tensor, blocks: torch.Tensor, num_keys: int) -> torch.Tensor:
@@ -216,7 +228,7 @@ class Attention:
         if backend == "triton":
             from minicb import kernels  # imported lazily: only this backend needs Triton
 
-            self._write = kernels.write_kv
+            self._write = lambda k, v, kc, vc, m: kernels.write_kv(k, v, kc, vc, m.slot_mapping)
             self._attend = lambda q, kc, vc, m, scale: kernels.paged_attention(
                 q, kc, vc, m.cu_seqlens_q, m.seq_lens, m.block_tables, scale, m.max_seqlen_q, m.max_seqlen_k)
         elif backend == "torch":
@@ -231,5 +243,5 @@ class Attention:
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                  v_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
-        self._write(k, v, k_cache, v_cache, meta.slot_mapping)
+        self._write(k, v, k_cache, v_cache, meta)
         return self._attend(q, k_cache, v_cache, meta, scale)

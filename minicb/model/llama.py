@@ -42,6 +42,10 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
+            # the same arithmetic as below in one fused operation (equal bit for bit in float32):
+            # a small step runs hundreds of operations, and each costs microseconds of overhead
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         # normalise in float32 like the reference implementation, then cast back
         dtype = x.dtype
         x = x.float()
@@ -57,9 +61,14 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("inv_freq", rope_inv_freq(args), persistent=False)
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and the signed sin of every token's angles, [num_tokens, 1, head_dim], once per step
+        for all layers (see apply_rope)."""
         freqs = positions.float()[:, None] * self.inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
-        return emb.cos().to(dtype), emb.sin().to(dtype)
+        cos, sin = emb.cos().to(dtype), emb.sin().to(dtype)
+        half = sin.shape[-1] // 2
+        signed_sin = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
+        return cos[:, None, :], signed_sin[:, None, :]
 
 
 def rope_inv_freq(args: ModelArgs) -> torch.Tensor:
@@ -82,14 +91,14 @@ def _llama3_scaled(inv_freq: torch.Tensor, cfg: dict) -> torch.Tensor:
     return torch.where(is_mid, mid, scaled)
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """Rotate each channel pair (i, i + head_dim/2) of x [num_tokens, heads, head_dim] by its angle.
 
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    # x: [num_tokens, heads, head_dim]; cos/sin: [num_tokens, head_dim]
-    return x * cos[:, None, :] + rotate_half(x) * sin[:, None, :]
+    The reference writes x * cos + rotate_half(x) * sin, with rotate_half(x) = [-x2, x1] for the
+    halves x1, x2. Swapping the halves with `roll` and folding the minus sign into the sine once
+    per step ([-sin, sin]) gives the same numbers bit for bit in three operations instead of six.
+    """
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin
 
 
 class SelfAttention(nn.Module):
