@@ -196,13 +196,14 @@ CELLS = [
 
     ## 4. The CPU side of the loop
 
-    Every step, the scheduler runs on the CPU: it picks the batch, updates every running
-    request, and the runner packs the tensors. On a CPU-only model this is noise; on a GPU a
-    decode step of a small model takes milliseconds, and a scheduler that needs a millisecond
-    leaves the GPU idle a good part of the time. SGLang's developers wrote that an unoptimised
-    engine can spend as much as half its time on CPU overhead (SGLang v0.4 blog, 2024). The real
-    scheduler's own time per step here, measured on the cost-model runner with 8 and with 256
-    requests running:
+    Every step, the scheduler runs on the CPU: it picks the batch, updates every running request,
+    and the runner packs the tensors. With the model on the CPU too this is a modest share (about a
+    tenth of a 256-row decode step of the default model, everything counted, on a 2-core CPU:
+    `benchmarks/README.md`); on a GPU a decode step of a small model takes milliseconds, and a
+    scheduler that needs a millisecond leaves the GPU idle a good part of the time. SGLang's
+    developers wrote that an unoptimised engine can spend as much as half its time on CPU overhead
+    (SGLang v0.4 blog, 2024). The real scheduler's own time per step here, measured on the
+    cost-model runner with 8 and with 256 requests running:
     """),
     ("code", """
     # NBVAL_IGNORE_OUTPUT
@@ -217,6 +218,12 @@ CELLS = [
     ("md", """
     The cost grows with the number of running requests, because the scheduler touches each of
     them every step. `python -m minicb bench overhead` measures it next to the model's step.
+
+    The same fixed cost hides inside the model's step: every operation pays for its dispatch
+    whatever its size. On a 2-core CPU, a one-row decode step of the default model runs about 200
+    operations in ~5 ms, of which well under a millisecond is arithmetic; minicb's CPU attention
+    kernel, its one-call RMSNorm and its three-operation RoPE exist to cut that count. On a GPU the
+    cost per operation is a kernel launch, and the cure is the first item below.
 
     ## 5. What production engines add
 
