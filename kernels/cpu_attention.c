@@ -4,8 +4,8 @@
  * Why a CPU kernel at all: on a CPU the torch backend must first copy every decode row's keys out
  * of their blocks into one padded tensor (each row padded to the longest row), then read that copy
  * again in scaled_dot_product_attention. A decode is memory-bound, so that is three passes over
- * (padded) K/V where one over the real keys suffices. Here each (query token, KV head) reads its
- * keys straight from the blocks its block table names, once: K for the scores, V for the sum.
+ * (padded) K/V where one over the real keys suffices. Here each query token reads its keys
+ * straight from the blocks its block table names, once: K for the scores, V for the sum.
  *
  * One work item = one query token, all its heads: a key's heads lie side by side in its block, so
  * the item reads each key's K (then V) as one contiguous run. The G = q_heads / kv_heads query
