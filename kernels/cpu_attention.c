@@ -12,8 +12,8 @@
  * heads of a KV head share it (grouped-query attention): each key is read once for all of them.
  * Query j of request i sits at position max(seq_len - q_len + j, 0) and sees keys 0..position.
  *
- * Softmax in three passes over per-thread scratch rows (scores, then max and exp, then the
- * weighted sum of V), all in float32. Parallel over query tokens with OpenMP when compiled with
+ * Softmax in three passes over a per-thread scratch row per head (scores; then max, exp and
+ * normalise; then the weighted sum of V, straight into the output), all in float32. Parallel over query tokens with OpenMP when compiled with
  * it. The common head sizes (64, 128) get their own copy of the loop, unrolled by the compiler.
  */
 #include <math.h>
@@ -31,12 +31,12 @@ static int64_t row_of(const int32_t *cu_seqlens_q, int64_t num_seqs, int64_t tok
     return lo;
 }
 
-/* One query token against keys 0..n-1 of its request, every head. `scores` holds q_heads rows of
- * n floats, `acc` q_heads rows of head_dim. Inlined with a constant head_dim where one is known. */
+/* One query token against keys 0..n-1 of its request, every head, written to ot. `scores` holds
+ * q_heads rows of n floats. Inlined with a constant head_dim where one is known. */
 static inline __attribute__((always_inline)) void attend_token(
     const float *restrict qt, float *restrict ot, const float *restrict k_cache, const float *restrict v_cache,
     const int32_t *restrict table, int64_t n, int64_t q_heads, int64_t kv_heads, const int64_t head_dim,
-    int64_t block_size, float scale, float *restrict scores, float *restrict acc)
+    int64_t block_size, float scale, float *restrict scores)
 {
     const int64_t group = q_heads / kv_heads;
     const int64_t key_stride = kv_heads * head_dim;     /* from one key to the next in a block */
@@ -57,15 +57,16 @@ static inline __attribute__((always_inline)) void attend_token(
             }
         }
     }
-    /* pass 2: unnormalised softmax weights; each head's 1/sum waits in its output row */
+    /* pass 2: softmax weights (subtract the max, exp, divide by the sum) */
     for (int64_t qh = 0; qh < q_heads; qh++) {
         float *sq = scores + qh * n, m = sq[0], sum = 0.0f;
         for (int64_t p = 1; p < n; p++) m = sq[p] > m ? sq[p] : m;
         for (int64_t p = 0; p < n; p++) { sq[p] = expf(sq[p] - m); sum += sq[p]; }
-        memset(acc + qh * head_dim, 0, sizeof(float) * (size_t)head_dim);
-        ot[qh * head_dim] = 1.0f / sum;
+        const float inv = 1.0f / sum;
+        for (int64_t p = 0; p < n; p++) sq[p] *= inv;
     }
-    /* pass 3: acc[qh] = sum_p w[qh][p] * v_p */
+    /* pass 3: out[qh] = sum_p w[qh][p] * v_p */
+    memset(ot, 0, sizeof(float) * (size_t)(q_heads * head_dim));
     for (int64_t start = 0; start < n; start += block_size) {
         const float *vb = v_cache + (int64_t)table[start / block_size] * block_stride;
         const int64_t len = n - start < block_size ? n - start : block_size;
@@ -73,15 +74,11 @@ static inline __attribute__((always_inline)) void attend_token(
             for (int64_t qh = 0; qh < q_heads; qh++) {
                 const float *vp = vb + o * key_stride + (qh / group) * head_dim;
                 const float w = scores[qh * n + start + o];
-                float *aq = acc + qh * head_dim;
+                float *oq = ot + qh * head_dim;
 #pragma omp simd
-                for (int64_t d = 0; d < head_dim; d++) aq[d] += w * vp[d];
+                for (int64_t d = 0; d < head_dim; d++) oq[d] += w * vp[d];
             }
         }
-    }
-    for (int64_t qh = 0; qh < q_heads; qh++) {
-        const float inv = ot[qh * head_dim];
-        for (int64_t d = 0; d < head_dim; d++) ot[qh * head_dim + d] = acc[qh * head_dim + d] * inv;
     }
 }
 
@@ -96,10 +93,10 @@ int minicb_paged_attention_f32(
     int64_t num_seqs, int64_t num_tokens, int64_t q_heads, int64_t kv_heads, int64_t head_dim,
     int64_t block_size, int64_t table_width, int64_t num_blocks, float scale, int32_t decodes_only)
 {
-    int64_t max_seq_len = 1;
-    for (int64_t r = 0; r < num_seqs; r++) max_seq_len = seq_lens[r] > max_seq_len ? seq_lens[r] : max_seq_len;
     /* every block a row reads must be in the pool: a bad table is an error, never a wild read */
+    int64_t max_seq_len = 1;
     for (int64_t r = 0; r < num_seqs; r++) {
+        max_seq_len = seq_lens[r] > max_seq_len ? seq_lens[r] : max_seq_len;
         const int64_t used = seq_lens[r] > block_size ? (seq_lens[r] + block_size - 1) / block_size : 1;
         if (used > table_width) return -2;
         for (int64_t b = 0; b < used; b++) {
@@ -112,8 +109,7 @@ int minicb_paged_attention_f32(
 #pragma omp parallel
     {
         float *scores = malloc(sizeof(float) * (size_t)(q_heads * max_seq_len));
-        float *acc = malloc(sizeof(float) * (size_t)(q_heads * head_dim));
-        if (scores == NULL || acc == NULL) {
+        if (scores == NULL) {
 #pragma omp atomic write
             failed = 1;
         }
@@ -130,16 +126,15 @@ int minicb_paged_attention_f32(
             const int32_t *table = block_tables + row * table_width;
             if (head_dim == 64)
                 attend_token(qt, ot, k_cache, v_cache, table, pos + 1, q_heads, kv_heads, 64, block_size, scale,
-                             scores, acc);
+                             scores);
             else if (head_dim == 128)
                 attend_token(qt, ot, k_cache, v_cache, table, pos + 1, q_heads, kv_heads, 128, block_size, scale,
-                             scores, acc);
+                             scores);
             else
                 attend_token(qt, ot, k_cache, v_cache, table, pos + 1, q_heads, kv_heads, head_dim, block_size,
-                             scale, scores, acc);
+                             scale, scores);
         }
         free(scores);
-        free(acc);
     }
     return failed ? -1 : 0;
 }

@@ -55,3 +55,14 @@ def tiny_model(request) -> str:
     """Each random-weight architecture in turn."""
     return request.getfixturevalue(request.param)
 
+
+
+@pytest.fixture
+def reload_cpu_kernel():
+    """The CPU attention kernel is found (or not) afresh inside the test, under the test's own
+    environment ($CC, $MINICB_CACHE), and afresh again after it, so no other test sees its result."""
+    from minicb.kernels import cpu
+
+    cpu._library.cache_clear()
+    yield
+    cpu._library.cache_clear()

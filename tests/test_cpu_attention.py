@@ -9,23 +9,11 @@ from __future__ import annotations
 import pytest
 import torch
 from minicb.kernels import cpu, paged_attention_reference
-from test_kernels import CONFIGS, batch_shapes, make_batch, seed_of
+from test_kernels import CONFIGS, batch_shapes, make_batch, seed_of, wide_table_meta
 
-from minicb.model.attention import AttentionMetadata, paged_attention_cpu, resolve_backend
+from minicb.model.attention import paged_attention_cpu, resolve_backend
 
 KINDS = ["decode", "prefill", "mixed", "left_padded"]
-
-
-def meta_of(batch, table_pad: int = 0) -> AttentionMetadata:
-    """The batch's metadata, with block tables `table_pad` entries wider than the keys need (as the
-    contiguous KV manager makes them), the extra entries naming a spare block."""
-    tables = batch.block_tables
-    if table_pad:
-        spare = batch.k_cache.shape[0] - 1
-        tables = torch.cat([tables, torch.full((len(tables), table_pad), spare, dtype=torch.int32)], dim=1)
-    return AttentionMetadata(slot_mapping=torch.full((len(batch.q),), -1), cu_seqlens_q=batch.cu_seqlens_q,
-                             seq_lens=batch.seq_lens, block_tables=tables.contiguous(),
-                             max_seqlen_q=batch.max_seqlen_q, max_seqlen_k=batch.max_seqlen_k)
 
 
 def cpu_batch(config, kind, tag):
@@ -41,7 +29,7 @@ def test_kernel_matches_reference(config, kind):
     """Every query of every kind of step: decodes on block edges, whole prompts, chunks on top of a
     cached context, left-padded static batches; every head_dim, block size and GQA ratio."""
     batch = cpu_batch(config, kind, "cpu")
-    meta = meta_of(batch, table_pad=2)
+    meta = wide_table_meta(batch, extra=2)
     out = torch.full_like(batch.q, float("nan"))   # an element the kernel skips stays NaN
     result = cpu.paged_attention_cpu(batch.q, batch.k_cache, batch.v_cache, meta.cu_seqlens_q, meta.seq_lens,
                                      meta.block_tables, batch.q.shape[-1] ** -0.5, out=out)
@@ -71,7 +59,7 @@ def test_cpu_backend_matches_reference(kind):
     shared by every layer (called twice, as two layers would)."""
     config = CONFIGS[2]
     batch = cpu_batch(config, kind, "backend")
-    meta = meta_of(batch, table_pad=3)
+    meta = wide_table_meta(batch, extra=3)
     scale = batch.q.shape[-1] ** -0.5
     first = paged_attention_cpu(batch.q, batch.k_cache, batch.v_cache, meta, scale)
     again = paged_attention_cpu(batch.q, batch.k_cache, batch.v_cache, meta, scale)
@@ -107,28 +95,20 @@ def test_auto_picks_the_kernel_where_it_runs():
         resolve_backend("cpu", "cpu", "float16")
 
 
-def test_without_a_compiler_auto_falls_back_and_cpu_says_why(monkeypatch, tmp_path):
+def test_without_a_compiler_auto_falls_back_and_cpu_says_why(monkeypatch, tmp_path, reload_cpu_kernel):
     monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
     monkeypatch.setenv("MINICB_CACHE", str(tmp_path / "cache"))
-    cpu._library.cache_clear()
-    try:
-        ok, why = cpu.available()
-        assert not ok and "no-such-compiler" in why
-        assert resolve_backend("auto", "cpu", "float32") == "torch"
-        with pytest.raises(ValueError, match="unavailable here.*attention='torch'"):
-            resolve_backend("cpu", "cpu", "float32")
-    finally:
-        cpu._library.cache_clear()
+    ok, why = cpu.available()
+    assert not ok and "no-such-compiler" in why
+    assert resolve_backend("auto", "cpu", "float32") == "torch"
+    with pytest.raises(ValueError, match="unavailable here.*attention='torch'"):
+        resolve_backend("cpu", "cpu", "float32")
 
 
-def test_an_unwritable_cache_is_a_reason_not_a_crash(monkeypatch, tmp_path):
+def test_an_unwritable_cache_is_a_reason_not_a_crash(monkeypatch, tmp_path, reload_cpu_kernel):
     blocker = tmp_path / "not-a-directory"
     blocker.write_text("a file where the cache directory should go")
     monkeypatch.setenv("MINICB_CACHE", str(blocker))
-    cpu._library.cache_clear()
-    try:
-        ok, why = cpu.available()
-        assert not ok and "MINICB_CACHE" in why
-        assert resolve_backend("auto", "cpu", "float32") == "torch"
-    finally:
-        cpu._library.cache_clear()
+    ok, why = cpu.available()
+    assert not ok and "MINICB_CACHE" in why
+    assert resolve_backend("auto", "cpu", "float32") == "torch"

@@ -120,6 +120,19 @@ def batch_shapes(block_size: int) -> dict[str, tuple[list[int], list[int]]]:
     }
 
 
+def wide_table_meta(batch: Batch, extra: int):
+    """The batch as AttentionMetadata, its block tables `extra` entries wider than the keys need (as
+    the contiguous KV manager makes them), the extra entries naming a spare block no row may read."""
+    from minicb.model.attention import AttentionMetadata
+
+    spare = batch.k_cache.shape[0] - 1
+    tables = batch.block_tables.cpu()
+    wide = torch.cat([tables, torch.full((len(tables), extra), spare, dtype=torch.int32)], dim=1)
+    return AttentionMetadata(slot_mapping=torch.full((len(batch.q),), -1), cu_seqlens_q=batch.cu_seqlens_q,
+                             seq_lens=batch.seq_lens, block_tables=wide, max_seqlen_q=batch.max_seqlen_q,
+                             max_seqlen_k=batch.max_seqlen_k)
+
+
 def run_and_check(batch: Batch, num_splits, atol=1e-4, rtol=1e-4) -> None:
     out = torch.full_like(batch.q, float("nan"))  # an element the kernel skips stays NaN
     result = paged_attention(*batch.args(), out=out, num_splits=num_splits)
@@ -198,17 +211,13 @@ def test_torch_backend_matches_reference(config, kind):
     """The torch backend (whole-block gather, index tensors built once per step) on the same batches,
     with block tables wider than the keys need (as the contiguous KV manager makes them), called as
     every layer calls it: twice on one metadata object."""
-    from minicb.model.attention import AttentionMetadata, paged_attention_torch
+    from minicb.model.attention import paged_attention_torch
 
     head_dim, block_size, group, num_kv_heads = config
     q_lens, seq_lens = batch_shapes(block_size)[kind]
     batch = make_batch(q_lens, seq_lens, head_dim, block_size, group, num_kv_heads,
                        seed=seed_of("torch", config, kind), device="cpu")
-    spare = batch.k_cache.shape[0] - 1
-    wide = torch.cat([batch.block_tables, torch.full((len(seq_lens), 2), spare, dtype=torch.int32)], dim=1)
-    meta = AttentionMetadata(slot_mapping=torch.full((len(batch.q),), -1), cu_seqlens_q=batch.cu_seqlens_q,
-                             seq_lens=batch.seq_lens, block_tables=wide, max_seqlen_q=batch.max_seqlen_q,
-                             max_seqlen_k=batch.max_seqlen_k)
+    meta = wide_table_meta(batch, extra=2)
     expected = paged_attention_reference(*batch.args())
     scale = head_dim**-0.5
     first = paged_attention_torch(batch.q, batch.k_cache, batch.v_cache, meta, scale)

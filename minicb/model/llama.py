@@ -138,13 +138,15 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(args.hidden_size, args.intermediate_size, bias=args.mlp_bias)
         self.down_proj = nn.Linear(args.intermediate_size, args.hidden_size, bias=args.mlp_bias)
 
+    def swiglu(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] <= self.chunk_tokens:
-            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+            return self.swiglu(x)
         out = torch.empty_like(x)
         for start in range(0, x.shape[0], self.chunk_tokens):
-            rows = x[start:start + self.chunk_tokens]
-            out[start:start + self.chunk_tokens] = self.down_proj(F.silu(self.gate_proj(rows)) * self.up_proj(rows))
+            out[start:start + self.chunk_tokens] = self.swiglu(x[start:start + self.chunk_tokens])
         return out
 
 
