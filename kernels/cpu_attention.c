@@ -1,5 +1,5 @@
 /* Paged attention for a packed batch, on the CPU: the same contract as the Triton kernel
- * (docs/ARCHITECTURE.md, "The packed batch"), compiled on first use by minicb/kernels/cpu.py.
+ * (docs/ARCHITECTURE.md, "The packed batch"), compiled on first use by kernels/cpu.py.
  *
  * Why a CPU kernel at all: on a CPU the torch backend must first copy every decode row's keys out
  * of their blocks into one padded tensor (each row padded to the longest row), then read that copy

@@ -18,6 +18,6 @@ __version__ = "0.1.0"
 
 def default_model_path() -> str:
     """Path of the small model shipped inside the package (see minicb/assets/default_model)."""
-    from minicb.default_model import default_model_path as path
+    from minicb.model.default import default_model_path as path
 
     return path()

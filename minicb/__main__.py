@@ -1,52 +1,30 @@
-"""python -m minicb {demo, env-check, bench, serve}"""
+"""python -m minicb COMMAND [options]: one table of commands."""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
+
+# name -> (module with main(argv), one line of help)
+COMMANDS = {
+    "serve": ("minicb.serving.server", "an OpenAI-compatible HTTP server"),
+    "bench": ("minicb.bench", "benchmarks: offline | serve | load-study | kernels | memory | overhead "
+                              "| policies | prefix"),
+    "demo": ("minicb.tools.demo", "the terminal tour: one workload through naive, static and continuous"),
+    "env-check": ("minicb.tools.env_check", "print OK/FAIL per dependency, the device and Triton's mode"),
+}
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = {
-        "demo": ("minicb.demo", "the terminal tour: one workload through naive, static and continuous"),
-        "env-check": ("minicb.env_check", "print OK/FAIL per dependency, the device and Triton's mode"),
-        "serve": ("minicb.server", "an OpenAI-compatible HTTP server"),
-        "bench": (None, "benchmarks: offline | serve | kernels | load-study | memory | overhead | policies "
-                        "| prefix"),
-    }
-    if not argv or argv[0] in ("-h", "--help") or argv[0] not in commands:
+    if not argv or argv[0] not in COMMANDS:
         parser = argparse.ArgumentParser(prog="python -m minicb")
-        parser.add_argument("command", choices=sorted(commands),
-                            help="; ".join(f"{k}: {v[1]}" for k, v in commands.items()))
+        parser.add_argument("command", choices=list(COMMANDS),
+                            help="; ".join(f"{name}: {line}" for name, (_, line) in COMMANDS.items()))
         parser.parse_args(argv[:1])
         return 2
-    command, rest = argv[0], argv[1:]
-    if command == "bench":
-        return _bench(rest)
-    module = __import__(commands[command][0], fromlist=["main"])
-    return module.main(rest)
-
-
-BENCHES = {
-    "offline": "minicb.bench",
-    "serve": "minicb.bench_serve",
-    "load-study": "minicb.load_study",
-    "kernels": "minicb.bench_kernels",
-    "memory": "minicb.bench",
-    "overhead": "minicb.bench",
-    "policies": "minicb.bench_policies",
-    "prefix": "minicb.bench_prefix",
-}
-
-
-def _bench(argv: list[str]) -> int:
-    if not argv or argv[0] not in BENCHES:
-        print(f"usage: python -m minicb bench {{{','.join(BENCHES)}}} [options]", file=sys.stderr)
-        return 2
-    module = __import__(BENCHES[argv[0]], fromlist=["main"])
-    if BENCHES[argv[0]] == "minicb.bench":
-        return module.main(argv)          # offline / memory / overhead share one module
+    module = importlib.import_module(COMMANDS[argv[0]][0])
     return module.main(argv[1:])
 
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+import argparse
+from dataclasses import Field, dataclass, field, fields
 
 SCHEDULERS = ("naive", "static", "continuous")
 KV_CACHES = ("contiguous", "paged")
@@ -17,6 +18,18 @@ POLICY_KNOBS = ("policy", "step_order", "max_prefill_tokens_per_step", "max_wait
 CONTINUOUS_ONLY_KNOBS = (*POLICY_KNOBS, "enable_prefix_caching")
 
 
+def blocks_for(num_tokens: int, block_size: int) -> int:
+    """Blocks needed to hold `num_tokens` tokens: the ceiling of num_tokens / block_size."""
+    return -(-num_tokens // block_size)
+
+
+def cli_fields(exclude: tuple[str, ...] = (), only: tuple[str, ...] | None = None) -> list[Field]:
+    """The knobs that are command-line flags (every field that carries help): those in `only` if
+    given, minus those in `exclude`."""
+    return [spec for spec in fields(EngineConfig) if "help" in spec.metadata and spec.name not in exclude
+            and (only is None or spec.name in only)]
+
+
 def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -26,51 +39,73 @@ def _check(condition: bool, message: str) -> None:
         raise ValueError(message)
 
 
+def knob(default, help: str, choices: tuple[str, ...] | None = None, group: str = "engine"):
+    """A dataclass field that carries its command-line help: every knob is described once, here."""
+    return field(default=default, metadata={"help": help, "choices": choices, "group": group})
+
+
 @dataclass
 class EngineConfig:
-    """Every knob of the engine. `LLM(**kwargs)` builds one of these.
+    """Every knob of the engine, its default and its help text. `LLM(**kwargs)` builds one; the
+    server, the benchmarks and the demo build their command-line flags from it (add_cli_args)."""
 
-    max_num_seqs            requests that may be running at once (the batch's "slots")
-    max_num_batched_tokens  tokens one step may carry (prefill chunks + decodes)
-    max_model_len           longest sequence (prompt + output) a request may reach
-    block_size              tokens per KV block (paged) and the reservation unit (contiguous)
-    num_kv_blocks           size of the KV pool in blocks; None = enough for max_num_seqs
-                            requests of max_model_len tokens (no preemption ever needed)
-    attention               torch (the readable reference) | triton (GPU kernels) | cpu (a C
-                            kernel for decodes on a CPU, compiled on first use) | auto (cpu
-                            where it runs: float32 on a CPU with a C compiler; else torch)
-
-    Policy knobs (continuous scheduler only):
-    policy                  admission order: fcfs | priority (lower value first, as in vLLM) |
-                            shortest_prompt_first; preemption evicts the latest arrival
-                            (under priority, the lowest priority first)
-    step_order              decode_first: running requests get their token, prefills fill what
-                            is left; prefill_first: new prompts first, decodes take the rest
-    max_prefill_tokens_per_step  cap on prefill tokens in one step, so a long prompt is chunked
-                            instead of stalling everyone's next token; None = no cap
-    max_wait_steps          ageing: a request waiting longer than this goes first; None = off
-    watermark_blocks        free blocks admission leaves for running requests to grow into
-    """
-
-    model: str | None = None
-    scheduler: str = "continuous"
-    kv_cache: str = "paged"
-    attention: str = "auto"
-    device: str = "cpu"
-    dtype: str = "float32"
-    max_num_seqs: int = 32
-    max_num_batched_tokens: int = 2048
-    max_model_len: int | None = None
-    block_size: int = 16
-    num_kv_blocks: int | None = None
-    seed: int = 0
-    policy: str = "fcfs"
-    step_order: str = "decode_first"
-    max_prefill_tokens_per_step: int | None = None
-    max_wait_steps: int | None = None
-    watermark_blocks: int = 0
-    enable_prefix_caching: bool = False
+    model: str | None = knob(None, "checkpoint directory or hub id (default: the shipped model)")
+    scheduler: str = knob("continuous", "how requests share steps", SCHEDULERS)
+    kv_cache: str = knob("paged", "KV layout: one reservation per request, or blocks on demand", KV_CACHES)
+    attention: str = knob("auto", "torch (the readable reference) | triton (GPU kernels) | cpu (a C kernel "
+                          "for decodes, compiled on first use) | auto (cpu for float32 on a CPU with a C "
+                          "compiler, else torch)", ATTENTIONS)
+    device: str = knob("cpu", "torch device: cpu or cuda")
+    dtype: str = knob("float32", "weights' and KV cache's dtype", DTYPES)
+    max_num_seqs: int = knob(32, "requests that may be running at once (the batch's slots)")
+    max_num_batched_tokens: int = knob(2048, "tokens one step may carry (prompt chunks + decodes)")
+    max_model_len: int | None = knob(None, "longest sequence (prompt + output) a request may reach "
+                                     "(default: the model's context)")
+    block_size: int = knob(16, "tokens per KV block (paged) and the reservation unit (contiguous)")
+    num_kv_blocks: int | None = knob(None, "size of the KV pool in blocks (default: enough for max_num_seqs "
+                                     "requests of max_model_len tokens, so preemption is never needed)")
+    seed: int = knob(0, "seed of the sampler's default generator")
+    policy: str = knob("fcfs", "admission order; under 'priority' a lower value goes first, as in vLLM; "
+                       "preemption evicts the latest arrival (under priority, the lowest priority)",
+                       POLICIES, group="policy")
+    step_order: str = knob("decode_first", "decode_first: running requests get their token and prefills "
+                           "fill what is left; prefill_first: new prompts first", STEP_ORDERS, group="policy")
+    max_prefill_tokens_per_step: int | None = knob(None, "cap on prompt tokens per step, so a long prompt "
+                                                   "is chunked (default: no cap)", group="policy")
+    max_wait_steps: int | None = knob(None, "ageing: a request waiting more steps than this goes first "
+                                      "(default: off)", group="policy")
+    watermark_blocks: int = knob(0, "KV blocks admission leaves free for running requests to grow into",
+                                 group="policy")
+    enable_prefix_caching: bool = knob(False, "reuse the KV blocks of cached prompt prefixes (continuous "
+                                       "scheduler, paged KV)", group="policy")
     extra: dict = field(default_factory=dict)
+
+    @classmethod
+    def add_cli_args(cls, parser: argparse.ArgumentParser, exclude: tuple[str, ...] = (),
+                     defaults: dict | None = None, only: tuple[str, ...] | None = None) -> None:
+        """Add one --flag per knob (those in `only` if given, not those in `exclude`) to `parser`,
+        with the knob's help text. `defaults` overrides a default where a command has its own
+        reason (a benchmark's size)."""
+        defaults = defaults or {}
+        groups = {"engine": parser.add_argument_group("engine"),
+                  "policy": parser.add_argument_group(
+                      "scheduling policy (continuous scheduler only; see benchmarks/policies.md)")}
+        for spec in cli_fields(exclude, only):
+            group = groups[spec.metadata["group"]]
+            flag = "--" + spec.name.replace("_", "-")
+            default = defaults.get(spec.name, spec.default)
+            if spec.type in ("bool", bool):
+                group.add_argument(flag, action="store_true", default=default, help=spec.metadata["help"])
+                continue
+            kind = str if spec.type in ("str", "str | None") else int
+            group.add_argument(flag, type=kind, choices=spec.metadata["choices"], default=default,
+                               help=f"{spec.metadata['help']} (default: {default})")
+
+    @classmethod
+    def knobs_from_cli(cls, args: argparse.Namespace, exclude: tuple[str, ...] = (),
+                       only: tuple[str, ...] | None = None) -> dict:
+        """The knobs add_cli_args put on `args`, as keyword arguments for LLM / EngineConfig."""
+        return {spec.name: getattr(args, spec.name) for spec in cli_fields(exclude, only)}
 
     def __post_init__(self) -> None:
         _check(self.scheduler in SCHEDULERS,
@@ -116,7 +151,7 @@ class EngineConfig:
     def blocks_per_seq(self) -> int:
         """Blocks a request of max_model_len tokens occupies."""
         assert self.max_model_len is not None
-        return -(-self.max_model_len // self.block_size)
+        return blocks_for(self.max_model_len, self.block_size)
 
     def finalize(self, model_max_len: int) -> None:
         """Fill the knobs that depend on the model, once it is loaded."""
@@ -136,7 +171,7 @@ class EngineConfig:
         # chunk (or its contiguous reservation) plus the watermark must fit the empty pool, or the
         # engine would wait for room that never comes
         chunk = min(self.max_prefill_tokens_per_step or self.max_num_batched_tokens, self.max_model_len)
-        first_blocks = self.blocks_per_seq() if self.kv_cache == "contiguous" else -(-chunk // self.block_size)
+        first_blocks = self.blocks_per_seq() if self.kv_cache == "contiguous" else blocks_for(chunk, self.block_size)
         _check(self.watermark_blocks == 0 or self.watermark_blocks + first_blocks <= self.num_kv_blocks,
                f"watermark_blocks={self.watermark_blocks} leaves {self.num_kv_blocks - self.watermark_blocks} "
                f"of num_kv_blocks={self.num_kv_blocks} blocks free for admission, fewer than the {first_blocks} "

@@ -9,6 +9,7 @@ of the same code that serves real requests.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from minicb.config import EngineConfig
@@ -17,7 +18,7 @@ from minicb.metrics import RequestMetrics, StepStats, StepSummary, Summary, coun
 from minicb.request import Request, RequestStatus
 from minicb.sampling import SamplingParams
 from minicb.scheduler import make_scheduler
-from minicb.workload import Workload
+from minicb.workload import Workload, poisson_arrivals
 
 
 @dataclass
@@ -167,3 +168,29 @@ def simulate(workload: Workload, cost: CostModel | None = None, record_blocks: b
                                        [r.request_id for r in plan.preempted], schedule_seconds))
     requests.sort(key=lambda r: r.arrival_index)
     return result
+
+
+def serving_row(result: SimResult, slo_ttft: float | None = None, slo_tpot: float | None = None) -> dict:
+    """Throughput, latency percentiles and goodput of one run, in cost-model time units.
+
+    `slo_share` is the fraction of requests that met every given target; goodput is those
+    requests per time unit."""
+    summary = result.summary(virtual=False, slo_ttft=slo_ttft, slo_tpot=slo_tpot)
+    met = summary.goodput / summary.request_throughput if summary.goodput is not None else None
+    return {"requests_per_unit": summary.request_throughput, "tokens_per_unit": summary.output_throughput,
+            "goodput": summary.goodput, "slo_share": met, "ttft_p50": summary.ttft["p50"],
+            "ttft_p95": summary.ttft["p95"], "tpot_p95": summary.tpot["p95"], "itl_p99": summary.itl["p99"],
+            "time_units": result.total_time, "preemptions": sum(len(s.preempted) for s in result.steps)}
+
+
+def serve_at_rates(workload: Workload, rates: Sequence[float], cost: CostModel | None = None,
+                   slo_ttft: float | None = None, slo_tpot: float | None = None, seed: int = 0,
+                   **knobs) -> list[dict]:
+    """The workload arriving as a Poisson process at each rate (requests per time unit; inf: all
+    at once, an offline batch job), served by the scheduler the knobs choose: one row per rate."""
+    rows = []
+    for rate in rates:
+        timed = workload.with_arrivals(poisson_arrivals(len(workload), rate, seed=seed))
+        result = simulate(timed, cost=cost, **knobs)
+        rows.append({"rate": rate, **serving_row(result, slo_ttft, slo_tpot)})
+    return rows

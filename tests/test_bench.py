@@ -12,10 +12,10 @@ import json
 import pytest
 import torch
 
-from minicb.bench import PeakMemory, fit_to_context, load_workload
 from minicb.bench import main as bench_main
-from minicb.bench_agreement import agreement, compare_outputs
-from minicb.sysinfo import describe, machine_info
+from minicb.bench.agreement import agreement, compare_outputs
+from minicb.bench.common import PeakMemory, fit_to_context, load_workload
+from minicb.bench.machine import describe, machine_info
 from minicb.workload import get_workload
 
 
@@ -65,7 +65,7 @@ def test_offline_greedy_outputs_agree(offline):
 def test_agreement_detects_a_corrupted_output(tiny_llama):
     from transformers import AutoModelForCausalLM
 
-    from minicb.bench_peers import hf_one_at_a_time
+    from minicb.bench.peers import hf_one_at_a_time
 
     model = AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32).eval()
     prompts = get_workload("seed-example").prompt_token_ids(512)[:2]

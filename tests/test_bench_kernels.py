@@ -9,7 +9,7 @@ if not torch.cuda.is_available():
 
 import json  # noqa: E402
 
-from minicb import bench_kernels  # noqa: E402
+from minicb.bench import kernels as bench_kernels  # noqa: E402
 
 
 def test_dry_run_writes_results(tmp_path, capsys):

@@ -13,9 +13,9 @@ from starlette.applications import Starlette
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
-from minicb.bench_serve import BenchConfig, RequestResult, benchmark, collect, main, make_workload, run_benchmark
-from minicb.load_study import StudyConfig, format_rows, plot, run_study
-from minicb.server import ServerThread, build_app
+from minicb.bench.load_study import StudyConfig, format_rows, plot, run_study
+from minicb.serving.loadgen import BenchConfig, RequestResult, benchmark, collect, main, make_workload, run_benchmark
+from minicb.serving.server import ServerThread, build_app
 from minicb.workload import gamma_arrivals
 
 
@@ -164,7 +164,7 @@ def test_load_study_serves_every_scheduler_and_plots(tiny_llama, tmp_path):
 
 def test_load_study_refuses_the_single_scheduler_flag(capsys):
     """`--scheduler` belongs to `serve`; the study would silently serve all three anyway."""
-    from minicb.load_study import main
+    from minicb.bench.load_study import main
 
     with pytest.raises(SystemExit) as exit_:
         main(["--scheduler", "static"])

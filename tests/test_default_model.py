@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from minicb import default_model  # noqa: E402
+from minicb.model import default as default_model  # noqa: E402
 
 MAX_ASSET_BYTES = 25_000_000   # 25 MB
 

@@ -63,7 +63,7 @@ def test_chunked_prefill_equals_transformers(tiny_llama):
 
 def test_default_model_greedy_equals_transformers():
     """The shipped model, on real code prompts, under continuous batching with a paged cache."""
-    from minicb.default_model import default_model_path
+    from minicb.model.default import default_model_path
 
     path = default_model_path()
     heads = ["def add(a, b):\n", "import os\n\n\ndef list_python_files(root):\n", "class Stack:\n",

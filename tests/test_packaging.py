@@ -76,7 +76,7 @@ def test_env_check_lists_every_declared_package_and_runs_a_kernel():
 
 
 def test_env_check_warns_but_passes_without_a_c_compiler(monkeypatch, tmp_path, reload_cpu_kernel):
-    from minicb import env_check
+    from minicb.tools import env_check
 
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
     monkeypatch.setenv("MINICB_CACHE", str(tmp_path))
@@ -87,7 +87,7 @@ def test_env_check_warns_but_passes_without_a_c_compiler(monkeypatch, tmp_path, 
 def test_env_check_fails_on_a_missing_package_and_a_broken_kernel(monkeypatch):
     from packaging.requirements import Requirement
 
-    from minicb import env_check
+    from minicb.tools import env_check
 
     runtime, dev = env_check.requirements()
     monkeypatch.setattr(env_check, "requirements",

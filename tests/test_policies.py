@@ -275,7 +275,7 @@ def test_llm_generate_serves_priorities_in_order(tiny_llama):
 def test_the_benchmark_sweeps_every_policy_and_draws_one_curve_each(tmp_path):
     from dataclasses import replace
 
-    from minicb.bench_policies import COST_MODEL, format_rows, plot, policies, sweep
+    from minicb.bench.policies import COST_MODEL, format_rows, plot, policies, sweep
 
     setup = replace(COST_MODEL, num_requests=24, loads=(1.0,))
     rows = sweep(setup, progress=False)
@@ -292,7 +292,7 @@ def test_the_benchmark_sweeps_every_policy_and_draws_one_curve_each(tmp_path):
 def test_the_engine_runner_queues_requests_from_their_arrival_time(tiny_llama):
     from dataclasses import replace
 
-    from minicb.bench_policies import ENGINE, run_engine
+    from minicb.bench.policies import ENGINE, run_engine
 
     setup = replace(ENGINE, knobs={**ENGINE.knobs, "num_kv_blocks": 16})
     workload = Workload("few", [WorkloadRequest(5 + 3 * i, 2 + i, 0.02 * i, i % 2) for i in range(6)])

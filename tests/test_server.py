@@ -15,11 +15,11 @@ import openai
 import pytest
 from serving_common import SIMPLE_CHAT_TEMPLATE, checkpoint_copy, run
 
-import minicb.server
+import minicb.serving.server
 from minicb import LLM, SamplingParams, default_model_path
-from minicb.config import EngineConfig
-from minicb.openai_protocol import MAX_N
-from minicb.server import POLICY_KNOBS, ServerThread, build_app, build_parser, engine_knobs
+from minicb.config import POLICY_KNOBS, EngineConfig
+from minicb.serving.openai_protocol import MAX_N
+from minicb.serving.server import ServerThread, build_app, build_parser
 
 MAX_MODEL_LEN = 256
 
@@ -400,15 +400,15 @@ def test_prefix_cache_metrics_count_hits_with_caching_on(chat_model):
 
 def test_the_command_line_passes_enable_prefix_caching_to_the_engine(monkeypatch):
     served = []
-    monkeypatch.setattr(minicb.server.uvicorn, "run", lambda app, **options: served.append(app))
+    monkeypatch.setattr(minicb.serving.server.uvicorn, "run", lambda app, **options: served.append(app))
     common = ["--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", "2"]
-    assert minicb.server.main(common) == 0
-    assert minicb.server.main([*common, "--enable-prefix-caching"]) == 0
+    assert minicb.serving.server.main(common) == 0
+    assert minicb.serving.server.main([*common, "--enable-prefix-caching"]) == 0
     caching = [app.state.engine.engine.config.enable_prefix_caching for app in served]
     assert caching == [False, True]
     assert served[1].state.engine.engine.kv.cache is not None
     with pytest.raises(SystemExit):     # a contiguous cache cannot share blocks: a clear usage error
-        minicb.server.main([*common, "--enable-prefix-caching", "--kv-cache", "contiguous"])
+        minicb.serving.server.main([*common, "--enable-prefix-caching", "--kv-cache", "contiguous"])
 
 
 def test_the_command_line_passes_the_policy_knobs_to_the_engine(monkeypatch):
@@ -416,14 +416,14 @@ def test_the_command_line_passes_the_policy_knobs_to_the_engine(monkeypatch):
              "--max-wait-steps", "8", "--watermark-blocks", "2"]
     expected = {"policy": "priority", "step_order": "prefill_first", "max_prefill_tokens_per_step": 64,
                 "max_wait_steps": 8, "watermark_blocks": 2}
-    config = EngineConfig(**engine_knobs(build_parser().parse_args(flags)))
+    config = EngineConfig(**EngineConfig.knobs_from_cli(build_parser().parse_args(flags)))
     assert {name: getattr(config, name) for name in POLICY_KNOBS} == expected
-    defaults = EngineConfig(**engine_knobs(build_parser().parse_args([])))
+    defaults = EngineConfig(**EngineConfig.knobs_from_cli(build_parser().parse_args([])))
     assert {name: getattr(defaults, name) for name in POLICY_KNOBS} == \
         {name: getattr(EngineConfig(), name) for name in POLICY_KNOBS}
     served = []
-    monkeypatch.setattr(minicb.server.uvicorn, "run", lambda app, **options: served.append(app))
-    assert minicb.server.main(["--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", "2", *flags]) == 0
+    monkeypatch.setattr(minicb.serving.server.uvicorn, "run", lambda app, **options: served.append(app))
+    assert minicb.serving.server.main(["--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", "2", *flags]) == 0
     engine = served[0].state.engine.engine
     assert {name: getattr(engine.config, name) for name in POLICY_KNOBS} == expected
     assert engine.scheduler.config.policy == "priority"
@@ -435,15 +435,16 @@ def test_the_command_line_passes_the_policy_knobs_to_the_engine(monkeypatch):
     (["--scheduler", "naive", "--max-wait-steps", "4"], "max_wait_steps=4 only apply to scheduler='continuous'"),
     (["--policy", "lifo"], "argument --policy: invalid choice: 'lifo'"),
     (["--step-order", "random"], "argument --step-order: invalid choice: 'random'"),
-    (["--max-prefill-tokens-per-step", "0"], "--max-prefill-tokens-per-step: must be an integer >= 1 (got '0')"),
-    (["--max-wait-steps", "two"], "--max-wait-steps: must be an integer >= 1 (got 'two')"),
-    (["--watermark-blocks", "-1"], "--watermark-blocks: must be an integer >= 0 (got '-1')"),
+    (["--max-prefill-tokens-per-step", "0"], "max_prefill_tokens_per_step must be None or an integer from 1"),
+    (["--max-wait-steps", "two"], "argument --max-wait-steps: invalid int value: 'two'"),
+    (["--max-wait-steps", "0"], "max_wait_steps must be None (no ageing) or an integer >= 1 (got 0)"),
+    (["--watermark-blocks", "-1"], "watermark_blocks must be an integer >= 0 (got -1)"),
     (["--max-prefill-tokens-per-step", "4096"], "max_prefill_tokens_per_step must be None or an integer from 1"),
 ])
 def test_the_command_line_refuses_bad_policy_knobs_with_a_usage_error(monkeypatch, capsys, flags, message):
-    monkeypatch.setattr(minicb.server.uvicorn, "run", lambda app, **options: pytest.fail("it served"))
+    monkeypatch.setattr(minicb.serving.server.uvicorn, "run", lambda app, **options: pytest.fail("it served"))
     with pytest.raises(SystemExit) as exit_:
-        minicb.server.main(flags)
+        minicb.serving.server.main(flags)
     assert exit_.value.code == 2
     error = capsys.readouterr().err
     assert error.startswith("usage: python -m minicb serve") and message in error

@@ -11,7 +11,7 @@ from matplotlib.colors import to_rgb
 
 from minicb import viz
 from minicb.sim import simulate
-from minicb.viz_base import PAD_COLOUR
+from minicb.viz.base import PAD_COLOUR
 from minicb.workload import chat, fixed, seed_example
 
 

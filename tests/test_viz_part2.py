@@ -14,10 +14,10 @@ import nbformat
 import pytest
 from figures import rendered
 
-from minicb.sim import CostModel, simulate
-from minicb.viz_kernels import paged_lookup, recorded_kernel_results
-from minicb.viz_memory import block_map, block_owners, block_reuse, free_blocks_timeline
-from minicb.viz_quiz import (
+from minicb.sim import CostModel, serve_at_rates, simulate
+from minicb.viz.kernels import paged_lookup, recorded_kernel_results
+from minicb.viz.memory import block_map, block_owners, block_reuse, free_blocks_timeline
+from minicb.viz.quiz import (
     InterviewQuestion,
     book_interview,
     interview_markdown,
@@ -25,7 +25,7 @@ from minicb.viz_quiz import (
     quiz_card,
     quiz_widget,
 )
-from minicb.viz_serving import serve_at_rates, step_costs
+from minicb.viz.serving import step_costs
 from minicb.workload import Workload, WorkloadRequest, chat, fixed, seed_example
 
 ROOT = Path(__file__).resolve().parent.parent

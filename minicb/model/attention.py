@@ -182,7 +182,7 @@ def paged_attention_cpu(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
                         meta: AttentionMetadata, scale: float) -> torch.Tensor:
     """The CPU backend: decode rows in the C kernel, prefill chunks through SDPA.
 
-    A decode reads a row's keys once, straight from its blocks (minicb/kernels/cpu_attention.c),
+    A decode reads a row's keys once, straight from its blocks (kernels/cpu_attention.c),
     instead of gathering them padded and reading them again. A prompt is compute-bound, where
     SDPA's blocked matrix products beat a per-query loop, so prompts keep the torch path.
     """

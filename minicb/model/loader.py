@@ -19,7 +19,7 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 def resolve_model_path(model: str | os.PathLike | None) -> Path:
     """None → the shipped default model; a directory → itself; anything else → a hub download."""
     if model is None:
-        from minicb.default_model import default_model_path
+        from minicb.model.default import default_model_path
 
         return Path(default_model_path())
     path = Path(model).expanduser()

@@ -32,7 +32,7 @@ CELLS = [
     import torch
 
     from minicb import LLM, SamplingParams, viz
-    from minicb.default_model import natural_output_lengths
+    from minicb.model.default import natural_output_lengths
     from minicb.metrics import percentiles, summarize
     from minicb.sim import CostModel, simulate
     from minicb.workload import chat, fixed, poisson_arrivals, seed_example

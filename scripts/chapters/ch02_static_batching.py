@@ -171,13 +171,13 @@ CELLS = [
     ## 5. The same barrier in `transformers`
 
     With `transformers` the barrier is even stricter: `generate` on a padded batch returns nothing
-    until the last row is done. The static baseline of the benchmarks (`minicb.bench_peers`) runs
+    until the last row is done. The static baseline of the benchmarks (`minicb.bench.peers`) runs
     six requests needing 30 to 300 tokens through `model.generate` in batches of three, on the
     same weights, and notes when each row's last token was computed and when the batch came back:
     """),
     ("code", """
-    from minicb.bench_offline import load_hf_model
-    from minicb.bench_peers import hf_static_batches
+    from minicb.bench.offline import load_hf_model
+    from minicb.bench.peers import hf_static_batches
     from minicb.model.loader import resolve_model_path
 
     hf_model = load_hf_model(str(resolve_model_path(None)), "cpu", "float32")   # the default model

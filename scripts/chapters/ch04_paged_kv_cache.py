@@ -35,11 +35,11 @@ CELLS = [
     import torch
 
     from minicb import LLM, SamplingParams, viz
-    from minicb.bench_memory import occupancy
+    from minicb.bench.memory import occupancy
     from minicb.kv import BlockAllocator, PagedKVManager
     from minicb.request import Request
     from minicb.sim import simulate
-    from minicb.viz_memory import block_map, block_reuse, free_blocks_timeline
+    from minicb.viz import block_map, block_reuse, free_blocks_timeline
     from minicb.workload import chat, fixed, seed_example
 
     torch.manual_seed(0)
@@ -118,7 +118,7 @@ CELLS = [
 
     Chapter 03's experiment again: 64 chat requests, 32 slots, `max_model_len` = 512 and a pool
     of 256 blocks of 16 tokens (room for 8 reservations of 512). This time both KV managers serve
-    it, with the same scheduler; `minicb.bench_memory.occupancy` counts, after every step, the
+    it, with the same scheduler; `minicb.bench.memory.occupancy` counts, after every step, the
     slots that live requests hold and the ones holding a token.
     """),
     ("code", """

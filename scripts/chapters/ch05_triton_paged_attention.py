@@ -43,7 +43,7 @@ CELLS = [
     from minicb import LLM, SamplingParams, viz
     from minicb.kernels import (choose_num_splits, paged_attention, paged_attention_reference, write_kv,
                                 write_kv_reference)
-    from minicb.viz_kernels import paged_lookup, recorded_kernel_results
+    from minicb.viz import paged_lookup, recorded_kernel_results
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     torch.manual_seed(0)
@@ -349,7 +349,7 @@ CELLS = [
     """),
     ("md", """
     A kernel that reaches, say, 80 % of the copy bandwidth spends 1.25× those times. The kernel
-    benchmark (`minicb/bench_kernels.py`) measures exactly that on a GPU: the Triton kernel over
+    benchmark (`minicb/bench/kernels.py`) measures exactly that on a GPU: the Triton kernel over
     shuffled block tables, torch's `scaled_dot_product_attention` on contiguous K/V (the best case
     without paging), and the torch backend's gather-then-attend, as GB/s of K/V read beside the
     device's own copy bandwidth. Its results, if any are recorded in `benchmarks/results/`:
@@ -357,7 +357,7 @@ CELLS = [
     ("code", """
     from IPython.display import Image, display
 
-    from minicb.bench_kernels import print_table
+    from minicb.bench.kernels import print_table
 
     recorded = recorded_kernel_results("../benchmarks/results")
     if not recorded:

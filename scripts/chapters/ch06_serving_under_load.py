@@ -41,12 +41,13 @@ CELLS = [
     from IPython.display import Markdown
 
     from minicb import EngineConfig, LLMEngine, SamplingParams, viz
-    from minicb.async_engine import AsyncLLMEngine
-    from minicb.load_study import QUICK, StudyConfig, format_rows, machine, run_study
-    from minicb.load_study import plot as plot_study
-    from minicb.server import ServerThread, build_app
+    from minicb.serving.async_engine import AsyncLLMEngine
+    from minicb.bench.load_study import QUICK, StudyConfig, format_rows, run_study
+    from minicb.bench.machine import machine_line
+    from minicb.bench.load_study import plot as plot_study
+    from minicb.serving.server import ServerThread, build_app
     from minicb.sim import CostModel, simulate
-    from minicb.viz_serving import serve_at_rates
+    from minicb.sim import serve_at_rates
     from minicb.workload import chat, poisson_arrivals
 
     torch.manual_seed(0)
@@ -56,7 +57,7 @@ CELLS = [
     ("md", """
     ## 1. The async engine: a step loop that never waits for a full list
 
-    `minicb.async_engine.AsyncLLMEngine` wraps the same `LLMEngine`. Its step loop runs in the
+    `minicb.serving.async_engine.AsyncLLMEngine` wraps the same `LLMEngine`. Its step loop runs in the
     background: between two steps it adds the requests that arrived and aborts those whose
     clients left, then runs one step in a worker thread (so the event loop keeps accepting
     connections meanwhile) and hands every request the tokens that step produced. Each request
@@ -92,7 +93,7 @@ CELLS = [
     ("md", """
     ## 2. An OpenAI-compatible server
 
-    `minicb.server` serves that engine over HTTP with FastAPI: `POST /v1/completions` (and
+    `minicb.serving.server` serves that engine over HTTP with FastAPI: `POST /v1/completions` (and
     `/v1/chat/completions` for models with a chat template), `GET /v1/models`, `GET /health` and
     `GET /metrics` in Prometheus' text format. From a shell it is
     `python -m minicb serve --max-num-seqs 8 --enable-prefix-caching`; from a notebook,
@@ -163,8 +164,8 @@ CELLS = [
     process at a given rate, as vLLM's serving benchmark does), not one after another as the
     previous one finishes; a closed loop like that slows down exactly when the server does and
     hides the queue. Latencies are measured at the client, from the moment a request is sent.
-    `minicb.load_study` starts one server per scheduler and sends each the same seeded workload
-    at the same arrival times with `minicb.bench_serve` (the same tool that measures any
+    `minicb.bench.load_study` starts one server per scheduler and sends each the same seeded workload
+    at the same arrival times with `minicb.serving.loadgen` (the same tool that measures any
     OpenAI-compatible server). Here in its quick form: 12 requests of about 16 prompt and 16
     output tokens, at 4 requests per second and all at once (the full study adds rates):
     """),
@@ -172,7 +173,7 @@ CELLS = [
     # NBVAL_IGNORE_OUTPUT
     study = replace(StudyConfig(), **QUICK)
     rows = run_study(study)
-    print(f"machine: {machine()}; the default model")
+    print(f"machine: {machine_line()}; the default model")
     Markdown(format_rows(rows))
     """),
     ("code", """

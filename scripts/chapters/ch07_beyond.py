@@ -42,12 +42,13 @@ CELLS = [
     import torch
     from IPython.display import Markdown
 
-    from minicb import bench_policies, viz
-    from minicb.bench_prefix import run_once, shared_prefix_prompts
-    from minicb.default_model import default_model_path
+    from minicb import viz
+    from minicb.bench import policies as bench_policies
+    from minicb.bench.prefix import run_once, shared_prefix_prompts
+    from minicb.model.default import default_model_path
     from minicb.metrics import summarize
     from minicb.sim import CostModel, simulate
-    from minicb.viz_serving import step_costs
+    from minicb.viz import step_costs
     from minicb.workload import Workload, WorkloadRequest, long_tail
 
     torch.manual_seed(0)
@@ -110,7 +111,7 @@ CELLS = [
     evicted, least recently used first, only when the free list runs dry.
 
     Eight requests that share a 256-token "system prompt", each with its own 16–32-token
-    question, all queued at once, with the cache off and on (`minicb.bench_prefix.run_once`: a
+    question, all queued at once, with the cache off and on (`minicb.bench.prefix.run_once`: a
     fresh engine each time):
     """),
     ("code", """
@@ -159,7 +160,7 @@ CELLS = [
     * `watermark_blocks`: free blocks admission leaves for running requests to grow into;
     * `step_order` and `max_prefill_tokens_per_step`, from section 1.
 
-    `minicb.bench_policies` serves the same long-tail traffic (prompts 16–512 tokens, answers up
+    `minicb.bench.policies` serves the same long-tail traffic (prompts 16–512 tokens, answers up
     to 512; one request in four is high priority) with each setting: 150 requests arriving at
     1.25× the rate FCFS sustains, 32 slots, a pool of 384 blocks of 16 (time in cost-model units):
     """),
@@ -257,7 +258,7 @@ CELLS = [
 
     ## 6. Running chapter 06's load test against vLLM
 
-    `minicb.bench_serve` talks to any OpenAI-compatible server and uses only standard fields, so
+    `minicb.serving.loadgen` talks to any OpenAI-compatible server and uses only standard fields, so
     the same test measures vLLM (or SGLang, or TGI) and minicb on the same workload. With a GPU
     and vLLM installed (`pip install vllm`), serve a small model and load it at a few rates (these
     are not run here):

@@ -3,7 +3,7 @@ and a one-page cheat sheet."""
 
 from pathlib import Path
 
-from minicb.viz_quiz import book_interview, interview_markdown
+from minicb.viz import book_interview, interview_markdown
 
 QUESTIONS = book_interview(Path(__file__).resolve().parent)
 CHAPTERS = list(dict.fromkeys(q.chapter for q in QUESTIONS))
@@ -23,7 +23,7 @@ CELLS = [
     would go wrong without it.
     """),
     ("code", """
-    from minicb.viz_quiz import book_interview, quiz_widget
+    from minicb.viz import book_interview, quiz_widget
 
     questions = book_interview("../scripts/chapters")       # read from the chapter sources
     for chapter in dict.fromkeys(q.chapter for q in questions):
@@ -105,7 +105,7 @@ CELLS = [
     runner, so they are exact):
     """),
     ("code", """
-    from minicb.bench_memory import occupancy
+    from minicb.bench.memory import occupancy
     from minicb.sim import simulate
     from minicb.workload import chat, seed_example
 

@@ -25,9 +25,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from minicb.bench import RESULTS_DIR, display_path, format_table, resolve_model, write_results
+from minicb.bench.common import RESULTS_DIR, display_path, format_table, resolve_model, write_results
+from minicb.bench.machine import describe, machine_info
 from minicb.metrics import summarize
-from minicb.sysinfo import describe, machine_info
 
 N_SAMPLES = 4
 TIMINGS = ("ttft_p50_s", "ttft_p95_s", "duration_s", "output_throughput", "total_throughput")

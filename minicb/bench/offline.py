@@ -26,7 +26,8 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from minicb.bench import (
+from minicb.bench.agreement import agreement
+from minicb.bench.common import (
     RESULTS_DIR,
     PeakMemory,
     display_path,
@@ -37,11 +38,10 @@ from minicb.bench import (
     workload_facts,
     write_results,
 )
-from minicb.bench_agreement import agreement
-from minicb.bench_peers import SystemRun, hf_continuous, hf_one_at_a_time, hf_static_batches
-from minicb.config import ATTENTIONS
+from minicb.bench.machine import describe, machine_info
+from minicb.bench.peers import SystemRun, hf_continuous, hf_one_at_a_time, hf_static_batches
+from minicb.config import EngineConfig
 from minicb.metrics import summarize
-from minicb.sysinfo import describe, machine_info
 
 SYSTEMS = {
     "hf-generate": "transformers generate, one request at a time",
@@ -57,6 +57,8 @@ MINICB_KNOBS = {"naive": dict(scheduler="naive", kv_cache="contiguous"),
                 "continuous-contiguous": dict(scheduler="continuous", kv_cache="contiguous"),
                 "continuous-paged": dict(scheduler="continuous", kv_cache="paged")}
 # (system, baseline, factor): the continuous engine's targets on this benchmark
+ENGINE_FLAGS = ("attention", "device", "dtype", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
+                "block_size", "num_kv_blocks")
 TARGETS = [("continuous-paged", "hf-generate", 10.0), ("continuous-paged", "hf-generate-batch", 2.0),
            ("continuous-paged", "static", 1.5)]
 
@@ -68,34 +70,24 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--workload", default="long-tail", help="a name from minicb.workload (default long-tail)")
     p.add_argument("--num-prompts", type=int, default=None, help="fewer requests for a quicker run")
     p.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=list(SYSTEMS))
-    p.add_argument("--max-num-seqs", type=int, default=64, help="request slots of every batched system")
-    p.add_argument("--max-num-batched-tokens", type=int, default=None,
-                   help="tokens per step (default: enough for a full static batch's padded prefill)")
-    p.add_argument("--max-model-len", type=int, default=None,
-                   help="longest request (default: the model's context, at most 2048); the workload is scaled to fit")
-    p.add_argument("--num-kv-blocks", type=int, default=None, help="KV pool in blocks (default: no memory limit)")
-    p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--hf-page-size", type=int, default=256, help="page size of transformers' paged cache")
     p.add_argument("--hf-max-batch-tokens", type=int, default=512,
                    help="tokens per step of transformers' continuous batching: on a CPU it builds a dense "
                         "attention mask per step, so it runs best with small steps (512 was its best of 256-18432)")
-    p.add_argument("--attention", default="auto", choices=ATTENTIONS,
-                   help="minicb's attention backend (default auto: the C kernel on a CPU where it compiles)")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--seed", type=int, default=0, help="seed of the prompts' token ids")
     p.add_argument("--out-dir", default=str(RESULTS_DIR))
     p.add_argument("--no-progress", action="store_true")
+    # the engine knobs every minicb system shares (each system sets its own scheduler and KV layout);
+    # the default step budget is None here: enough for a full static batch's padded prefill
+    EngineConfig.add_cli_args(p, only=ENGINE_FLAGS, defaults={"max_num_seqs": 64, "max_num_batched_tokens": None})
     return p.parse_args(argv)
 
 
 def run_minicb(name: str, model_path: str, args, prompts, output_lens, progress: bool) -> SystemRun:
     from minicb import LLM, SamplingParams
 
-    knobs = dict(MINICB_KNOBS[name], max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-                 max_model_len=args.max_model_len, num_kv_blocks=args.num_kv_blocks, block_size=args.block_size,
-                 device=args.device, dtype=args.dtype, attention=args.attention)
+    knobs = dict(MINICB_KNOBS[name], **EngineConfig.knobs_from_cli(args, only=ENGINE_FLAGS))
     llm = LLM(model_path, **knobs)
     llm.generate(prompts[:2], SamplingParams(max_tokens=2, temperature=0, ignore_eos=True), use_tqdm=False)  # warm-up
     params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in output_lens]
@@ -237,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
                                                           "block_size", "hf_page_size", "hf_max_batch_tokens", "seed",
                                                           "threads", "attention")},
                "systems": list(rows.values()), "targets": targets}
-    from minicb.bench_plots import plot_offline
+    from minicb.bench.plots import plot_offline
 
     stem = "-".join(["offline", workload.name] + ([args.device] if args.device != "cpu" else [])
                     + ([args.random_model] if args.random_model else [])

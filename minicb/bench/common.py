@@ -1,16 +1,5 @@
-"""Offline benchmarks: `python -m minicb bench offline | memory | overhead [options]`.
-
-    offline   one workload through transformers' generate (one at a time, static batches),
-              transformers' continuous batching, and minicb's naive / static / continuous
-              schedulers, side by side in one process (minicb.bench_offline)
-    memory    at one KV budget: requests running at once and the share of reserved KV slots
-              holding real tokens, contiguous against paged (minicb.bench_memory)
-    overhead  microseconds of schedule() + update() per step against the number of running
-              requests, beside the model's step time (minicb.bench_overhead)
-
-This module dispatches and holds what the three share: models, workloads, memory probes, and
-writing results (JSON with the machine recorded, and a PNG).
-"""
+"""What the benchmarks share: models, workloads, timers, memory probes, and writing results
+(JSON with the machine recorded, and a PNG)."""
 
 from __future__ import annotations
 
@@ -19,15 +8,14 @@ import inspect
 import json
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 import torch
 
-from minicb.sysinfo import machine_info
+from minicb.bench.machine import machine_info
 from minicb.workload import Workload, WorkloadRequest, get_workload
 
-SUBCOMMANDS = {"offline": "minicb.bench_offline", "memory": "minicb.bench_memory",
-               "overhead": "minicb.bench_overhead"}
 RESULTS_DIR = Path("benchmarks/results")
 
 # Shapes of public checkpoints, built with random weights: the GPU numbers need a real model's
@@ -38,15 +26,6 @@ RANDOM_MODELS = {
                        max_position_embeddings=32768, rope_theta=1_000_000.0, rms_norm_eps=1e-6,
                        tie_word_embeddings=True, bos_token_id=151643, eos_token_id=151643),
 }
-
-
-def main(argv: list[str]) -> int:
-    """argv[0] is the subcommand ("offline", "memory" or "overhead"), the rest its options."""
-    if not argv or argv[0] not in SUBCOMMANDS:
-        print(f"usage: python -m minicb bench {{{','.join(SUBCOMMANDS)}}} [options]  (--help for each)")
-        return 2
-    module = __import__(SUBCOMMANDS[argv[0]], fromlist=["main"])
-    return module.main(argv[1:])
 
 
 # --- models -------------------------------------------------------------------------------------
@@ -220,3 +199,30 @@ def format_table(rows: list[dict], columns: list[tuple[str, str, str]]) -> str:
     lines = ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in cells]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+# --- timers ----------------------------------------------------------------------------------
+def make_timer(device: str, rep_ms: int):
+    """Median milliseconds per call: triton's do_bench on a GPU (CUDA events, L2 flushed between
+    calls), one wall-clock call after a warm-up on the interpreter."""
+    if device == "cuda":
+        import triton.testing
+
+        return lambda fn: triton.testing.do_bench(fn, warmup=25, rep=rep_ms, return_mode="median")
+
+    def once(fn):
+        fn()
+        start = time.perf_counter()
+        fn()
+        return (time.perf_counter() - start) * 1e3
+
+    return once
+
+
+def copy_bandwidth_gbps(device: str, timer) -> float:
+    """Device-to-device copy of a large buffer: bytes read + bytes written per second."""
+    numel = (1 << 28) if device == "cuda" else (1 << 22)  # 1 GiB of float32 on a GPU
+    src = torch.empty(numel, dtype=torch.float32, device=device)
+    dst = torch.empty_like(src)
+    ms = timer(lambda: dst.copy_(src))
+    return 2 * src.numel() * src.element_size() / ms / 1e6

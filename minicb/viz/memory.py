@@ -14,7 +14,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
 
 from minicb.sim import SimResult
-from minicb.viz_base import PALETTE, new_figure, request_colour
+from minicb.viz.base import PALETTE, new_figure, request_colour
 
 
 def block_owners(result: SimResult) -> list[dict[int, list[str]]]:

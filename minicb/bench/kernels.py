@@ -29,12 +29,13 @@ import json
 import os
 import re
 import sys
-import time
 from pathlib import Path
 
 import torch
 
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+from minicb.bench.common import copy_bandwidth_gbps, make_timer
+from minicb.model.loader import DTYPES
+
 METHODS = ("triton", "sdpa", "gather")
 # The dry run: small enough for the interpreter, big enough to cross block and tile edges.
 DRY_RUN_GRID = dict(batch_sizes=[1, 3], contexts=[48], num_q_heads=4, num_kv_heads=2, head_dim=64,
@@ -60,32 +61,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def device_slug(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
-
-
-def make_timer(device: str, rep_ms: int):
-    """Median milliseconds per call: triton's do_bench on a GPU (CUDA events, L2 flushed between
-    calls), one wall-clock call after a warm-up on the interpreter."""
-    if device == "cuda":
-        import triton.testing
-
-        return lambda fn: triton.testing.do_bench(fn, warmup=25, rep=rep_ms, return_mode="median")
-
-    def once(fn):
-        fn()
-        start = time.perf_counter()
-        fn()
-        return (time.perf_counter() - start) * 1e3
-
-    return once
-
-
-def copy_bandwidth_gbps(device: str, timer) -> float:
-    """Device-to-device copy of a large buffer: bytes read + bytes written per second."""
-    numel = (1 << 28) if device == "cuda" else (1 << 22)  # 1 GiB of float32 on a GPU
-    src = torch.empty(numel, dtype=torch.float32, device=device)
-    dst = torch.empty_like(src)
-    ms = timer(lambda: dst.copy_(src))
-    return 2 * src.numel() * src.element_size() / ms / 1e6
 
 
 def fits(device: str, nbytes: int) -> bool:

@@ -23,7 +23,16 @@ from pathlib import Path
 
 import torch
 
-from minicb.bench import RESULTS_DIR, display_path, format_table, resolve_model, weight_bytes, write_results
+from minicb.bench.common import (
+    RESULTS_DIR,
+    copy_bandwidth_gbps,
+    display_path,
+    format_table,
+    make_timer,
+    resolve_model,
+    weight_bytes,
+    write_results,
+)
 from minicb.sim import simulate
 from minicb.workload import fixed
 
@@ -117,7 +126,6 @@ def model_step(model_path: str, batch: int, context: int, steps: int, device: st
 
 def decode_floor(model_path: str, device: str, dtype: str) -> dict:
     """Weight bytes / copy bandwidth: no decode step can be faster than reading the weights once."""
-    from minicb.bench_kernels import copy_bandwidth_gbps, make_timer
     from minicb.model.loader import load_model
 
     weights = weight_bytes(load_model(Path(model_path), device, dtype))
@@ -159,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     payload = {"benchmark": "overhead", "runner": "minicb.sim cost model for the scheduler; the real engine for "
                "the model", "context": args.context, "steps": args.steps, "scheduler": scheduler,
                "model": model, "model_steps": model_steps, "floor": floor, "target": target}
-    from minicb.bench_plots import plot_overhead
+    from minicb.bench.plots import plot_overhead
 
     stem = "overhead" + (f"-{args.device}" if args.device != "cpu" else "") + \
         (f"-{args.random_model}" if args.random_model else "")

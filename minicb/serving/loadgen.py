@@ -27,7 +27,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from minicb.metrics import RequestMetrics, Summary, summarize
-from minicb.viz_base import new_figure
+from minicb.viz.base import new_figure
 from minicb.workload import Workload, fixed, gamma_arrivals, get_workload, uniform_lengths
 
 # text prompts are drawn from these words (about one token each for a code-trained tokenizer)

@@ -31,12 +31,12 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 
 from minicb.config import EngineConfig
-from minicb.detokenizer import IncrementalDetokenizer
 from minicb.engine import LLMEngine, Prompt
 from minicb.metrics import RequestMetrics
 from minicb.outputs import RequestOutput
 from minicb.sampling import SamplingParams
-from minicb.serving_metrics import ServingStats
+from minicb.serving.detokenizer import IncrementalDetokenizer
+from minicb.serving.metrics import ServingStats
 
 
 class QueueFullError(RuntimeError):

@@ -9,7 +9,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from minicb.metrics import RequestMetrics
-from minicb.viz_base import PALETTE, new_figure, request_colour
+from minicb.viz.base import PALETTE, new_figure, request_colour
 
 
 def request_timelines(metrics: Sequence[RequestMetrics], virtual: bool = True,

@@ -10,6 +10,7 @@ the list below.
 
 from __future__ import annotations
 
+import argparse
 import importlib.metadata
 import os
 import platform
@@ -125,7 +126,7 @@ def check(run_kernel: bool = True) -> tuple[list[str], bool]:
         lines.append(f"{'OK  ' if kernel_ok else 'FAIL'} triton: {message}")
         lines.append(cpu_kernel_line())
     try:
-        from minicb.default_model import default_model_path
+        from minicb.model.default import default_model_path
 
         lines.append(f"OK   default model: {default_model_path()}")
     except Exception as error:
@@ -136,6 +137,7 @@ def check(run_kernel: bool = True) -> tuple[list[str], bool]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argparse.ArgumentParser(prog="python -m minicb env-check", description=__doc__.split("\n\n")[0]).parse_args(argv)
     lines, ok = check()
     print("\n".join(lines))
     return 0 if ok else 1

@@ -33,7 +33,7 @@ from minicb.metrics import RequestMetrics, summarize
 from minicb.request import Request
 from minicb.sampling import SamplingParams
 from minicb.sim import simulate
-from minicb.viz_base import PALETTE, new_figure
+from minicb.viz.base import PALETTE, new_figure
 from minicb.workload import Workload, chat, fixed, long_tail, poisson_arrivals
 
 
@@ -205,20 +205,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out-dir", default="benchmarks/results")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    from minicb.load_study import machine
+    from minicb.bench.machine import machine_line
 
     setups = [COST_MODEL, ENGINE]
     if args.quick:
         setups = [replace(s, **QUICK[s.runner]) for s in setups]
     started, rows = time.perf_counter(), []
-    print(f"machine: {machine()}\n")
+    print(f"machine: {machine_line()}\n")
     for setup in setups:
         if setup.runner in args.runners:
             rows += sweep(setup, args.model)
     name = "policies-quick" if args.quick else "policies"
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    record = {"date": time.strftime("%Y-%m-%d"), "machine": machine(), "torch": torch.__version__,
+    record = {"date": time.strftime("%Y-%m-%d"), "machine": machine_line(), "torch": torch.__version__,
               "torch_threads": args.threads,
               "model": args.model or "default",
               "setups": {s.runner: {**vars(s), "policies": policies(s)}

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import argparse
 
-from minicb.bench import RESULTS_DIR, format_table, load_workload, workload_facts, write_results
+from minicb.bench.common import RESULTS_DIR, format_table, load_workload, workload_facts, write_results
 from minicb.sim import SimResult, simulate
 
 KV_CACHES = ("contiguous", "paged")
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
                "num_kv_blocks": num_kv_blocks, "kv_slots": num_kv_blocks * args.block_size,
                "max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens,
                "runs": runs}
-    from minicb.bench_plots import plot_memory
+    from minicb.bench.plots import plot_memory
 
     json_path, png_path = write_results(args.out_dir, f"memory-{workload.name}", payload, plot_memory)
     print(f"results: {json_path}, {png_path}")

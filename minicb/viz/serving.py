@@ -1,44 +1,15 @@
-"""Serving numbers in virtual time: one workload served at rising request rates by the real
-scheduler on the cost-model runner, with goodput under latency targets (SLOs), and a picture
-of how long each step took and what it carried."""
+"""A picture of how long each step of a simulated run took and what it carried."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
 import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from minicb.sim import CostModel, SimResult, simulate
-from minicb.viz_base import PALETTE, new_figure
-from minicb.workload import Workload, poisson_arrivals
-
-
-def serving_row(result: SimResult, slo_ttft: float | None = None, slo_tpot: float | None = None) -> dict:
-    """Throughput, latency percentiles and goodput of one run, in cost-model time units.
-
-    `slo_share` is the fraction of requests that met every given target; goodput is those
-    requests per time unit."""
-    summary = result.summary(virtual=False, slo_ttft=slo_ttft, slo_tpot=slo_tpot)
-    met = summary.goodput / summary.request_throughput if summary.goodput is not None else None
-    return {"requests_per_unit": summary.request_throughput, "tokens_per_unit": summary.output_throughput,
-            "goodput": summary.goodput, "slo_share": met, "ttft_p50": summary.ttft["p50"],
-            "ttft_p95": summary.ttft["p95"], "tpot_p95": summary.tpot["p95"], "itl_p99": summary.itl["p99"],
-            "time_units": result.total_time, "preemptions": sum(len(s.preempted) for s in result.steps)}
-
-
-def serve_at_rates(workload: Workload, rates: Sequence[float], cost: CostModel | None = None,
-                   slo_ttft: float | None = None, slo_tpot: float | None = None, seed: int = 0,
-                   **knobs) -> list[dict]:
-    """The workload arriving as a Poisson process at each rate (requests per time unit; inf: all
-    at once, an offline batch job), served by the scheduler the knobs choose: one row per rate."""
-    rows = []
-    for rate in rates:
-        timed = workload.with_arrivals(poisson_arrivals(len(workload), rate, seed=seed))
-        result = simulate(timed, cost=cost, **knobs)
-        rows.append({"rate": rate, **serving_row(result, slo_ttft, slo_tpot)})
-    return rows
+from minicb.sim import SimResult
+from minicb.viz.base import PALETTE, new_figure
 
 
 def step_costs(results: Mapping[str, SimResult], title: str | None = None, width: float = 8.0) -> Figure:

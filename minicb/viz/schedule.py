@@ -14,7 +14,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
 from minicb.sim import SimResult, StepRecord
-from minicb.viz_base import IDLE_HATCH, darker, new_figure, request_colour
+from minicb.viz.base import IDLE_HATCH, darker, new_figure, request_colour
 
 Cell = tuple[str, str]   # (request id, "prefill" | "decode" | "idle")
 

@@ -9,8 +9,8 @@ from collections.abc import Sequence
 from matplotlib.figure import Figure
 
 from minicb.sim import CostModel, SimResult, simulate
-from minicb.viz_base import new_figure
-from minicb.viz_schedule import draw_slots, slot_legend, slots_height
+from minicb.viz.base import new_figure
+from minicb.viz.schedule import draw_slots, slot_legend, slots_height
 from minicb.workload import Workload
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-_ASSET_DIR = Path(__file__).resolve().parent / "assets" / "default_model"
+_ASSET_DIR = Path(__file__).resolve().parents[1] / "assets" / "default_model"
 _REBUILD = (
     "python scripts/train_default_model.py --minutes 40 && python scripts/evaluate_default_model.py"
 )

@@ -10,7 +10,7 @@ from matplotlib.colors import to_rgb
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
-from minicb.viz_base import IDLE_HATCH, PAD_COLOUR, new_figure, request_colour
+from minicb.viz.base import IDLE_HATCH, PAD_COLOUR, new_figure, request_colour
 
 
 def _check_lengths(lengths: Sequence[int]) -> list[int]:

@@ -1,6 +1,6 @@
 """Facts about the machine, written next to every measurement: a number means little without them.
 
-    >>> from minicb.sysinfo import machine_info, describe
+    >>> from minicb.bench.machine import machine_info, describe
     >>> describe(machine_info())
     '2-core Intel(R) Xeon(R) ..., no GPU, torch 2.13.0, transformers 5.23.0'
 """
@@ -41,6 +41,11 @@ def usable_cores() -> int:
     return os.cpu_count() or 1
 
 
+def machine_line() -> str:
+    """The CPU's name and usable cores, one line: absolute times mean nothing without them."""
+    return f"{cpu_model()}, {usable_cores()} CPU cores"
+
+
 def gpus() -> list[dict]:
     import torch
 
@@ -66,7 +71,7 @@ def versions() -> dict[str, str | None]:
 
 def git_commit() -> str | None:
     """The checkout's commit (with '+dirty' when files differ from it), or None outside a checkout."""
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True,
                                 text=True, timeout=5)

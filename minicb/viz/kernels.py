@@ -11,7 +11,7 @@ from pathlib import Path
 from matplotlib.figure import Figure
 from matplotlib.patches import FancyArrowPatch, Rectangle
 
-from minicb.viz_base import PALETTE, new_figure
+from minicb.viz.base import PALETTE, new_figure
 
 
 def paged_lookup(block_table: Sequence[int], block_size: int, seq_len: int, num_blocks: int,

@@ -41,10 +41,10 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
-from minicb.async_engine import AsyncLLMEngine, QueueFullError, RequestStream, StreamDelta
-from minicb.config import ATTENTIONS, DTYPES, KV_CACHES, POLICIES, POLICY_KNOBS, SCHEDULERS, STEP_ORDERS, EngineConfig
+from minicb.config import EngineConfig
 from minicb.engine import LLMEngine
-from minicb.openai_protocol import (
+from minicb.serving.async_engine import AsyncLLMEngine, QueueFullError, RequestStream, StreamDelta
+from minicb.serving.openai_protocol import (
     APIError,
     ParsedRequest,
     choice,
@@ -255,65 +255,16 @@ class ServerThread:
         self.stop()
 
 
-def _int_at_least(minimum: int):
-    """An argparse type: an integer >= minimum, or a usage error saying so."""
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = None
-        if value is None or value < minimum:
-            raise argparse.ArgumentTypeError(f"must be an integer >= {minimum} (got {text!r})")
-        return value
-    return parse
-
-
-def engine_arguments(parser: argparse.ArgumentParser) -> None:
-    """The engine knobs as command-line flags (shared with the load study)."""
-    parser.add_argument("--scheduler", choices=SCHEDULERS, default="continuous")
-    parser.add_argument("--kv-cache", choices=KV_CACHES, default="paged")
-    parser.add_argument("--attention", choices=ATTENTIONS, default="auto")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--dtype", choices=DTYPES, default="float32")
-    parser.add_argument("--max-num-seqs", type=int, default=32)
-    parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
-    parser.add_argument("--max-model-len", type=int, default=None)
-    parser.add_argument("--block-size", type=int, default=16)
-    parser.add_argument("--num-kv-blocks", type=int, default=None)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--enable-prefix-caching", action="store_true",
-                        help="reuse the KV of cached prompt prefixes (continuous scheduler, --kv-cache paged)")
-    policy = parser.add_argument_group("scheduling policy (continuous scheduler only; see benchmarks/policies.md)")
-    policy.add_argument("--policy", choices=POLICIES, default="fcfs",
-                        help="admission order; under 'priority' a request's integer 'priority' field "
-                             "decides (lower first, default 0)")
-    policy.add_argument("--step-order", choices=STEP_ORDERS, default="decode_first",
-                        help="whether running requests' next tokens or new prompts fill a step first")
-    policy.add_argument("--max-prefill-tokens-per-step", type=_int_at_least(1), default=None, metavar="N",
-                        help="cap on prompt tokens per step, so a long prompt is chunked (default: no cap)")
-    policy.add_argument("--max-wait-steps", type=_int_at_least(1), default=None, metavar="N",
-                        help="ageing: a request waiting more steps than this goes first (default: off)")
-    policy.add_argument("--watermark-blocks", type=_int_at_least(0), default=0, metavar="N",
-                        help="KV blocks admission leaves free for running requests to grow into")
-
-
-def engine_knobs(args: argparse.Namespace) -> dict:
-    return {name: getattr(args, name) for name in (
-        "scheduler", "kv_cache", "attention", "device", "dtype", "max_num_seqs", "max_num_batched_tokens",
-        "max_model_len", "block_size", "num_kv_blocks", "seed", "enable_prefix_caching", *POLICY_KNOBS)}
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The `python -m minicb serve` command line."""
     parser = argparse.ArgumentParser(prog="python -m minicb serve", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default=None, help="checkpoint directory (default: the shipped model)")
     parser.add_argument("--served-model-name", default=None, help="the name clients pass as 'model'")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--max-queue-len", type=int, default=1024,
                         help="waiting requests beyond this get 503 with Retry-After")
     parser.add_argument("--log-level", default="info")
-    engine_arguments(parser)
+    EngineConfig.add_cli_args(parser)
     return parser
 
 
@@ -321,8 +272,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        app = build_app(args.model, served_model_name=args.served_model_name,
-                        max_queue_len=args.max_queue_len, **engine_knobs(args))
+        app = build_app(served_model_name=args.served_model_name, max_queue_len=args.max_queue_len,
+                        **EngineConfig.knobs_from_cli(args))
     except ValueError as error:     # a knob the config refuses (or a combination): a usage error
         parser.error(str(error))
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)

@@ -5,7 +5,7 @@
 
 Each scheduler gets its own in-process HTTP server (the same one `python -m minicb serve`
 runs) and the same seeded workload at the same arrival times, measured from the client's side
-by `minicb.bench_serve`. The test of a serving system: as the offered load rises, does
+by `minicb.serving.loadgen`. The test of a serving system: as the offered load rises, does
 throughput rise much faster than user pain (p95 time to first token)?
 """
 
@@ -14,18 +14,17 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
-import platform
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import httpx
 
-from minicb.bench_serve import SIZED_WORKLOADS, BenchConfig, benchmark
+from minicb.bench.machine import machine_line
 from minicb.config import CONTINUOUS_ONLY_KNOBS, EngineConfig
-from minicb.server import ServerThread, build_app, engine_arguments, engine_knobs
-from minicb.viz_curves import tradeoff_curve
+from minicb.serving.loadgen import SIZED_WORKLOADS, BenchConfig, benchmark
+from minicb.serving.server import ServerThread, build_app
+from minicb.viz.curves import tradeoff_curve
 
 SCHEDULERS = ("naive", "static", "continuous")
 
@@ -115,19 +114,10 @@ def plot(rows: list[dict], path: Path | None = None):
     return fig
 
 
-def machine() -> str:
-    """The CPU's name and core count: absolute times mean nothing without them."""
-    cpuinfo = Path("/proc/cpuinfo")
-    names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
-             if line.startswith("model name")] if cpuinfo.exists() else []
-    return f"{names[0] if names else platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores"
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m minicb bench load-study",
                                      description=__doc__.split("\n\n")[0])
     defaults = StudyConfig()
-    parser.add_argument("--model", default=None, help="checkpoint directory (default: the shipped model)")
     parser.add_argument("--quick", action="store_true", help=f"a small sweep: {QUICK}")
     parser.add_argument("--schedulers", nargs="+", choices=SCHEDULERS, default=list(SCHEDULERS))
     parser.add_argument("--request-rates", nargs="+", type=float, default=None)
@@ -138,15 +128,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--range-ratio", type=float, default=defaults.range_ratio)
     parser.add_argument("--burstiness", type=float, default=defaults.burstiness)
     parser.add_argument("--out-dir", default="benchmarks/results")
-    engine_arguments(parser)
-    parser.set_defaults(max_num_seqs=16, scheduler=None)
+    EngineConfig.add_cli_args(parser, defaults={"max_num_seqs": 16, "scheduler": None})
     args = parser.parse_args(argv)
     if args.scheduler is not None:   # the study serves each of --schedulers in turn
         parser.error(f"--scheduler {args.scheduler} has no effect here: the study serves every scheduler "
                      f"named by --schedulers (e.g. --schedulers {args.scheduler})")
     given = {"request_rates": args.request_rates and tuple(args.request_rates),
              "num_prompts": args.num_prompts, "input_len": args.input_len, "output_len": args.output_len}
-    knobs = {k: v for k, v in engine_knobs(args).items() if k != "scheduler"}
+    knobs = EngineConfig.knobs_from_cli(args, exclude=("model", "scheduler"))
     try:       # a knob the config refuses is a usage error, before any server starts
         EngineConfig(**knobs)
     except ValueError as error:
@@ -154,13 +143,13 @@ def main(argv: list[str] | None = None) -> int:
     config = replace(defaults, model=args.model, schedulers=tuple(args.schedulers), workload=args.workload,
                      range_ratio=args.range_ratio, burstiness=args.burstiness, seed=args.seed, knobs=knobs,
                      **{**(QUICK if args.quick else {}), **{k: v for k, v in given.items() if v is not None}})
-    print(f"machine: {machine()}\n")
+    print(f"machine: {machine_line()}\n")
     started = time.perf_counter()
     rows = run_study(config, progress=True)
     name = "load-study-quick" if args.quick else "load-study"
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    record = {"date": time.strftime("%Y-%m-%d"), "machine": machine(), "model": args.model or "default",
+    record = {"date": time.strftime("%Y-%m-%d"), "machine": machine_line(), "model": args.model or "default",
               "config": {**vars(config), "request_rates": list(config.request_rates)},
               "wall_time_s": time.perf_counter() - started, "rows": rows}
     (out_dir / f"{name}.json").write_text(json.dumps(record, indent=1))

@@ -8,7 +8,7 @@ matplotlib.use("Agg")   # files only: the benchmarks run in terminals and CI
 
 import matplotlib.pyplot as plt  # noqa: E402
 
-from minicb.sysinfo import describe  # noqa: E402
+from minicb.bench.machine import describe  # noqa: E402
 
 MINICB_COLOR, PEER_COLOR = "#1f77b4", "#aaaaaa"
 

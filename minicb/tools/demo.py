@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import time
 
+from minicb.config import EngineConfig
 from minicb.llm import LLM
 from minicb.metrics import summarize
 from minicb.sampling import SamplingParams
@@ -43,10 +44,9 @@ def run(model: str | None, workload_name: str, num_prompts: int, max_num_seqs: i
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m minicb demo", description=__doc__)
-    parser.add_argument("--model", default=None, help="checkpoint dir or hub id (default: the shipped model)")
     parser.add_argument("--workload", default="mixed", help="mixed | chat | seed-example | three-answers")
     parser.add_argument("--num-prompts", type=int, default=32)
-    parser.add_argument("--max-num-seqs", type=int, default=16)
+    EngineConfig.add_cli_args(parser, only=("model", "max_num_seqs"), defaults={"max_num_seqs": 16})
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     rows = run(args.model, args.workload, args.num_prompts, args.max_num_seqs, args.seed)

@@ -1,0 +1,37 @@
+"""Benchmarks: `python -m minicb bench NAME [options]`, one module per benchmark.
+
+Each writes its results (JSON with the machine recorded, and a PNG) under benchmarks/results/.
+Shared helpers live in `common` (models, workloads, timers, results) and `machine` (what ran it).
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+# name -> (module, one line for the usage message)
+BENCHMARKS = {
+    "offline": ("minicb.bench.offline", "one workload through transformers and minicb's schedulers, side by side"),
+    "serve": ("minicb.serving.loadgen", "load-test any OpenAI-compatible server (minicb, vLLM, ...)"),
+    "load-study": ("minicb.bench.load_study", "sweep request rates against servers, one per scheduler"),
+    "kernels": ("minicb.bench.kernels", "the attention kernels against the device's copy bandwidth"),
+    "memory": ("minicb.bench.memory", "requests that fit one KV budget, contiguous against paged"),
+    "overhead": ("minicb.bench.overhead", "the scheduler's CPU time per step against the model's step"),
+    "policies": ("minicb.bench.policies", "admission policies and their latency trade-offs"),
+    "prefix": ("minicb.bench.prefix", "prefix caching on shared-prefix traffic"),
+}
+
+
+def usage() -> str:
+    lines = ["usage: python -m minicb bench NAME [options]   (NAME --help for each)", ""]
+    lines += [f"  {name:<11} {line}" for name, (_, line) in BENCHMARKS.items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    """argv[0] names the benchmark, the rest are its options."""
+    if not argv or argv[0] not in BENCHMARKS:
+        print(usage(), file=sys.stderr if argv and argv[0] not in ("-h", "--help") else sys.stdout)
+        return 0 if argv and argv[0] in ("-h", "--help") else 2
+    module = importlib.import_module(BENCHMARKS[argv[0]][0])
+    return module.main(argv[1:])

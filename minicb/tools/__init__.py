@@ -1,0 +1,1 @@
+"""Commands for readers and instructors: the terminal demo and the environment check."""

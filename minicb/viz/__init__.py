@@ -1,0 +1,32 @@
+"""The book's pictures, as plain functions that return matplotlib Figures.
+
+    from minicb import viz
+    from minicb.sim import simulate
+    from minicb.workload import seed_example
+    viz.slot_timeline(simulate(seed_example(), scheduler="static", max_num_seqs=4))
+
+Schedules (from `minicb.sim.SimResult`): slot_timeline, compare_timelines, kv_usage_timeline.
+One batch: batch_layout (padded rows or packed), attention_mask.
+Measurements: request_timelines, tradeoff_curve, line_plot, bar_chart, roofline, length_histogram.
+Knobs: knob_sweep (numbers), knob_view (an interactive widget's callback).
+Memory: block_map, block_reuse, free_blocks_timeline. Kernels: paged_lookup. Steps: step_costs.
+The interview quiz: quiz_widget, interview_markdown.
+A figure is shown in a notebook when a cell returns it; nothing is drawn through pyplot.
+"""
+
+from minicb.viz.base import PALETTE, format_table, new_figure, request_colour
+from minicb.viz.batch import attention_mask, batch_layout, mask_image
+from minicb.viz.curves import bar_chart, length_histogram, line_plot, request_timelines, roofline, tradeoff_curve
+from minicb.viz.kernels import paged_lookup, recorded_kernel_results
+from minicb.viz.knobs import knob_row, knob_sweep, knob_view
+from minicb.viz.memory import block_map, block_owners, block_reuse, free_blocks_timeline
+from minicb.viz.quiz import book_interview, interview_markdown, quiz_card, quiz_widget
+from minicb.viz.schedule import compare_timelines, draw_slots, kv_usage, kv_usage_timeline, slot_grid, slot_timeline
+from minicb.viz.serving import step_costs
+
+__all__ = ["PALETTE", "format_table", "new_figure", "request_colour", "attention_mask", "batch_layout",
+           "mask_image", "bar_chart", "length_histogram", "line_plot", "request_timelines", "roofline",
+           "tradeoff_curve", "paged_lookup", "recorded_kernel_results", "knob_row", "knob_sweep", "knob_view",
+           "block_map", "block_owners", "block_reuse", "free_blocks_timeline", "book_interview",
+           "interview_markdown", "quiz_card", "quiz_widget", "compare_timelines", "draw_slots", "kv_usage",
+           "kv_usage_timeline", "slot_grid", "slot_timeline", "step_costs"]
