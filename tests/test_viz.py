@@ -217,3 +217,26 @@ def test_three_answers_static_barrier_is_visible_in_the_grid():
     grid = viz.slot_grid(simulate(workload, scheduler="static", max_num_seqs=3).steps, 3)
     idle = [sum(1 for cell in row if cell and cell[1] == "idle") for row in grid]
     assert idle == [300 - 6, 300 - 50, 0]
+
+
+def test_show_source_is_the_installed_code_with_its_real_path_and_line_numbers():
+    from pathlib import Path
+
+    from minicb.scheduler.continuous import ContinuousScheduler
+
+    shown = viz.show_source(ContinuousScheduler.schedule)
+    assert shown.path == "minicb/scheduler/continuous.py"
+    file_lines = (Path(__file__).resolve().parents[1] / shown.path).read_text().splitlines(keepends=True)
+    assert file_lines[shown.first_line - 1:shown.last_line] == shown.lines
+    assert shown.lines[0].lstrip().startswith("def schedule(")
+    assert f"{shown.first_line}  " in shown._repr_markdown_()
+    part = viz.show_source(ContinuousScheduler.schedule, start="step_count", stop="return")
+    assert part.first_line > shown.first_line and "step_count" in part.lines[0] and "return" in part.lines[-1]
+    with pytest.raises(ValueError, match="not in the source"):
+        viz.show_source(ContinuousScheduler.schedule, start="no such line")
+
+
+def test_show_source_names_kernels_by_their_place_in_the_repository():
+    from minicb.kernels import paged_attention
+
+    assert viz.show_source(paged_attention).path == "kernels/paged_attention.py"
