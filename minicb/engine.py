@@ -1,9 +1,11 @@
-"""LLMEngine (add_request / step / abort) and LLM.generate, shaped like vLLM's."""
+"""LLMEngine: add_request / step / abort, shaped like vLLM's. LLM (minicb/llm.py) and the async
+engine (minicb/serving/async_engine.py) both drive it."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 
 import torch
 
@@ -39,7 +41,8 @@ class LLMEngine:
         self.scheduler = make_scheduler(config, self.kv, self._check_stop, time.perf_counter)
         pad = self.tokenizer.pad_token_id if self.tokenizer is not None else None
         self.runner = ModelRunner(self.model, config, self.kv, pad_token_id=pad or 0)
-        self.requests: dict[str, Request] = {}
+        self.requests: dict[str, Request] = {}       # by the engine's id (a sample's, for n > 1)
+        self._groups: dict[str, list[str]] = {}      # the caller's request id -> its samples' ids
         self._arrivals = 0
         self._seed_generator = torch.Generator().manual_seed(config.seed)
         # per-step counts (slot, padding and KV use): running totals + the last steps; see minicb.metrics
@@ -82,43 +85,72 @@ class LLMEngine:
 
     def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams,
                     arrival_time: float | None = None, priority: int = 0,
-                    fork_of: str | None = None) -> Request:
-        """Queue one request. `fork_of` names a queued or running request with the same prompt
-        whose parallel sample this is: it shares that request's prompt blocks (paged KV)."""
-        if request_id in self.requests:
+                    prompt_token_ids: list[int] | None = None) -> list[Request]:
+        """Queue one request; return its Requests (one per sample).
+
+        With `params.n > 1` the request runs as n samples: inside the engine they are requests
+        `{request_id}-{i}`, reported under `request_id` with `CompletionOutput.index` i. Sample i
+        draws from `seed + i` (when a seed is given), and the samples after the first share the
+        first one's prompt blocks (paged KV). `prompt_token_ids`, when the caller already has them
+        from `validate(prompt, params)`, spares tokenising a string prompt a second time.
+        """
+        if request_id in self._groups:
             raise ValueError(f"request id {request_id!r} is already in use; ids must be unique.")
-        if params.n != 1:
-            raise ValueError("n > 1 is served by LLM.generate, which forks one request per sample.")
-        token_ids = self.validate(prompt, params)
-        parent = self.requests.get(fork_of) if fork_of is not None else None
-        if fork_of is not None and (parent is None or parent.prompt_token_ids != token_ids):
-            raise ValueError(f"fork_of={fork_of!r} must name an unfinished request with the same prompt; "
-                             "add the first sample first, or leave fork_of out.")
-        seed = params.seed if params.seed is not None else \
-            int(torch.randint(0, 2**62, (1,), generator=self._seed_generator))
-        request = Request(request_id, token_ids, params,
-                          arrival_time=time.perf_counter() if arrival_time is None else arrival_time,
-                          arrival_step=self.scheduler.step_count,
-                          generator=torch.Generator().manual_seed(seed),
-                          prompt=prompt if isinstance(prompt, str) else None,
-                          priority=priority, arrival_index=self._arrivals)
-        self._arrivals += 1
-        self.requests[request_id] = request
-        self.scheduler.add_request(request, fork_of=parent if self.kv.supports_sharing else None)
-        return request
+        token_ids = self.validate(prompt if prompt_token_ids is None else prompt_token_ids, params)
+        n = params.n
+        sample_ids = [request_id] if n == 1 else [f"{request_id}-{i}" for i in range(n)]
+        taken = [sample_id for sample_id in sample_ids if sample_id in self.requests]
+        if taken:
+            raise ValueError(f"request id {taken[0]!r} is already in use; ids must be unique.")
+        arrival_time = time.perf_counter() if arrival_time is None else arrival_time
+        requests: list[Request] = []
+        for index, sample_id in enumerate(sample_ids):
+            sample_params = params if n == 1 else \
+                replace(params, n=1, seed=None if params.seed is None else params.seed + index)
+            seed = sample_params.seed if sample_params.seed is not None else \
+                int(torch.randint(0, 2**62, (1,), generator=self._seed_generator))
+            request = Request(sample_id, token_ids, sample_params, arrival_time=arrival_time,
+                              arrival_step=self.scheduler.step_count,
+                              generator=torch.Generator().manual_seed(seed),
+                              prompt=prompt if isinstance(prompt, str) else None, priority=priority,
+                              arrival_index=self._arrivals, group_id=request_id, sample_index=index)
+            self._arrivals += 1
+            self.requests[sample_id] = request
+            first = requests[0] if requests and self.kv.supports_sharing else None
+            self.scheduler.add_request(request, fork_of=first)
+            requests.append(request)
+        self._groups[request_id] = sample_ids
+        return requests
+
+    def request_ids(self) -> list[str]:
+        """The requests (callers' ids) not yet reported finished."""
+        return list(self._groups)
+
+    def has_request(self, request_id: str) -> bool:
+        """True while the request (any of its samples) is queued, running, or not yet reported."""
+        return request_id in self._groups
 
     def abort(self, request_id: str) -> None:
-        request = self.requests.get(request_id)
-        if request is None:
+        """Stop a request (every sample of it); its blocks are freed and step() reports it."""
+        if request_id not in self._groups:
             raise ValueError(f"cannot abort {request_id!r}: no such request (it may have finished already).")
-        if not request.finished:
-            self.scheduler.abort(request_id)
+        for sample_id in self._groups[request_id]:
+            request = self.requests.get(sample_id)
+            if request is not None and not request.finished:
+                self.scheduler.abort(sample_id)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
 
-    def get_num_unfinished_requests(self) -> int:
-        return len(self.scheduler.waiting) + sum(not r.finished for r in self.scheduler.running)
+    @property
+    def num_waiting(self) -> int:
+        """Sequences waiting for admission (each sample of a request counts)."""
+        return len(self.scheduler.waiting)
+
+    @property
+    def num_running(self) -> int:
+        """Sequences running and not finished."""
+        return self.scheduler.num_running
 
     # --- the loop ------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
@@ -140,8 +172,15 @@ class LLMEngine:
         outputs = {r.request_id: r for r in touched + ended}
         result = [self._output(r) for r in outputs.values()]
         for request in ended + [r for r in touched if r.finished]:
-            self.requests.pop(request.request_id, None)
+            self._forget(request)
         return result
+
+    def _forget(self, request: Request) -> None:
+        """A finished request has been reported: drop it, and its group once every sample is."""
+        self.requests.pop(request.request_id, None)
+        group = self._groups.get(request.group_id)
+        if group is not None and not any(sample_id in self.requests for sample_id in group):
+            del self._groups[request.group_id]
 
     # --- stopping -------------------------------------------------------------------------------
     def _check_stop(self, request: Request) -> RequestStatus | None:
@@ -172,12 +211,12 @@ class LLMEngine:
     def _output(self, request: Request) -> RequestOutput:
         logprobs = [top for _, top in request.logprobs] if request.params.logprobs is not None else None
         cumulative = sum(c for c, _ in request.logprobs) if request.logprobs else None
-        completion = CompletionOutput(0, self.decode(request) if request.finished else "",
+        completion = CompletionOutput(request.sample_index, self.decode(request) if request.finished else "",
                                       list(request.output_token_ids), request.finish_reason,
                                       request.stop_reason, logprobs, cumulative)
         new = request.output_token_ids[request.num_reported_tokens:]
         request.num_reported_tokens = request.num_output_tokens
-        return RequestOutput(request.request_id, request.prompt, list(request.prompt_token_ids), [completion],
+        return RequestOutput(request.group_id, request.prompt, list(request.prompt_token_ids), [completion],
                              request.finished, RequestMetrics.from_request(request), new, request.error)
 
 

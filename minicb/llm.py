@@ -51,42 +51,31 @@ class LLM:
             raise ValueError(f"got {len(params_list)} SamplingParams for {len(prompts)} prompts; "
                              "pass one for all or one per prompt.")
         engine = self.llm_engine
+        token_ids = []
         for index, (prompt, p) in enumerate(zip(prompts, params_list)):
             try:
-                engine.validate(prompt, p)
+                token_ids.append(engine.validate(prompt, p))
             except ValueError as error:
                 raise ValueError(f"prompt {index}: {error}") from None
 
-        groups: list[list[str]] = []
-        for index, (prompt, p) in enumerate(zip(prompts, params_list)):
-            ids = []
-            for sample in range(p.n):
-                request_id = f"{self._counter}"
-                self._counter += 1
-                # each of n samples is its own request with its own seed stream; the samples
-                # after the first fork it, sharing the prompt's KV blocks
-                seed = None if p.seed is None else p.seed + sample
-                engine.add_request(request_id, prompt, replace(p, n=1, seed=seed),
-                                   priority=priority[index] if priority else 0,
-                                   fork_of=ids[0] if ids else None)
-                ids.append(request_id)
-            groups.append(ids)
+        request_ids = []
+        for index, (prompt, ids, p) in enumerate(zip(prompts, token_ids, params_list)):
+            request_id = str(self._counter)
+            self._counter += 1
+            engine.add_request(request_id, prompt, p, priority=priority[index] if priority else 0,
+                               prompt_token_ids=ids)
+            request_ids.append(request_id)
 
-        final: dict[str, RequestOutput] = {}
-        total = sum(len(g) for g in groups)
+        finished: dict[str, list[RequestOutput]] = {request_id: [] for request_id in request_ids}
+        total = sum(p.n for p in params_list)
         with tqdm(total=total, desc="requests", disable=not use_tqdm) as bar:
             while engine.has_unfinished_requests():
                 for output in engine.step():
                     if output.finished:
-                        final[output.request_id] = output
+                        finished[output.request_id].append(output)
                         bar.update(1)
         results = []
-        for ids in groups:
-            first = final[ids[0]]
-            completions = []
-            for sample, request_id in enumerate(ids):
-                completion = final[request_id].outputs[0]
-                completion.index = sample
-                completions.append(completion)
-            results.append(replace(first, outputs=completions))
+        for request_id in request_ids:
+            samples = sorted(finished[request_id], key=lambda output: output.outputs[0].index)
+            results.append(replace(samples[0], outputs=[sample.outputs[0] for sample in samples]))
         return results

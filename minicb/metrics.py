@@ -52,7 +52,7 @@ class RequestMetrics:
         return cls(t.arrival, t.first_scheduled, t.first_token, t.token_times[-1] if t.token_times else None,
                    t.finished, list(t.token_times), t.arrival_step, t.first_scheduled_step, t.first_token_step,
                    t.finished_step, list(t.token_steps), request.num_prompt_tokens, request.num_output_tokens,
-                   request.num_preemptions, getattr(request, "num_cached_tokens", 0))
+                   request.num_preemptions, request.num_cached_tokens)
 
     # wall clock (seconds)
     @property
@@ -190,23 +190,11 @@ class StepStats:
 
 
 def count_step(plan, kv, running: Iterable, num_slots: int) -> StepStats:
-    """The counts of one step: `plan` is its SchedulerOutput, `kv` the KV manager and `running` the
-    scheduler's running requests, both read after the step's update. One pass over the rows and
-    one over the running requests; no per-token work."""
-    useful = tokens = pad = prefill = decode = 0
-    for seq in plan.seqs:
-        n, p = seq.num_tokens, seq.num_pad
-        tokens += n + p
-        if seq.ghost:
-            pad += n + p
-            continue
-        useful += 1
-        pad += p
-        if seq.is_prefill:
-            prefill += n
-        else:
-            decode += n
-    return StepStats(plan.step, num_slots, len(plan.seqs), useful, tokens, pad, prefill, decode,
+    """The counts of one step: `plan` is its SchedulerOutput (which counts its own rows and
+    tokens), `kv` the KV manager and `running` the scheduler's running requests, both read after
+    the step's update. No per-token work."""
+    return StepStats(plan.step, num_slots, len(plan.seqs), plan.num_useful_rows, plan.num_tokens,
+                     plan.num_pad_tokens, plan.num_prefill_tokens, plan.num_decode_tokens,
                      kv.num_reserved_slots(), sum(r.num_computed_tokens for r in running), len(plan.preempted))
 
 

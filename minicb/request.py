@@ -48,8 +48,12 @@ class Request:
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                  arrival_time: float = 0.0, arrival_step: int = 0, generator: torch.Generator | None = None,
-                 prompt: str | None = None, priority: int = 0, arrival_index: int = 0):
+                 prompt: str | None = None, priority: int = 0, arrival_index: int = 0,
+                 group_id: str | None = None, sample_index: int = 0):
         self.request_id = request_id
+        # the caller's request: a request with n samples runs as n Requests of one group
+        self.group_id = request_id if group_id is None else group_id
+        self.sample_index = sample_index
         self.arrival_index = arrival_index   # order of arrival, breaks every tie
         self.prompt = prompt
         self.prompt_token_ids = list(prompt_token_ids)
@@ -58,6 +62,7 @@ class Request:
         self.priority = priority
         self.status = RequestStatus.WAITING
         self.num_computed_tokens = 0
+        self.num_cached_tokens = 0      # computed tokens it found cached when first scheduled
         self.num_preemptions = 0
         self.generator = generator
         self.times = RequestTimes(arrival=arrival_time, arrival_step=arrival_step)
@@ -71,6 +76,16 @@ class Request:
     @property
     def all_token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
+
+    def token_ids(self, start: int, stop: int) -> list[int]:
+        """all_token_ids[start:stop] without building the whole list: a step reads only the
+        tokens it computes, never the cached ones before them."""
+        prompt_len = len(self.prompt_token_ids)
+        if stop <= prompt_len:
+            return self.prompt_token_ids[start:stop]
+        if start >= prompt_len:
+            return self.output_token_ids[start - prompt_len:stop - prompt_len]
+        return self.prompt_token_ids[start:] + self.output_token_ids[:stop - prompt_len]
 
     @property
     def num_prompt_tokens(self) -> int:

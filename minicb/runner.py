@@ -1,7 +1,7 @@
 """The model runner: turn a SchedulerOutput into packed tensors, run the model, sample.
 
 The per-step work is tensor operations over the packed batch; Python touches each request
-once per step (its token ids and block table), never each cached token.
+once per step (the tokens it computes this step and its block table), never each cached token.
 """
 
 from __future__ import annotations
@@ -44,9 +44,9 @@ class ModelRunner:
             request = seq.request
             start = request.num_computed_tokens
             if seq.ghost:   # recompute the last token without writing it (static batches' idle rows)
-                tokens, seq_len = [request.all_token_ids[-1]], start
+                tokens, seq_len = request.token_ids(request.num_tokens - 1, request.num_tokens), start
             else:
-                tokens, seq_len = request.all_token_ids[start:start + seq.num_tokens], start + seq.num_tokens
+                tokens, seq_len = request.token_ids(start, start + seq.num_tokens), start + seq.num_tokens
             input_ids.extend([self.pad_token_id] * seq.num_pad)
             input_ids.extend(tokens)
             q_lens.append(seq.num_pad + len(tokens))

@@ -156,7 +156,7 @@ def simulate(workload: Workload, cost: CostModel | None = None, record_blocks: b
             continue
         start = clock.now
         clock.now += cost.step_time(plan.num_prefill_tokens + plan.num_pad_tokens,
-                                    sum(1 for s in plan.seqs if not s.is_prefill))
+                                    plan.num_decode_rows)
         rows = [(s.request.request_id, "idle" if s.ghost else "prefill" if s.is_prefill else "decode",
                  s.num_tokens) for s in plan.seqs]
         tables = {s.request.request_id: list(kv.block_table(s.request)) for s in plan.seqs} if record_blocks else {}

@@ -231,7 +231,7 @@ def serve(llm: LLM, prompts, max_tokens, priorities, arrival_steps):
         while len(requests) < len(prompts) and arrival_steps[len(requests)] <= step:
             i = len(requests)
             params = SamplingParams(max_tokens=max_tokens[i], temperature=0, ignore_eos=True, logprobs=5)
-            requests.append(engine.add_request(str(i), prompts[i], params, priority=priorities[i]))
+            requests.extend(engine.add_request(str(i), prompts[i], params, priority=priorities[i]))
         for output in engine.step():
             if output.finished:
                 finished[int(output.request_id)] = output.outputs[0]

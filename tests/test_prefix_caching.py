@@ -178,12 +178,12 @@ def test_samples_store_the_prompt_blocks_once(tiny_llama, share):
     Not shared: 3 blocks per sample = 12."""
     engine = LLM(tiny_llama, block_size=BLOCK, max_model_len=128).llm_engine
     prompt = sample_prompt(40)
-    ids = [str(i) for i in range(4)]
-    for i in ids:
-        engine.add_request(i, prompt, SamplingParams(temperature=1.0, seed=3 + int(i), max_tokens=6,
-                                                     ignore_eos=True),
-                           fork_of="0" if share and i != "0" else None)
-    requests = [engine.requests[i] for i in ids]
+    if share:      # one request with four samples: sample i draws from seed 3 + i
+        requests = engine.add_request("0", prompt, SamplingParams(n=4, temperature=1.0, seed=3, max_tokens=6,
+                                                                  ignore_eos=True))
+    else:          # four requests, the same seeds
+        requests = [request for i in range(4) for request in engine.add_request(
+            str(i), prompt, SamplingParams(temperature=1.0, seed=3 + i, max_tokens=6, ignore_eos=True))]
     while not all(r.num_output_tokens >= 1 for r in requests):
         engine.step()
     tables = [list(engine.kv.block_table(r)) for r in requests]

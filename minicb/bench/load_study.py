@@ -54,7 +54,7 @@ def run_study(config: StudyConfig, progress: bool = False) -> list[dict]:
     for scheduler in config.schedulers:
         knobs = {k: v for k, v in config.knobs.items() if scheduler == "continuous" or k not in CONTINUOUS_ONLY_KNOBS}
         app = build_app(config.model, max_queue_len=None, **{**knobs, "scheduler": scheduler})
-        vocab_size = app.state.engine.engine.vocab_size
+        vocab_size = app.state.engine.vocab_size
         with ServerThread(app) as server:
             _warm_up(server.url)
             for rate in config.request_rates:

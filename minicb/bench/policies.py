@@ -111,7 +111,7 @@ def run_engine(setup: Setup, workload: Workload, knobs: dict, model: str | None)
             i = order[len(requests)]
             spec = workload.requests[i]
             params = SamplingParams(max_tokens=spec.output_len, temperature=0, ignore_eos=True)
-            requests.append(engine.add_request(str(i), prompts[i], params, arrival_time=start + spec.arrival,
+            requests.extend(engine.add_request(str(i), prompts[i], params, arrival_time=start + spec.arrival,
                                                priority=spec.priority))
         if engine.has_unfinished_requests():
             engine.step()

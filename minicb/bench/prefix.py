@@ -116,11 +116,14 @@ def peak_blocks_with_samples(model_path: str, prompts: list[list[int]], args, sh
                  max_num_batched_tokens=args.max_num_batched_tokens,
                  max_model_len=args.max_model_len).llm_engine
     for index, prompt in enumerate(prompts):
-        for sample in range(N_SAMPLES):
+        if share:   # one request of N_SAMPLES samples: they share the prompt's blocks
+            engine.add_request(str(index), prompt, SamplingParams(n=N_SAMPLES, temperature=0.8, seed=args.seed,
+                                                                  max_tokens=args.output_len, ignore_eos=True))
+            continue
+        for sample in range(N_SAMPLES):     # the same samples as separate requests
             params = SamplingParams(temperature=0.8, seed=args.seed + sample, max_tokens=args.output_len,
                                     ignore_eos=True)
-            engine.add_request(f"{index}.{sample}", prompt, params,
-                               fork_of=f"{index}.0" if share and sample else None)
+            engine.add_request(f"{index}.{sample}", prompt, params)
     peak = 0
     while engine.has_unfinished_requests():
         engine.step()

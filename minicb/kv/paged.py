@@ -140,10 +140,10 @@ class PagedKVManager(KVManager):
         num_full = request.num_computed_tokens // self.block_size
         if len(chain) >= num_full or (chain and chain[-1] is None):
             return
-        size, tokens, table = self.block_size, request.all_token_ids, self.tables[request.request_id]
+        size, table = self.block_size, self.tables[request.request_id]
         for index in range(len(chain), num_full):
             entry = self.cache.insert(chain[-1] if chain else None,
-                                      tuple(tokens[index * size:(index + 1) * size]), table[index])
+                                      tuple(request.token_ids(index * size, (index + 1) * size)), table[index])
             chain.append(entry)
             if entry is None:
                 break

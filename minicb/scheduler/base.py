@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from minicb.config import EngineConfig
 from minicb.kv.base import KVManager
 from minicb.request import Request, RequestStatus
+from minicb.scheduler.queue import WaitingQueue
 
 
 @dataclass
@@ -37,9 +38,19 @@ class SchedulerOutput:
     # (source, destination) blocks the runner copies before the forward: copy-on-write
     block_copies: list[tuple[int, int]] = field(default_factory=list)
 
+    # every count of a step's rows and tokens is defined here, once
     @property
     def num_tokens(self) -> int:
         return sum(s.num_tokens + s.num_pad for s in self.seqs)
+
+    @property
+    def num_useful_rows(self) -> int:
+        """Rows whose output is kept (not a static batch's finished ghost)."""
+        return sum(not s.ghost for s in self.seqs)
+
+    @property
+    def num_decode_rows(self) -> int:
+        return sum(not s.is_prefill for s in self.seqs)
 
     @property
     def num_prefill_tokens(self) -> int:
@@ -70,7 +81,7 @@ class Scheduler:
         self.kv = kv
         self.stop_checker = stop_checker
         self.clock = clock
-        self.waiting: list[Request] = []
+        self.waiting = WaitingQueue()
         self.running: list[Request] = []
         self.step_count = 0
         self.num_preemptions = 0
@@ -86,7 +97,13 @@ class Scheduler:
         self.waiting.append(request)
 
     def has_unfinished(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting) or self.num_running > 0
+
+    @property
+    def num_running(self) -> int:
+        """Running requests that have not finished (a static batch keeps its finished members'
+        rows until the batch ends; they are not counted)."""
+        return sum(not request.finished for request in self.running)
 
     def abort(self, request_id: str) -> Request | None:
         """Remove a request wherever it is and free its blocks; None if it is not here."""

@@ -13,10 +13,32 @@ watermark) are knobs of EngineConfig.
 
 from __future__ import annotations
 
-import heapq
+from dataclasses import dataclass, field
 
 from minicb.request import Request, RequestStatus
 from minicb.scheduler.base import ScheduledSeq, Scheduler, SchedulerOutput
+
+
+@dataclass
+class StepBudget:
+    """What is left of one step while it is planned: tokens, prompt tokens, and who is in it."""
+
+    tokens: int
+    prefill_tokens: int
+    scheduled: set[str] = field(default_factory=set)
+
+    def tokens_for(self, request: Request) -> int:
+        """How many of the request's uncomputed tokens fit what is left."""
+        wanted = request.num_uncomputed_tokens
+        if not request.is_prefilling:
+            return min(wanted, self.tokens)          # a decode: one token
+        return min(wanted, self.tokens, self.prefill_tokens)
+
+    def charge(self, seq: ScheduledSeq) -> None:
+        self.scheduled.add(seq.request.request_id)
+        self.tokens -= seq.num_tokens
+        if seq.is_prefill:
+            self.prefill_tokens -= seq.num_tokens
 
 
 class ContinuousScheduler(Scheduler):
@@ -24,58 +46,47 @@ class ContinuousScheduler(Scheduler):
         self.step_count += 1
         output = SchedulerOutput(step=self.step_count)
         config = self.config
-        self._token_budget = config.max_num_batched_tokens
-        self._prefill_budget = config.max_prefill_tokens_per_step or config.max_num_batched_tokens
-        self._scheduled: set[str] = set()
+        budget = StepBudget(config.max_num_batched_tokens,
+                            config.max_prefill_tokens_per_step or config.max_num_batched_tokens)
         if config.step_order == "decode_first":
-            self._schedule_running(output)
-            self._admit_waiting(output)
+            self._schedule_running(output, budget)
+            self._admit_waiting(output, budget)
         else:
-            self._admit_waiting(output)
-            self._schedule_running(output)
+            self._admit_waiting(output, budget)
+            self._schedule_running(output, budget)
         return output
 
-    # --- budget ----------------------------------------------------------------------------
-    def _tokens_for(self, request: Request) -> int:
-        """How many of the request's uncomputed tokens fit this step's budgets."""
-        wanted = request.num_uncomputed_tokens
-        if not request.is_prefilling:
-            return min(wanted, self._token_budget)          # a decode: one token
-        return min(wanted, self._token_budget, self._prefill_budget)
-
-    def _take(self, output: SchedulerOutput, request: Request, num_tokens: int) -> None:
+    def _take(self, output: SchedulerOutput, request: Request, num_tokens: int, budget: StepBudget) -> None:
         seq = ScheduledSeq.plan(request, num_tokens)
         self.kv.allocate(request, request.num_computed_tokens + num_tokens)
         output.block_copies.extend(self.kv.pop_block_copies())
         output.seqs.append(seq)
-        self._scheduled.add(request.request_id)
-        self._token_budget -= num_tokens
-        if seq.is_prefill:
-            self._prefill_budget -= num_tokens
+        budget.charge(seq)
 
     # --- running requests --------------------------------------------------------------------
-    def _schedule_running(self, output: SchedulerOutput) -> None:
+    def _schedule_running(self, output: SchedulerOutput, budget: StepBudget) -> None:
         for request in list(self.running):
-            if request.status is not RequestStatus.RUNNING or request.request_id in self._scheduled:
+            if request.status is not RequestStatus.RUNNING or request.request_id in budget.scheduled:
                 continue
-            num_tokens = self._tokens_for(request)
+            num_tokens = budget.tokens_for(request)
             if num_tokens == 0:
                 continue
             needed = request.num_computed_tokens + num_tokens
             while not self.kv.can_allocate(request, needed):
-                victim = self._pick_victim()
+                victim = self._pick_victim(budget)
                 self._preempt(victim, output)
                 if victim is request:
                     break
             if request.status is RequestStatus.RUNNING:
-                self._take(output, request, num_tokens)
+                self._take(output, request, num_tokens, budget)
 
-    def _pick_victim(self) -> Request:
-        """Among running requests not yet in this step: the latest arrival (it has the least
-        progress to lose), or under the priority policy the lowest priority first. Overdue
-        requests (see the ageing note above `_admission_key`) go last, so ageing also protects
-        them from eviction."""
-        candidates = [r for r in self.running if r.request_id not in self._scheduled]
+    def _pick_victim(self, budget: StepBudget) -> Request:
+        """Among running requests not yet in this step: the latest arrival, or under the priority
+        policy the lowest priority first. A heuristic: the latest arrival has usually computed the
+        fewest tokens, so recomputing it later costs least, though a late request with a long
+        prompt may have more to lose. Overdue requests (see the ageing note above
+        `_admission_key`) go last, so ageing also protects them from eviction."""
+        candidates = [r for r in self.running if r.request_id not in budget.scheduled]
 
         def eviction_order(request: Request) -> tuple[int, ...]:
             overdue = self._admission_key(request)[0] == 0
@@ -95,29 +106,18 @@ class ContinuousScheduler(Scheduler):
         output.preempted.append(request)
 
     # --- waiting requests --------------------------------------------------------------------
-    def _admit_waiting(self, output: SchedulerOutput) -> None:
+    def _admit_waiting(self, output: SchedulerOutput, budget: StepBudget) -> None:
         if output.preempted:
             return  # memory is short: admitting now would only preempt again next step
-        if not self.waiting or len(self.running) >= self.config.max_num_seqs or self._token_budget <= 0:
+        if not self.waiting or len(self.running) >= self.config.max_num_seqs or budget.tokens <= 0:
             return  # no room this step: do not even look at the queue
-        # The first pick scans the queue, as most steps admit at most one request. A second pick
-        # orders the rest once as a heap (the policy's order cannot change within a step), so a
-        # step that admits k of W waiting requests costs O(W + k log W), not O(k W). The queue
-        # position breaks ties, as the scan does.
         admitted: list[Request] = []
-        heap = None
-        while len(admitted) < len(self.waiting) and len(self.running) < self.config.max_num_seqs \
-                and self._token_budget > 0:
-            if not admitted:
-                request = min(self.waiting, key=self._admission_key)
-            else:
-                if heap is None:
-                    heap = [(self._admission_key(r), i, r) for i, r in enumerate(self.waiting) if r is not admitted[0]]
-                    heapq.heapify(heap)
-                request = heapq.heappop(heap)[2]
+        for request in self.waiting.in_order(self._admission_key):
+            if len(self.running) >= self.config.max_num_seqs or budget.tokens <= 0:
+                break
             if not self._claim_computed_prefix(request):
                 break   # a parallel sample waits one step for its prompt, then shares it
-            num_tokens = self._tokens_for(request)
+            num_tokens = budget.tokens_for(request)
             if num_tokens == 0 or not self.kv.can_allocate(
                     request, request.num_computed_tokens + num_tokens,
                     reserve_blocks=self.config.watermark_blocks):
@@ -127,13 +127,8 @@ class ContinuousScheduler(Scheduler):
             admitted.append(request)
             self.running.append(request)
             self._start_running(request)
-            self._take(output, request, num_tokens)
-        if len(admitted) == 1:
-            self.waiting.remove(admitted[0])
-        elif admitted:
-            ids = {request.request_id for request in admitted}
-            self.waiting = [request for request in self.waiting if request.request_id not in ids]
-
+            self._take(output, request, num_tokens, budget)
+        self.waiting.remove_all(admitted)
     # Ageing (max_wait_steps = W) promises, under every policy: from the step in which a request is
     # overdue (arrived more than W steps ago, so from step arrival_step + W + 1 on) until it is
     # admitted, no request that arrived after it is admitted. Overdue requests go first, oldest

@@ -76,9 +76,6 @@ class StaticScheduler(Scheduler):
                 return request
         return super().abort(request_id)
 
-    def has_unfinished(self) -> bool:
-        return bool(self.waiting) or any(not r.finished for r in self.running)
-
 
 class NaiveScheduler(StaticScheduler):
     """One request at a time, from prefill to its last token: a static batch of one."""

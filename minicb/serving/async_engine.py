@@ -15,11 +15,10 @@ applied between two steps, never during one.
     async for delta in engine.generate("def fib(n):", SamplingParams(max_tokens=16)):
         print(delta.text, end="")
 
-Parallel sampling. A request with `SamplingParams(n=k)` becomes k engine requests, as in
-LLM.generate: sample i draws from seed + i when a seed is given, and the samples after the first
-fork it (`fork_of`), sharing its prompt's KV blocks. They share one stream, whose deltas say which
-sample they belong to (`index`); it ends once every sample has finished, and aborting the request
-aborts all of them.
+Parallel sampling. A request with `SamplingParams(n=k)` runs as k samples, fanned out by the
+engine itself (LLMEngine.add_request, as for LLM.generate). They share one stream, whose deltas
+say which sample they belong to (`index`); it ends once every sample has finished, and aborting
+the request aborts all of them.
 """
 
 from __future__ import annotations
@@ -28,10 +27,11 @@ import asyncio
 import itertools
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from minicb.config import EngineConfig
 from minicb.engine import LLMEngine, Prompt
+from minicb.kv.prefix import PrefixCacheStats
 from minicb.metrics import RequestMetrics
 from minicb.outputs import RequestOutput
 from minicb.sampling import SamplingParams
@@ -104,12 +104,6 @@ class _PendingAdd:
     require_fit: bool
     added: asyncio.Future = field(repr=False)
 
-    @property
-    def sample_ids(self) -> list[str]:
-        """The engine's request ids for the n samples: the request's own id when n is 1."""
-        n = self.params.n
-        return [self.request_id] if n == 1 else [f"{self.request_id}-{i}" for i in range(n)]
-
 
 class AsyncLLMEngine:
     """Wraps an LLMEngine with a background step loop and per-request async streams.
@@ -125,27 +119,43 @@ class AsyncLLMEngine:
         self._pending_adds: list[_PendingAdd] = []
         self._pending_aborts: set[str] = set()
         self._streams: dict[str, RequestStream] = {}
-        # used by the worker call only, keyed by the engine's request id (one per sample)
-        self._detokenizers: dict[str, IncrementalDetokenizer] = {}
-        self._sample_of: dict[str, tuple[str, int]] = {}      # → (the request's id, sample index)
+        # used by the worker call only, one per sample: (request id, sample index) -> detokenizer
+        self._detokenizers: dict[tuple[str, int], IncrementalDetokenizer] = {}
         self._ids = itertools.count()
         self._wake: asyncio.Event | None = None
         self._loop_task: asyncio.Task | None = None
         self._stopping = False
 
-    @classmethod
-    def from_config(cls, config: EngineConfig, max_queue_len: int | None = None) -> AsyncLLMEngine:
-        return cls(LLMEngine(config), max_queue_len)
-
     # --- what the server reports ---------------------------------------------------------------
     @property
     def num_waiting(self) -> int:
         """Sequences waiting: every sample of a parallel-sampling request counts."""
-        return sum(add.params.n for add in self._pending_adds) + len(self.engine.scheduler.waiting)
+        return sum(add.params.n for add in self._pending_adds) + self.engine.num_waiting
 
     @property
     def num_running(self) -> int:
-        return sum(not r.finished for r in list(self.engine.scheduler.running))
+        return self.engine.num_running
+
+    @property
+    def config(self) -> EngineConfig:
+        return self.engine.config
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    @property
+    def model_path(self) -> str:
+        return self.engine.model_path
+
+    @property
+    def vocab_size(self) -> int:
+        return self.engine.vocab_size
+
+    def kv_usage(self) -> tuple[int, int, PrefixCacheStats]:
+        """KV blocks in use, blocks free, and the prefix cache's counters."""
+        kv = self.engine.kv
+        return kv.num_used_blocks(), kv.num_free_blocks(), kv.prefix_stats()
 
     # --- lifecycle -------------------------------------------------------------------------------
     def start(self) -> None:
@@ -283,9 +293,9 @@ class AsyncLLMEngine:
                 self._add_to_engine(add)
             except ValueError as error:
                 rejected[add.request_id] = error
-        for sample_id, (request_id, _) in list(self._sample_of.items()):
-            if request_id in aborts and sample_id in self.engine.requests:
-                self.engine.abort(sample_id)
+        for request_id in aborts:
+            if self.engine.has_request(request_id):
+                self.engine.abort(request_id)
         deltas = []
         # a step also runs right after an abort, even with nothing left: it reports the aborted
         # request (finish_reason "abort") and lets the engine forget it
@@ -294,42 +304,33 @@ class AsyncLLMEngine:
         return rejected, deltas
 
     def _add_to_engine(self, add: _PendingAdd) -> None:
-        """Add the request's samples; every check runs first, so either all are added or none."""
-        engine, params, sample_ids = self.engine, add.params, add.sample_ids
+        """Add the request (the engine fans out its samples); every check runs first."""
+        engine, params = self.engine, add.params
         token_ids = engine.validate(add.prompt, params)
         limit = engine.config.max_model_len
         if add.require_fit and len(token_ids) + params.max_tokens > limit:
             raise ValueError(f"max_tokens={params.max_tokens} plus the prompt's {len(token_ids)} tokens "
                              f"exceeds max_model_len={limit}; ask for at most {limit - len(token_ids)} "
                              "tokens or shorten the prompt.")
-        taken = [sample_id for sample_id in sample_ids if sample_id in engine.requests]
-        if taken:
-            raise ValueError(f"request id {taken[0]!r} is already in use; ids must be unique.")
-        for index, sample_id in enumerate(sample_ids):
-            # as LLM.generate: sample i draws from seed + i, and the samples after the first fork
-            # it, sharing its prompt's KV blocks
-            seed = None if params.seed is None else params.seed + index
-            engine.add_request(sample_id, token_ids, replace(params, n=1, seed=seed), add.arrival_time,
-                               add.priority, fork_of=sample_ids[0] if index else None)
-            self._detokenizers[sample_id] = IncrementalDetokenizer(engine.tokenizer, params.stop)
-            self._sample_of[sample_id] = (add.request_id, index)
+        engine.add_request(add.request_id, add.prompt, params, add.arrival_time, add.priority,
+                           prompt_token_ids=token_ids)
+        for index in range(params.n):
+            self._detokenizers[add.request_id, index] = IncrementalDetokenizer(engine.tokenizer, params.stop)
 
     def _to_delta(self, output: RequestOutput) -> StreamDelta:
-        completion, sample_id = output.outputs[0], output.request_id
+        completion = output.outputs[0]
+        key = (output.request_id, completion.index)
         if output.finished:   # the engine's final text, cut at a stop string if one matched
-            text = self._detokenizers.pop(sample_id).finish(completion.text)
-            request_id, index = self._sample_of.pop(sample_id)
+            text = self._detokenizers.pop(key).finish(completion.text)
         else:
-            text = self._detokenizers[sample_id].add(output.new_token_ids)
-            request_id, index = self._sample_of[sample_id]
-        return StreamDelta(request_id, list(output.new_token_ids), text, output.finished,
+            text = self._detokenizers[key].add(output.new_token_ids)
+        return StreamDelta(output.request_id, list(output.new_token_ids), text, output.finished,
                            completion.finish_reason, len(output.prompt_token_ids), len(completion.token_ids),
-                           output.metrics if output.finished else None, output.error, index)
+                           output.metrics if output.finished else None, output.error, completion.index)
 
     def _abort_everything(self) -> None:
-        for request_id in list(self.engine.requests):
+        for request_id in self.engine.request_ids():
             self.engine.abort(request_id)
-        if self.engine.requests:
+        if self.engine.has_unfinished_requests() or self.engine.request_ids():
             self.engine.step()
         self._detokenizers.clear()
-        self._sample_of.clear()

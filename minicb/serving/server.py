@@ -62,8 +62,8 @@ def build_app(model: str | None = None, *, engine: AsyncLLMEngine | None = None,
     """The FastAPI app. Pass engine knobs (scheduler=..., max_num_seqs=...) or a ready engine."""
     if engine is None:
         engine = AsyncLLMEngine(LLMEngine(EngineConfig(model=model, **knobs)), max_queue_len)
-    model_name = served_model_name or model or Path(engine.engine.model_path).name
-    max_model_len = engine.engine.config.max_model_len
+    model_name = served_model_name or model or Path(engine.model_path).name
+    max_model_len = engine.config.max_model_len
     created = int(time.time())
 
     @asynccontextmanager
@@ -92,9 +92,7 @@ def build_app(model: str | None = None, *, engine: AsyncLLMEngine | None = None,
 
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:
-        kv = engine.engine.kv
-        text = engine.stats.render(engine.num_running, engine.num_waiting, kv.num_used_blocks(),
-                                   kv.num_free_blocks(), kv.prefix_stats())
+        text = engine.stats.render(engine.num_running, engine.num_waiting, *engine.kv_usage())
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @app.post("/v1/completions")
@@ -104,7 +102,7 @@ def build_app(model: str | None = None, *, engine: AsyncLLMEngine | None = None,
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        parsed = parse_chat(await _json_body(request), model_name, max_model_len, engine.engine.tokenizer)
+        parsed = parse_chat(await _json_body(request), model_name, max_model_len, engine.tokenizer)
         return await _serve(engine, request, parsed, model_name, chat=True)
 
     return app
@@ -122,7 +120,7 @@ async def _json_body(request: Request) -> dict:
 
 async def _serve(engine: AsyncLLMEngine, request: Request, parsed: ParsedRequest, model_name: str,
                  chat: bool):
-    policy = engine.engine.config.policy
+    policy = engine.config.policy
     if parsed.priority != 0 and policy != "priority":
         raise APIError(f"'priority' is {parsed.priority}, but this server schedules with policy={policy!r}, "
                        "which ignores it; leave 'priority' out (or 0), or start the server with "

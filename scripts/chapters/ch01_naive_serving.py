@@ -96,7 +96,7 @@ CELLS = [
     """),
     ("code", """
     prompt = "def fibonacci(n):"
-    request = engine.add_request("demo", prompt, SamplingParams(max_tokens=24, temperature=0))
+    (request,) = engine.add_request("demo", prompt, SamplingParams(max_tokens=24, temperature=0))
     rows = []
     while engine.has_unfinished_requests():
         before = request.num_computed_tokens

@@ -248,10 +248,8 @@ CELLS = [
     ("code", """
     engine = llms["default pool"].llm_engine
     prompt = eight.prompt_token_ids(engine.vocab_size, seed=1)[0] + [7] * 16     # 40 tokens
-    engine.add_request("s0", prompt, SamplingParams(max_tokens=4, temperature=0.8, seed=0))
-    for sample in [1, 2, 3]:     # forks of s0: they share its prompt blocks
-        engine.add_request(f"s{sample}", prompt, SamplingParams(max_tokens=4, temperature=0.8, seed=sample),
-                           fork_of="s0")
+    # n=4: the engine runs four samples, s-0 ... s-3; the last three fork s-0 and share its prompt blocks
+    engine.add_request("s", prompt, SamplingParams(n=4, max_tokens=4, temperature=0.8, seed=0))
     for _ in range(2):
         engine.step()
         tables = {r.request_id: engine.kv.block_table(r) for r in engine.scheduler.running}
@@ -263,7 +261,7 @@ CELLS = [
     print("after they finish:", engine.kv.num_used_blocks(), "blocks in use")
     """),
     ("md", """
-    After the first step only `s0` runs; the other samples join once its prompt's K/V is
+    After the first step only `s-0` runs; the other samples join once its prompt's K/V is
     computed. From then on the first two blocks have four holders and are stored once; each of
     the other three samples copied the partly filled third block before writing its own token
     into it. Six blocks instead of twelve, and all of them back on the free list at the end.
