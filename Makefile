@@ -12,19 +12,35 @@ TORCH_SPEC ?= torch==2.13.0
 STAMP      := $(VENV)/.minicb-installed
 CH         ?=
 
-.PHONY: setup test test-gpu lab demo lint grade env-check clean
+.PHONY: setup browser-setup test test-gpu lab demo lint grade env-check clean
 
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml
+	@echo "setup: a virtual environment in $(VENV)"
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet $(TORCH_SPEC)
-	$(BIN)/python -m pip install --quiet -e ".[dev]"
-	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
+	@$(BIN)/python -m pip install --quiet --upgrade pip
+	@echo "setup: torch ($(TORCH_SPEC))"
+	@$(BIN)/python -m pip install --quiet $(TORCH_SPEC)
+	@echo "setup: minicb and what it needs (transformers, triton, jupyterlab, ...)"
+	@$(BIN)/python -m pip install --quiet -e ".[dev]"
+	@$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
+	@echo "setup: checking the environment (python -m minicb env-check prints every line)"
+	@$(BIN)/python -m minicb env-check | tail -n 1
 	@touch $(STAMP)
 
-test: setup
+# The browser tests drive JupyterLab with Debian's Chromium and chromedriver. As root with
+# apt-get they are installed here (about a minute, once); otherwise the tests skip and say how
+# to run them.
+browser-setup:
+	@if command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "setup: Chromium for the browser tests (apt-get, about a minute)"; \
+	  apt-get update -qq >/dev/null && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; \
+	fi
+
+test: setup browser-setup
 	TRITON_INTERPRET=1 $(BIN)/python -m pytest --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg tests notebooks
 
 # On a CUDA machine: every kernel and Triton-engine test with compiled kernels on the GPU, the

@@ -211,6 +211,7 @@ class StepTotals:
         self.num_steps = self.num_slots = self.num_rows = self.num_useful_rows = 0
         self.num_tokens = self.num_pad_tokens = self.num_prefill_tokens = self.num_decode_tokens = 0
         self.num_reserved_slots = self.num_kv_tokens = self.num_preempted = 0
+        self.peak_reserved_slots = 0      # the most KV slots reserved after any one step
         self.recent.clear()
 
     def add(self, stats: StepStats) -> None:
@@ -223,6 +224,7 @@ class StepTotals:
         self.num_prefill_tokens += stats.num_prefill_tokens
         self.num_decode_tokens += stats.num_decode_tokens
         self.num_reserved_slots += stats.num_reserved_slots
+        self.peak_reserved_slots = max(self.peak_reserved_slots, stats.num_reserved_slots)
         self.num_kv_tokens += stats.num_kv_tokens
         self.num_preempted += stats.num_preempted
         self.recent.append(stats)

@@ -61,9 +61,13 @@ def execute(path: Path, timeout: int) -> float:
 
 
 def strip_noise(path: Path) -> None:
-    """Drop what differs between two runs of the same notebook but carries no content."""
+    """Drop what differs between two runs of the same notebook but carries no content.
+
+    The kernel's language_info stays whole, as JupyterLab writes it: with only part of it, a
+    notebook shows as modified the moment a reader opens it (the kernel fills in the rest).
+    """
     nb = nbformat.read(path, as_version=4)
-    nb.metadata = {"kernelspec": dict(KERNELSPEC), "language_info": {"name": "python"}}
+    nb.metadata = {"kernelspec": dict(KERNELSPEC), "language_info": nb.metadata.get("language_info", {})}
     for index, cell in enumerate(nb.cells):
         cell.id = f"c{index:03d}"
         cell.metadata.pop("execution", None)

@@ -71,3 +71,33 @@ def test_env_check_runs_and_gives_a_verdict(capsys):
     out = capsys.readouterr().out
     assert "verdict:" in out.splitlines()[-1]
     assert code == (0 if out.splitlines()[-1].startswith("OK") else 1)
+
+
+def test_demo_shows_progress_and_deterministic_evidence_beside_ratios_to_naive(capsys):
+    assert main(["demo", "--num-prompts", "8", "--max-num-seqs", "4"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("machine: ") and "load average" in out.splitlines()[0]
+    for number, system in enumerate(["naive+paged", "static+paged", "continuous+contiguous", "continuous+paged"], 1):
+        assert f"[{number}/4] {system}" in out, f"no progress line for {system}"
+    table = {line.split()[0]: line.split() for line in out.splitlines()
+             if line.split() and line.split()[0] in ("naive+paged", "static+paged", "continuous+paged")}
+    steps = {name: int(row[1]) for name, row in table.items()}
+    assert steps["naive+paged"] > steps["static+paged"] > steps["continuous+paged"], steps
+    assert table["naive+paged"][6] == "1.0x", "naive serving is the baseline"
+    assert all(row[-1] == "True" for row in table.values()), "every system must give the same tokens"
+
+
+def test_the_readme_quick_start_prints_labelled_results():
+    import contextlib
+    import io
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    snippet = re.search(r"```python\n(from minicb import LLM, SamplingParams\n.*?)```", readme, re.S).group(1)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(compile(snippet, "README.md", "exec"), {})
+    lines = printed.getvalue().strip().splitlines()
+    assert re.fullmatch(r"time to first token: \d+\.\d\d s", lines[-1]), lines[-1]
+    assert len(lines) > 1 and lines[0].strip(), "the generated text comes first"

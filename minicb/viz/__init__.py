@@ -8,7 +8,7 @@
 Schedules (from `minicb.sim.SimResult`): slot_timeline, compare_timelines, kv_usage_timeline.
 One batch: batch_layout (padded rows or packed), attention_mask.
 Measurements: request_timelines, tradeoff_curve, line_plot, bar_chart, roofline, length_histogram.
-Knobs: knob_sweep (numbers), knob_view (an interactive widget's callback).
+Knobs: knob_sweep (numbers), knob_view (the picture for one setting), knob_widget (sliders).
 Memory: block_map, block_reuse, free_blocks_timeline. Kernels: paged_lookup. Steps: step_costs.
 The interview quiz: quiz_widget, interview_markdown. The engine's own code: show_source.
 A figure is shown in a notebook when a cell returns it; nothing is drawn through pyplot.
@@ -18,16 +18,18 @@ from minicb.viz.base import PALETTE, format_table, new_figure, request_colour
 from minicb.viz.batch import attention_mask, batch_layout, mask_image
 from minicb.viz.curves import bar_chart, length_histogram, line_plot, request_timelines, roofline, tradeoff_curve
 from minicb.viz.kernels import paged_lookup, recorded_kernel_results
-from minicb.viz.knobs import knob_row, knob_sweep, knob_view
+from minicb.viz.knobs import knob_row, knob_sweep, knob_view, knob_widget
 from minicb.viz.memory import block_map, block_owners, block_reuse, free_blocks_timeline
 from minicb.viz.quiz import book_interview, interview_markdown, quiz_card, quiz_widget
 from minicb.viz.schedule import compare_timelines, draw_slots, kv_usage, kv_usage_timeline, slot_grid, slot_timeline
 from minicb.viz.serving import step_costs
 from minicb.viz.source import show_source
 
-__all__ = ["PALETTE", "format_table", "new_figure", "request_colour", "attention_mask", "batch_layout",
-           "mask_image", "bar_chart", "length_histogram", "line_plot", "request_timelines", "roofline",
-           "tradeoff_curve", "paged_lookup", "recorded_kernel_results", "knob_row", "knob_sweep", "knob_view",
+__all__ = ["PALETTE", "format_table", "new_figure", "request_colour", "attention_mask",
+           "batch_layout", "mask_image", "bar_chart", "length_histogram", "line_plot",
+           "request_timelines", "roofline", "tradeoff_curve", "paged_lookup",
+           "recorded_kernel_results", "knob_row", "knob_sweep", "knob_view", "knob_widget",
            "block_map", "block_owners", "block_reuse", "free_blocks_timeline", "book_interview",
-           "interview_markdown", "quiz_card", "quiz_widget", "compare_timelines", "draw_slots", "kv_usage",
-           "kv_usage_timeline", "slot_grid", "slot_timeline", "step_costs", "show_source"]
+           "interview_markdown", "quiz_card", "quiz_widget", "compare_timelines", "draw_slots",
+           "kv_usage", "kv_usage_timeline", "slot_grid", "slot_timeline", "step_costs",
+           "show_source"]

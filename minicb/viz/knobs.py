@@ -55,3 +55,35 @@ def knob_view(workload: Workload, max_num_seqs: int = 4, max_num_batched_tokens:
                      f"TPOT p50 {row['tpot_p50']:.2f} units")
     slot_legend(fig)
     return fig
+
+
+def knob_widget(workload: Workload, cost: CostModel | None = None, max_num_seqs: int = 8,
+                max_num_batched_tokens: int = 256, scheduler: str = "continuous"):
+    """Two sliders and the schedule they give: every move re-runs `knob_view` and redraws.
+
+    The picture goes into an Output widget that the sliders' observer fills, so it shows in
+    JupyterLab and in the classic notebook alike (a Figure returned by an `interactive`
+    callback is not displayed)."""
+    import ipywidgets as widgets
+    from IPython.display import display
+
+    style = {"description_width": "initial"}
+    seqs = widgets.IntSlider(value=max_num_seqs, min=1, max=32, description="max_num_seqs", style=style,
+                             tooltip="requests that may run at once (the batch's slots)",
+                             layout=widgets.Layout(width="360px"))
+    tokens = widgets.IntSlider(value=max_num_batched_tokens, min=16, max=1024, step=16,
+                               description="max_num_batched_tokens", style=style,
+                               tooltip="tokens one step may carry: prompt chunks plus one per decode",
+                               layout=widgets.Layout(width="460px"))
+    picture = widgets.Output()
+
+    def redraw(_change=None) -> None:
+        figure = knob_view(workload, seqs.value, tokens.value, cost=cost, scheduler=scheduler)
+        picture.clear_output(wait=True)
+        with picture:
+            display(figure)
+
+    seqs.observe(redraw, names="value")
+    tokens.observe(redraw, names="value")
+    redraw()
+    return widgets.VBox([widgets.HBox([seqs, tokens]), picture])

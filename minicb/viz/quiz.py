@@ -119,9 +119,10 @@ def quiz_widget(questions: Sequence[InterviewQuestion], seed: int = 0):
         position["at"] = (position["at"] + 1) % len(order)
         draw(False)
 
-    show = widgets.Button(description="Show the answer", button_style="info")
+    show = widgets.Button(description="Show the answer", button_style="info",
+                          tooltip="reveal the answer and a common wrong one")
     show.on_click(lambda _button: draw(True))
-    following = widgets.Button(description="Next question")
+    following = widgets.Button(description="Next question", tooltip="the next question, answer hidden")
     following.on_click(advance)
     draw(False)
     return widgets.VBox([card, widgets.HBox([show, following])])

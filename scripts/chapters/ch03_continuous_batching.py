@@ -29,7 +29,6 @@ CELLS = [
     """),
     ("code", """
     %matplotlib inline
-    import ipywidgets as widgets
     import torch
 
     from minicb import LLM, SamplingParams, viz
@@ -205,19 +204,15 @@ CELLS = [
     So the knobs trade throughput and time to first token against the smoothness of everyone
     else's stream, and the product decides which matters: chat wants a bounded TTFT *and* a
     steady stream; an offline job takes the biggest batch that fits. Move the sliders to see the
-    schedule change (the picture is redrawn by `minicb.viz.knob_view`, re-running the real
-    scheduler on 48 chat requests):
+    schedule change (`minicb.viz.knob_widget` redraws it with `minicb.viz.knob_view`, re-running
+    the real scheduler on 48 chat requests):
     """),
     ("code", """
     # NBVAL_IGNORE_OUTPUT
     knob_traffic = chat(48, seed=0)
     knob_traffic = knob_traffic.with_arrivals(poisson_arrivals(len(knob_traffic), 0.3, seed=1))
 
-    def show(max_num_seqs, max_num_batched_tokens):
-        return viz.knob_view(knob_traffic, max_num_seqs, max_num_batched_tokens, cost=cost)
-
-    widgets.interactive(show, max_num_seqs=widgets.IntSlider(value=8, min=1, max=32),
-                        max_num_batched_tokens=widgets.IntSlider(value=256, min=16, max=1024, step=16))
+    viz.knob_widget(knob_traffic, cost=cost, max_num_seqs=8, max_num_batched_tokens=256)
     """),
     ("md", """
     The same idea as a static picture, for readers without a running kernel: the same 48 requests

@@ -1,0 +1,192 @@
+"""Every chapter in JupyterLab, in a real (headless) Chromium, as a reader runs it.
+
+Per notebook: it opens without being marked modified; Run All Cells finishes with no error
+output; every widget renders (no "Loading widget…", no plain-text widget repr); moving each
+slider and pressing each button changes what the widget shows; the interview quiz reveals an
+answer. A screenshot per chapter lands in tests/browser/results/ (kept for failures and for a
+look at what a reader sees). nbval cannot see any of this: it never renders a widget.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = Path(__file__).resolve().parent / "results"
+
+NOTEBOOKS = sorted(path.name for path in (ROOT / "notebooks").glob("*.ipynb"))
+RUN_TIMEOUT = 240          # seconds for Run All Cells on one chapter (each takes 10-40 s here)
+WIDGET_REPR = re.compile(r"^(VBox|HBox|Box|interactive|IntSlider|FloatSlider|Button|Output|Dropdown)\(")
+
+
+def _by():
+    from selenium.webdriver.common.by import By
+
+    return By
+
+
+def wait_for(condition, timeout: float, what: str, poll: float = 0.5):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(poll)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def kernel_status(driver) -> str | None:
+    found = driver.find_elements(_by().CSS_SELECTOR, ".jp-NotebookPanel:not(.lm-mod-hidden) "
+                                                      ".jp-Notebook-ExecutionIndicator")
+    return found[0].get_attribute("data-status") if found else None
+
+
+def tab_classes(driver, name: str) -> str:
+    for tab in driver.find_elements(_by().CSS_SELECTOR, ".lm-TabBar-tab"):
+        if tab.text.strip() == name:
+            return tab.get_attribute("class")
+    return ""
+
+
+def click_menu(driver, menu: str, item: str) -> None:
+    By = _by()
+    for entry in driver.find_elements(By.CSS_SELECTOR, ".lm-MenuBar-item"):
+        if entry.text.strip() == menu:
+            entry.click()
+            break
+    else:
+        raise AssertionError(f"no {menu!r} menu in JupyterLab's menu bar")
+    option = wait_for(lambda: [e for e in driver.find_elements(By.CSS_SELECTOR, ".lm-Menu-itemLabel")
+                               if e.text.strip() == item], 10, f"the menu item {item!r}")
+    option[0].click()
+
+
+def prompts(driver) -> list[str]:
+    return [p.text.strip() for p in driver.find_elements(_by().CSS_SELECTOR,
+                                                         ".jp-NotebookPanel:not(.lm-mod-hidden) .jp-CodeCell "
+                                                         ".jp-InputArea-prompt")]
+
+
+def run_all(driver) -> None:
+    """Run All Cells, then wait until the kernel is idle and no cell is running or queued."""
+    click_menu(driver, "Run", "Run All Cells")
+    time.sleep(2)
+    settled = {"since": None}
+
+    def finished():
+        busy = kernel_status(driver) != "idle" or any(p == "[*]:" for p in prompts(driver))
+        if busy:
+            settled["since"] = None
+            return False
+        settled["since"] = settled["since"] or time.time()
+        return time.time() - settled["since"] > 2          # idle for two seconds in a row
+
+    wait_for(finished, RUN_TIMEOUT, "Run All Cells to finish")
+
+
+def save(driver, name: str) -> None:
+    from selenium.webdriver import ActionChains
+    from selenium.webdriver.common.keys import Keys
+
+    ActionChains(driver).key_down(Keys.CONTROL).send_keys("s").key_up(Keys.CONTROL).perform()
+    wait_for(lambda: "jp-mod-dirty" not in tab_classes(driver, name), 20, f"{name} to be saved")
+
+
+def widget_container(element):
+    """The outermost widget around `element` (the whole interactive thing a reader sees)."""
+    return element.find_element(_by().XPATH, "./ancestor::div[contains(@class, 'jp-OutputArea-output')][1]")
+
+
+def picture(container) -> str:
+    images = container.find_elements(_by().TAG_NAME, "img")
+    return images[0].get_attribute("src") if images else ""
+
+
+def check_widgets(driver, name: str) -> list[str]:
+    """Move every slider and press every button; return what went wrong."""
+    from selenium.webdriver.common.keys import Keys
+
+    By = _by()
+    problems = []
+    for slider in driver.find_elements(By.CSS_SELECTOR, ".jp-NotebookPanel:not(.lm-mod-hidden) .widget-slider"):
+        label = slider.find_element(By.CSS_SELECTOR, ".widget-label")
+        text = label.text.strip()
+        if driver.execute_script("return arguments[0].scrollWidth > arguments[0].clientWidth + 1;", label):
+            problems.append(f"the slider label {text!r} is cut off")
+        for element in (label, slider):
+            if (element.get_attribute("title") or "").strip() == "null":
+                problems.append(f"the slider {text!r} has the tooltip 'null'")
+        container = widget_container(slider)
+        before = picture(container)
+        if not before:
+            problems.append(f"the widget with the slider {text!r} draws no picture")
+            continue
+        handle = slider.find_element(By.CSS_SELECTOR, ".noUi-handle")
+        handle.click()
+        handle.send_keys(Keys.ARROW_RIGHT)
+        try:
+            wait_for(lambda c=container, b=before: picture(c) not in ("", b), 60,
+                     f"the picture to change after {text!r}")
+        except AssertionError:
+            problems.append(f"moving the slider {text!r} did not change the picture")
+    for button in driver.find_elements(By.CSS_SELECTOR, ".jp-NotebookPanel:not(.lm-mod-hidden) .widget-button"):
+        text = button.text.strip()
+        if (button.get_attribute("title") or "").strip() == "null":
+            problems.append(f"the button {text!r} has the tooltip 'null'")
+        container = widget_container(button)
+        before = container.text
+        button.click()
+        try:
+            wait_for(lambda c=container, b=before: c.text != b, 20, f"the widget to change after {text!r}")
+        except AssertionError:
+            problems.append(f"pressing {text!r} changed nothing")
+    return problems
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_the_chapter_runs_and_its_widgets_work_in_jupyterlab(lab, browser, name):
+    By = _by()
+    RESULTS.mkdir(exist_ok=True)
+    shot = RESULTS / f"{Path(name).stem}.png"
+    problems: list[str] = []
+    try:
+        browser.get(f"{lab.url}/lab/tree/{name}?token={lab.token}")
+        wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, ".jp-NotebookPanel .jp-Cell"), 60,
+                 f"{name} to open")
+        wait_for(lambda: kernel_status(browser) == "idle", 60, "the kernel to start")
+        time.sleep(1)
+        if "jp-mod-dirty" in tab_classes(browser, name):
+            problems.append("the notebook shows as modified right after opening")
+        run_all(browser)
+        body = browser.find_element(By.CSS_SELECTOR, ".jp-NotebookPanel:not(.lm-mod-hidden)").text
+        if "Loading widget" in body:
+            problems.append("a widget never rendered ('Loading widget…')")
+        for output in browser.find_elements(By.CSS_SELECTOR, ".jp-NotebookPanel:not(.lm-mod-hidden) "
+                                                             ".jp-OutputArea-output[data-mime-type='text/plain']"):
+            if WIDGET_REPR.match(output.text.strip()):
+                problems.append(f"a widget shows as plain text: {output.text.strip()[:60]!r}")
+        problems += check_widgets(browser, name)
+        browser.save_screenshot(str(shot))
+        save(browser, name)
+        notebook = json.loads((lab.folder / name).read_text())
+        code = [cell for cell in notebook["cells"] if cell["cell_type"] == "code" and cell["source"]]
+        not_run = [i for i, cell in enumerate(code) if cell.get("execution_count") is None]
+        if not_run:
+            problems.append(f"{len(not_run)} code cells did not run (the first: code cell {not_run[0] + 1})")
+        for index, cell in enumerate(code):
+            for output in cell.get("outputs", []):
+                if output.get("output_type") == "error":
+                    problems.append(f"code cell {index + 1} raised {output['ename']}: {output['evalue'][:200]}")
+    except Exception:
+        browser.save_screenshot(str(RESULTS / f"{Path(name).stem}-failure.png"))
+        raise
+    finally:
+        lab.shut_down_kernels()
+    if problems:
+        browser.save_screenshot(str(RESULTS / f"{Path(name).stem}-failure.png"))
+    assert not problems, f"{name} in JupyterLab (screenshot {shot}):\n  " + "\n  ".join(problems)
