@@ -5,6 +5,8 @@ backend's gather + SDPA moves every decode row's (padded) keys three times. This
 row's real keys once, straight from its blocks. It is compiled with the machine's C compiler
 (``cc``, or ``$CC``) the first time it is needed and cached under ``~/.cache/minicb`` (or
 ``$MINICB_CACHE``), keyed by the source, the flags and the CPU, so later runs load it in milliseconds.
+A cached library is loaded only if it is private to this user and its hash matches the one
+recorded when it was built; anything else is rebuilt, never loaded.
 Where no compiler works, :func:`available` says why, and the engine keeps the torch backend.
 """
 
@@ -36,9 +38,31 @@ def cache_dir() -> Path:
     return Path(os.environ.get("MINICB_CACHE") or Path.home() / ".cache" / "minicb") / "kernels"
 
 
+def _private(path: Path) -> bool:
+    """Owned by this user and writable by no one else: nobody else can have put a file there."""
+    info = path.stat()
+    return info.st_uid == os.getuid() and not info.st_mode & 0o022
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _trusted(target: Path) -> bool:
+    """A cached library is loaded only if this code wrote it: the directory and the file are
+    private to this user and the file's hash matches the one recorded when it was compiled. A
+    file planted under the expected name is never loaded (its constructor never runs)."""
+    record = target.with_suffix(".sha256")
+    try:
+        return (_private(target.parent) and _private(target) and _private(record)
+                and record.read_text().strip() == _digest(target))
+    except OSError:
+        return False
+
+
 def _compile(compiler: str, flags: list[str], target: Path) -> str | None:
     """Build the shared library at `target`; return the compiler's complaint, or None on success."""
-    target.parent.mkdir(parents=True, exist_ok=True)
+    target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         built = Path(tmp) / target.name
         cmd = [compiler, *flags, "-shared", "-fPIC", str(SOURCE), "-o", str(built), "-lm"]
@@ -48,7 +72,12 @@ def _compile(compiler: str, flags: list[str], target: Path) -> str | None:
             return f"{' '.join(cmd)}: {err}"
         if done.returncode != 0:
             return f"{' '.join(cmd)}: {done.stderr.strip()[-500:]}"
+        built.chmod(0o700)
+        record = Path(tmp) / "digest"
+        record.write_text(_digest(built))
+        record.chmod(0o600)
         os.replace(built, target)   # atomic: a concurrent process sees the old file or the new one
+        os.replace(record, target.with_suffix(".sha256"))
     return None
 
 
@@ -74,8 +103,12 @@ def _library() -> ctypes.CDLL:
     complaints = []
     for flags in FLAG_SETS:
         key = hashlib.sha256(source + " ".join([compiler, *flags, _cpu_identity()]).encode()).hexdigest()[:16]
-        target = cache_dir() / f"cpu_attention-{key}.so"
-        if not target.exists():
+        directory = cache_dir()
+        if directory.exists() and not _private(directory):
+            # a cache others can write to is not used: build into a private directory instead
+            directory = Path(tempfile.mkdtemp(prefix="minicb-kernels-"))
+        target = directory / f"cpu_attention-{key}.so"
+        if not _trusted(target):
             try:
                 complaint = _compile(compiler, flags, target)
             except OSError as err:   # e.g. a cache directory that cannot be written

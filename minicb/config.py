@@ -79,6 +79,8 @@ class EngineConfig:
     enable_prefix_caching: bool = knob(False, "reuse the KV blocks of cached prompt prefixes (continuous "
                                        "scheduler, paged KV)", group="policy")
     extra: dict = field(default_factory=dict)
+    # set by finalize(): whether num_kv_blocks was chosen by the user or derived from the others
+    num_kv_blocks_given: bool = field(default=False, init=False, repr=False, compare=False)
 
     @classmethod
     def add_cli_args(cls, parser: argparse.ArgumentParser, exclude: tuple[str, ...] = (),
@@ -160,6 +162,7 @@ class EngineConfig:
         _check(self.max_model_len <= model_max_len,
                f"max_model_len={self.max_model_len} exceeds the model's context "
                f"({model_max_len}); lower max_model_len.")
+        self.num_kv_blocks_given = self.num_kv_blocks is not None
         if self.num_kv_blocks is None:
             self.num_kv_blocks = self.max_num_seqs * self.blocks_per_seq()
         if self.kv_cache == "contiguous":

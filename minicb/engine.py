@@ -16,11 +16,14 @@ from minicb.model.attention import resolve_backend
 from minicb.model.loader import load_model, load_tokenizer, resolve_model_path
 from minicb.outputs import CompletionOutput, RequestOutput
 from minicb.request import Request, RequestStatus
-from minicb.runner import ModelRunner
-from minicb.sampling import SamplingParams
+from minicb.runner import ModelRunner, check_kv_fits
+from minicb.sampling import SamplingParams, _check_text
 from minicb.scheduler import make_scheduler
 
 Prompt = str | Sequence[int]
+# characters a string prompt may have: far more than any context here, and small enough that
+# tokenising it never stalls the engine
+MAX_PROMPT_CHARS = 1_000_000
 
 
 class LLMEngine:
@@ -34,6 +37,7 @@ class LLMEngine:
         config.attention = resolve_backend(config.attention, config.device, config.dtype)
         self.model = load_model(path, config.device, config.dtype, config.attention)
         config.finalize(self.model.args.max_position_embeddings)
+        check_kv_fits(config, self.model.args)
         self.vocab_size = self.model.args.vocab_size
         self.eos_token_ids = _eos_ids(path, self.tokenizer)
         self.kv = make_kv_manager(config.kv_cache, config.num_kv_blocks, config.block_size,
@@ -52,8 +56,13 @@ class LLMEngine:
     def validate(self, prompt: Prompt, params: SamplingParams) -> list[int]:
         """Tokenise and check a prompt; raise ValueError naming the problem and the fix."""
         if not isinstance(params, SamplingParams):
-            raise ValueError(f"params must be a SamplingParams (got {type(params).__name__}).")
+            raise ValueError(f"params must be a SamplingParams (got {type(params).__name__}); "
+                             "pass SamplingParams(...) or leave it out for the defaults.")
         if isinstance(prompt, str):
+            if len(prompt) > MAX_PROMPT_CHARS:
+                raise ValueError(f"the prompt has {len(prompt)} characters, more than the {MAX_PROMPT_CHARS} "
+                                 "any model here can read; shorten it.")
+            _check_text("the prompt", prompt)
             if self.tokenizer is None:
                 raise ValueError(f"this checkpoint ({self.model_path}) has no tokenizer; pass prompts as "
                                  "lists of token ids.")
@@ -63,7 +72,8 @@ class LLMEngine:
             token_ids = list(prompt)
         else:
             raise ValueError("a prompt must be a string or a list of token ids (ints); "
-                             f"got {type(prompt).__name__}.")
+                             f"got {type(prompt).__name__}"
+                             f"{' (call .tolist() on a tensor)' if hasattr(prompt, 'tolist') else ''}.")
         if not token_ids:
             raise ValueError("the prompt is empty; give at least one token.")
         bad = [t for t in token_ids if not 0 <= t < self.vocab_size]
@@ -126,6 +136,17 @@ class LLMEngine:
         """The requests (callers' ids) not yet reported finished."""
         return list(self._groups)
 
+    def discard(self, request_id: str) -> None:
+        """Forget a request without a step: abort it (its blocks are freed) and drop it unreported.
+        For a caller that cannot step any more (LLM.generate after a failure)."""
+        for sample_id in self._groups.get(request_id, []):
+            request = self.requests.get(sample_id)
+            if request is None:
+                continue
+            if not request.finished:
+                self.scheduler.abort(sample_id)
+            self._forget(request)
+
     def has_request(self, request_id: str) -> bool:
         """True while the request (any of its samples) is queued, running, or not yet reported."""
         return request_id in self._groups
@@ -159,9 +180,12 @@ class LLMEngine:
         touched: list[Request] = []
         if not plan.is_empty:
             sampled = self.runner.execute(plan)
+            rows = [s.request for s in plan.seqs if s.needs_logits]
+            for request, error in zip(rows, sampled.errors or ()):
+                if error is not None:
+                    request.error = error
             touched = self.scheduler.update(plan, sampled.token_ids)
             self.step_stats.add(count_step(plan, self.kv, self.scheduler.running, self.config.max_num_seqs))
-            rows = [s.request for s in plan.seqs if s.needs_logits]
             for request, logprob in zip(rows, sampled.logprobs):
                 if logprob is not None:
                     request.logprobs.append(logprob)
@@ -211,7 +235,13 @@ class LLMEngine:
     def _output(self, request: Request) -> RequestOutput:
         logprobs = [top for _, top in request.logprobs] if request.params.logprobs is not None else None
         cumulative = sum(c for c, _ in request.logprobs) if request.logprobs else None
-        completion = CompletionOutput(request.sample_index, self.decode(request) if request.finished else "",
+        text = ""
+        if request.finished:
+            try:
+                text = self.decode(request)
+            except Exception as error:     # its text alone is lost, not the engine
+                request.error = request.error or f"decoding failed: {type(error).__name__}: {error}"
+        completion = CompletionOutput(request.sample_index, text,
                                       list(request.output_token_ids), request.finish_reason,
                                       request.stop_reason, logprobs, cumulative)
         new = request.output_token_ids[request.num_reported_tokens:]

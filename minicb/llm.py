@@ -43,8 +43,13 @@ class LLM:
         Every prompt is validated before any is queued, so one bad prompt raises a ValueError
         naming it and nothing runs.
         """
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+        if isinstance(prompts, str) or (isinstance(prompts, (list, tuple)) and prompts
+                                        and isinstance(prompts[0], int)):
             prompts = [prompts]
+        if not isinstance(prompts, (list, tuple)):
+            raise ValueError(f"prompts must be a string, a list of token ids, or a list of those "
+                             f"(got {type(prompts).__name__}"
+                             f"{'; call .tolist() on a tensor' if hasattr(prompts, 'tolist') else ''}).")
         params = sampling_params if sampling_params is not None else SamplingParams()
         params_list = list(params) if isinstance(params, Sequence) else [params] * len(prompts)
         if len(params_list) != len(prompts):
@@ -58,24 +63,45 @@ class LLM:
             except ValueError as error:
                 raise ValueError(f"prompt {index}: {error}") from None
 
-        request_ids = []
-        for index, (prompt, ids, p) in enumerate(zip(prompts, token_ids, params_list)):
-            request_id = str(self._counter)
-            self._counter += 1
-            engine.add_request(request_id, prompt, p, priority=priority[index] if priority else 0,
-                               prompt_token_ids=ids)
-            request_ids.append(request_id)
+        if priority is not None and len(priority) != len(prompts):
+            raise ValueError(f"got {len(priority)} priorities for {len(prompts)} prompts; pass one per prompt.")
 
-        finished: dict[str, list[RequestOutput]] = {request_id: [] for request_id in request_ids}
-        total = sum(p.n for p in params_list)
-        with tqdm(total=total, desc="requests", disable=not use_tqdm) as bar:
-            while engine.has_unfinished_requests():
-                for output in engine.step():
-                    if output.finished:
-                        finished[output.request_id].append(output)
-                        bar.update(1)
+        request_ids: list[str] = []
+        finished: dict[str, list[RequestOutput]] = {}
+        try:
+            for index, (prompt, ids, p) in enumerate(zip(prompts, token_ids, params_list)):
+                request_id = str(self._counter)
+                self._counter += 1
+                engine.add_request(request_id, prompt, p, priority=priority[index] if priority else 0,
+                                   prompt_token_ids=ids)
+                request_ids.append(request_id)
+                finished[request_id] = []
+            total = sum(p.n for p in params_list)
+            with tqdm(total=total, desc="requests", disable=not use_tqdm) as bar:
+                while engine.has_unfinished_requests():
+                    for output in engine.step():
+                        if output.finished and output.request_id in finished:
+                            finished[output.request_id].append(output)
+                            bar.update(1)
+        except BaseException:
+            self._clear(request_ids)      # nothing of a failed call stays behind
+            raise
         results = []
         for request_id in request_ids:
             samples = sorted(finished[request_id], key=lambda output: output.outputs[0].index)
             results.append(replace(samples[0], outputs=[sample.outputs[0] for sample in samples]))
         return results
+
+    def _clear(self, request_ids: list[str]) -> None:
+        """Abort this call's requests and let the engine report them, so their blocks are free
+        and the next generate() starts clean."""
+        engine = self.llm_engine
+        for request_id in request_ids:
+            if engine.has_request(request_id):
+                engine.abort(request_id)
+        try:
+            while any(engine.has_request(request_id) for request_id in request_ids):
+                engine.step()
+        except Exception:     # the engine cannot even step: drop what is left of this call
+            for request_id in request_ids:
+                engine.discard(request_id)

@@ -16,6 +16,32 @@ from minicb.sampling import Sampler, SamplerOutput
 from minicb.scheduler.base import SchedulerOutput
 
 
+def free_memory(device: torch.device) -> int:
+    """Bytes the KV cache could still take: free device memory on a GPU, available RAM on a CPU."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    import psutil
+
+    return psutil.virtual_memory().available
+
+
+def check_kv_fits(config: EngineConfig, args) -> None:
+    """Refuse, before anything is allocated, a KV pool the machine cannot hold, naming the knobs
+    behind it."""
+    device = torch.device(config.device)
+    per_token = 2 * args.num_layers * args.num_kv_heads * args.head_dim * DTYPES[config.dtype].itemsize
+    kv_bytes = per_token * config.num_kv_blocks * config.block_size
+    available = free_memory(device)
+    if kv_bytes <= 0.9 * available:
+        return
+    sized_by = f"num_kv_blocks={config.num_kv_blocks}" if config.num_kv_blocks_given else \
+        (f"num_kv_blocks defaulting to max_num_seqs={config.max_num_seqs} x max_model_len="
+         f"{config.max_model_len} tokens")
+    raise ValueError(f"the KV cache would need {kv_bytes / 2**30:.1f} GiB ({sized_by}, block_size="
+                     f"{config.block_size}) but {available / 2**30:.1f} GiB of {device.type} memory is free; "
+                     "lower num_kv_blocks, max_num_seqs, max_model_len or block_size.")
+
+
 class ModelRunner:
     def __init__(self, model: LlamaForCausalLM, config: EngineConfig, kv_manager, pad_token_id: int = 0):
         self.model = model
@@ -101,4 +127,25 @@ class ModelRunner:
             self.model(input_ids, positions, self.kv_caches, meta, logits_indices)
             return SamplerOutput([], [])
         logits = self.model(input_ids, positions, self.kv_caches, meta, logits_indices)
-        return self.sampler(logits, [r.params for r in rows], [r.generator for r in rows])
+        params, generators = [r.params for r in rows], [r.generator for r in rows]
+        try:
+            return self.sampler(logits, params, generators)
+        except Exception:
+            return self._sample_rows_apart(logits, params, generators)
+
+    def _sample_rows_apart(self, logits, params, generators) -> SamplerOutput:
+        """One request's settings broke the batch's sampling: sample each row alone, so only a
+        row that fails by itself goes without a token (the engine ends that request, with the
+        error, and every other request carries on)."""
+        tokens, logprobs, errors = [], [], []
+        for row in range(logits.shape[0]):
+            try:
+                one = self.sampler(logits[row:row + 1], params[row:row + 1], generators[row:row + 1])
+                tokens.append(one.token_ids[0])
+                logprobs.append(one.logprobs[0])
+                errors.append(None)
+            except Exception as error:
+                tokens.append(None)
+                logprobs.append(None)
+                errors.append(f"sampling failed: {type(error).__name__}: {error}")
+        return SamplerOutput(tokens, logprobs, errors)

@@ -12,6 +12,7 @@ sampling together, about a third of a small model's 64-row decode step on a CPU)
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -33,30 +34,84 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
+        if self.stop is not None and not isinstance(self.stop, (list, tuple)):
+            raise ValueError(f"stop must be a string or a list of strings (got {type(self.stop).__name__}).")
         self.stop = list(self.stop or [])
+        if self.stop_token_ids is not None and not isinstance(self.stop_token_ids, (list, tuple)):
+            raise ValueError("stop_token_ids must be a list of token ids "
+                             f"(got {type(self.stop_token_ids).__name__}).")
         self.stop_token_ids = list(self.stop_token_ids or [])
-        if not isinstance(self.n, int) or self.n < 1:
-            raise ValueError(f"n must be an integer >= 1 (got {self.n!r}).")
-        if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be an integer >= 1 (got {self.max_tokens!r}); "
-                             "ask for at least one token.")
-        if not isinstance(self.temperature, (int, float)) or self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0 (got {self.temperature!r}); "
-                             "use 0 for greedy decoding.")
-        if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1] (got {self.top_p!r}); 1.0 keeps the whole distribution.")
-        if not isinstance(self.top_k, int) or self.top_k == 0 or self.top_k < -1:
+        _check_int("n", self.n, 1, MAX_N)
+        _check_int("max_tokens", self.max_tokens, 1, None, "ask for at least one token")
+        _check_number("temperature", self.temperature, 0.0, MAX_TEMPERATURE, "use 0 for greedy decoding")
+        _check_number("top_p", self.top_p, 0.0, 1.0, "1.0 keeps the whole distribution")
+        if self.top_p == 0:
+            raise ValueError("top_p must be in (0, 1] (got 0); a tiny top_p keeps only the most likely token.")
+        if not _is_int(self.top_k) or self.top_k == 0 or self.top_k < -1:
             raise ValueError(f"top_k must be -1 (off) or an integer >= 1 (got {self.top_k!r}).")
-        if self.seed is not None and not isinstance(self.seed, int):
-            raise ValueError(f"seed must be an integer or None (got {self.seed!r}).")
-        if self.logprobs is not None and (not isinstance(self.logprobs, int) or self.logprobs < 0):
-            raise ValueError(f"logprobs must be None or an integer >= 0 (got {self.logprobs!r}).")
+        if self.seed is not None:
+            _check_int("seed", self.seed, 0, 2**63 - 1)
+        if self.logprobs is not None:
+            _check_int("logprobs", self.logprobs, 0, MAX_LOGPROBS)
+        if not isinstance(self.ignore_eos, bool):
+            raise ValueError(f"ignore_eos must be true or false (got {self.ignore_eos!r}).")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise ValueError(f"stop must be non-empty strings (got {self.stop!r}).")
+        if len(self.stop) > MAX_STOP_STRINGS or sum(len(s) for s in self.stop) > MAX_STOP_CHARS:
+            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings of {MAX_STOP_CHARS} characters in all "
+                             f"(got {len(self.stop)} of {sum(len(s) for s in self.stop)}).")
+        for text in self.stop:
+            _check_text("stop", text)
+        if len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS or any(
+                not _is_int(t) or t < 0 for t in self.stop_token_ids):
+            raise ValueError(f"stop_token_ids must be at most {MAX_STOP_TOKEN_IDS} token ids (integers >= 0); "
+                             f"got {self.stop_token_ids[:5]!r}{'...' if len(self.stop_token_ids) > 5 else ''}.")
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        """Temperature 0, or one so small that sampling at it is greedy (dividing logits by it
+        would overflow float32)."""
+        return self.temperature < GREEDY_BELOW
+
+
+# Bounds of SamplingParams: beyond them a request is refused, naming the field.
+MAX_N = 128
+MAX_TEMPERATURE = 100.0
+MAX_LOGPROBS = 20                 # as OpenAI's and vLLM's default
+MAX_STOP_STRINGS = 32
+MAX_STOP_CHARS = 4096
+MAX_STOP_TOKEN_IDS = 1024
+GREEDY_BELOW = 1e-5               # temperatures below this sample greedily
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_int(name: str, value, low: int, high: int | None, hint: str = "") -> None:
+    if not _is_int(value) or value < low or (high is not None and value > high):
+        span = f">= {low}" if high is None else f"from {low} to {high}"
+        raise ValueError(f"{name} must be an integer {span} (got {value!r}){'; ' + hint if hint else ''}.")
+
+
+def _check_number(name: str, value, low: float, high: float, hint: str) -> None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if ok:
+        try:
+            ok = math.isfinite(float(value)) and low <= value <= high
+        except OverflowError:
+            ok = False
+    if not ok:
+        raise ValueError(f"{name} must be a finite number from {low:g} to {high:g} (got {value!r}); {hint}.")
+
+
+def _check_text(name: str, text: str) -> None:
+    """Text must encode as UTF-8: a lone surrogate (say from a broken JSON escape) cannot."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise ValueError(f"{name} is not valid text: {error.reason} at character {error.start}; "
+                         "send valid UTF-8.") from None
 
 
 @dataclass
@@ -64,6 +119,8 @@ class SamplerOutput:
     token_ids: list[int]
     # per row: (logprob of the chosen token, {token_id: logprob} of the top-k) or None
     logprobs: list[tuple[float, dict[int, float]] | None]
+    # per row, when a row could not be sampled: why (its token is None); None when all went well
+    errors: list[str | None] | None = None
 
 
 class Sampler:
@@ -87,15 +144,16 @@ class Sampler:
     def _sample(logits: torch.Tensor, params: list[SamplingParams],
                 generators: list[torch.Generator]) -> torch.Tensor:
         device, vocab = logits.device, logits.shape[-1]
-        temperature = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in params],
+        temperature = torch.tensor([p.temperature if not p.greedy else 1.0 for p in params],
                                    device=device)
         probs = (logits / temperature[:, None]).softmax(dim=-1)
         restricted = [row for row, p in enumerate(params) if p.top_k > 0 or p.top_p < 1]
         if restricted:
             rows = torch.tensor(restricted, device=device)
-            top_k = torch.tensor([params[r].top_k if params[r].top_k > 0 else vocab for r in restricted],
-                                 device=device)
-            top_p = torch.tensor([params[r].top_p for r in restricted], device=device)
+            top_k = torch.tensor([min(params[r].top_k, vocab) if params[r].top_k > 0 else vocab
+                                  for r in restricted], device=device)
+            # float64: a tiny top_p (1e-300) must stay above 0, where it keeps the top token alone
+            top_p = torch.tensor([params[r].top_p for r in restricted], device=device, dtype=torch.float64)
             probs[rows] = Sampler._keep_top_k_top_p(probs[rows], top_k, top_p)
         cdf = probs.cumsum(dim=-1)
         uniforms = torch.cat([torch.rand(1, generator=g) for g in generators]).to(device)
@@ -112,7 +170,7 @@ class Sampler:
         sorted_probs = sorted_probs.masked_fill(ranks[None, :] >= top_k[:, None], 0.0)
         sorted_probs = sorted_probs / sorted_probs.sum(dim=-1, keepdim=True)
         mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
-        sorted_probs = sorted_probs.masked_fill(mass_before >= top_p[:, None], 0.0)
+        sorted_probs = sorted_probs.masked_fill((mass_before >= top_p[:, None]) & (ranks[None, :] > 0), 0.0)
         return torch.zeros_like(probs).scatter_(1, sorted_ids, sorted_probs)
 
     @staticmethod

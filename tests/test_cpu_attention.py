@@ -112,3 +112,49 @@ def test_an_unwritable_cache_is_a_reason_not_a_crash(monkeypatch, tmp_path, relo
     ok, why = cpu.available()
     assert not ok and "MINICB_CACHE" in why
     assert resolve_backend("auto", "cpu", "float32") == "torch"
+
+
+PLANTED = r"""
+#include <stdio.h>
+__attribute__((constructor)) static void planted(void) {
+    FILE *f = fopen(MARKER, "w"); if (f) { fputs("loaded", f); fclose(f); }
+}
+int minicb_paged_attention_f32(void) { return 0; }
+"""
+
+
+def _plant(path, marker, tmp_path):
+    import subprocess
+
+    source = tmp_path / "planted.c"
+    source.write_text(PLANTED)
+    subprocess.run(["cc", f'-DMARKER="{marker}"', "-shared", "-fPIC", str(source), "-o", str(path)], check=True)
+
+
+@pytest.mark.skipif(not cpu.available()[0], reason="needs a C compiler (the kernel cache is not used without one)")
+def test_a_library_planted_in_the_cache_is_never_loaded(monkeypatch, tmp_path, reload_cpu_kernel):
+    monkeypatch.setenv("MINICB_CACHE", str(tmp_path / "cache"))
+    assert cpu.available()[0]
+    (built,) = (tmp_path / "cache" / "kernels").glob("*.so")
+    marker = tmp_path / "marker"
+    _plant(built, marker, tmp_path)                 # same name, same owner, different bytes
+    cpu._library.cache_clear()
+    ok, _ = cpu.available()
+    assert ok and not marker.exists(), "the planted library was loaded: its constructor ran"
+    assert built.with_suffix(".sha256").read_text() == cpu._digest(built), "the real kernel was rebuilt in its place"
+    assert cpu._private(built.parent), "the cache directory is private to its user"
+
+
+@pytest.mark.skipif(not cpu.available()[0], reason="needs a C compiler (the kernel cache is not used without one)")
+def test_a_cache_others_can_write_to_is_not_used(monkeypatch, tmp_path, reload_cpu_kernel):
+    shared = tmp_path / "shared" / "kernels"
+    monkeypatch.setenv("MINICB_CACHE", str(tmp_path / "shared"))
+    assert cpu.available()[0]
+    (built,) = shared.glob("*.so")
+    marker = tmp_path / "marker"
+    _plant(built, marker, tmp_path)
+    built.with_suffix(".sha256").write_text(cpu._digest(built))     # even with a matching record
+    shared.chmod(0o777)
+    cpu._library.cache_clear()
+    ok, _ = cpu.available()
+    assert ok and not marker.exists(), "a library from a world-writable cache was loaded"

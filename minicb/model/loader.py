@@ -22,6 +22,9 @@ def resolve_model_path(model: str | os.PathLike | None) -> Path:
         from minicb.model.default import default_model_path
 
         return Path(default_model_path())
+    if not isinstance(model, (str, os.PathLike)) or not str(model).strip():
+        raise ValueError(f"model={model!r} names no checkpoint; pass a checkpoint directory or hub id, "
+                         "or model=None for the shipped default model.")
     path = Path(model).expanduser()
     if path.is_dir():
         return path
@@ -38,7 +41,10 @@ def resolve_model_path(model: str | os.PathLike | None) -> Path:
                          "or model=None for the shipped default model.") from error
 
 
-def model_args_from_config(config: dict) -> ModelArgs:
+REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+
+
+def model_args_from_config(config: dict, source: str = "config.json") -> ModelArgs:
     architectures = config.get("architectures") or [config.get("model_type", "?")]
     if architectures[0] not in SUPPORTED_ARCHITECTURES:
         raise ValueError(f"architecture {architectures[0]!r} is not supported; minicb runs "
@@ -47,7 +53,22 @@ def model_args_from_config(config: dict) -> ModelArgs:
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     if rope_type not in SUPPORTED_ROPE_TYPES:
         raise ValueError(f"rope_type {rope_type!r} is not supported; minicb handles {SUPPORTED_ROPE_TYPES}.")
+    missing = [name for name in REQUIRED if name not in config]
+    if missing:
+        raise ValueError(f"{source} lacks {', '.join(missing)}: a Llama-family config needs "
+                         f"{', '.join(REQUIRED)}.")
+    sizes = {name: config[name] for name in REQUIRED} | {
+        name: config[name] for name in ("num_key_value_heads", "head_dim", "max_position_embeddings")
+        if config.get(name) is not None}
+    bad = {name: value for name, value in sizes.items()
+           if not isinstance(value, int) or isinstance(value, bool) or value < 1}
+    if bad:
+        raise ValueError(f"{source} has sizes that must be positive integers: {bad}.")
     num_heads = config["num_attention_heads"]
+    num_kv_heads = config.get("num_key_value_heads") or num_heads
+    if num_heads % num_kv_heads:
+        raise ValueError(f"{source}: num_attention_heads={num_heads} is not a multiple of "
+                         f"num_key_value_heads={num_kv_heads}.")
     is_qwen2 = architectures[0] == "Qwen2ForCausalLM"
     return ModelArgs(
         vocab_size=config["vocab_size"],
@@ -55,7 +76,7 @@ def model_args_from_config(config: dict) -> ModelArgs:
         intermediate_size=config["intermediate_size"],
         num_layers=config["num_hidden_layers"],
         num_heads=num_heads,
-        num_kv_heads=config.get("num_key_value_heads") or num_heads,
+        num_kv_heads=num_kv_heads,
         head_dim=config.get("head_dim") or config["hidden_size"] // num_heads,
         rms_norm_eps=config.get("rms_norm_eps", 1e-6),
         rope_theta=rope.get("rope_theta", config.get("rope_theta", 10000.0)),
@@ -69,14 +90,24 @@ def model_args_from_config(config: dict) -> ModelArgs:
 
 def load_model(path: Path, device: str = "cpu", dtype: str = "float32",
                attention: str = "torch") -> LlamaForCausalLM:
-    config = json.loads((path / "config.json").read_text())
-    args = model_args_from_config(config)
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device={device!r} but this torch ({torch.__version__}) sees no CUDA GPU; use "
+                         "device='cpu', or install a CUDA build of torch (see the README, 'Using a GPU').")
+    config_file = path / "config.json"
+    try:
+        config = json.loads(config_file.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise ValueError(f"cannot read {config_file}: {error}") from None
+    args = model_args_from_config(config, str(config_file))
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise ValueError(f"no *.safetensors weights in {path}; minicb loads safetensors checkpoints only.")
     state: dict[str, torch.Tensor] = {}
     for file in files:
-        state.update(load_file(str(file)))
+        try:
+            state.update(load_file(str(file)))
+        except Exception as error:     # truncated or not safetensors at all
+            raise ValueError(f"cannot read the weights in {file}: {type(error).__name__}: {error}") from None
     if args.tie_word_embeddings:
         state.pop("lm_head.weight", None)
     with torch.device("meta"):
@@ -84,6 +115,15 @@ def load_model(path: Path, device: str = "cpu", dtype: str = "float32",
     model = model.to_empty(device=device).to(DTYPES[dtype])
     # the rotary frequencies are not in the checkpoint: compute them for real after to_empty
     model.model.rotary_emb.inv_freq = rope_inv_freq(args).to(device)
+    expected = model.state_dict()
+    wrong = [f"{name} {tuple(tensor.shape)} (the config implies {tuple(expected[name].shape)})"
+             for name, tensor in state.items() if name in expected and tensor.shape != expected[name].shape]
+    if wrong:
+        raise ValueError(f"checkpoint {path} does not match its config.json: {'; '.join(wrong[:3])}.")
+    broken = [name for name, tensor in state.items() if tensor.is_floating_point() and not tensor.isfinite().all()]
+    if broken:
+        raise ValueError(f"checkpoint {path} has NaN or infinite weights in {', '.join(broken[:3])}; "
+                         "the checkpoint is damaged.")
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing = [k for k in missing if not (args.tie_word_embeddings and k == "lm_head.weight")]
     if missing or unexpected:

@@ -136,13 +136,22 @@ class Scheduler:
             self.kv.cache_full_blocks(request)
             if not seq.needs_logits:
                 continue
-            request.output_token_ids.append(next(tokens))
+            token = next(tokens)
+            if token is None:        # this row could not be sampled (the engine set its error)
+                self.finish(request, RequestStatus.FINISHED_ERROR)
+                touched.append(request)
+                continue
+            request.output_token_ids.append(token)
             request.times.token_times.append(now)
             request.times.token_steps.append(step)
             if request.times.first_token is None:
                 request.times.first_token, request.times.first_token_step = now, step
             touched.append(request)
-            reason = self.stop_checker(request)
+            try:
+                reason = self.stop_checker(request)
+            except Exception as error:     # one request's stop check must not stop the others
+                request.error = f"the stop check failed: {type(error).__name__}: {error}"
+                reason = RequestStatus.FINISHED_ERROR
             if reason is not None:
                 self.finish(request, reason)
         self.after_update(output)

@@ -293,6 +293,9 @@ class AsyncLLMEngine:
                 self._add_to_engine(add)
             except ValueError as error:
                 rejected[add.request_id] = error
+            except Exception as error:     # whatever else one request trips over, it alone is refused
+                rejected[add.request_id] = ValueError(f"the request could not be added: "
+                                                      f"{type(error).__name__}: {error}")
         for request_id in aborts:
             if self.engine.has_request(request_id):
                 self.engine.abort(request_id)
