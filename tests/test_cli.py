@@ -63,7 +63,8 @@ def test_serve_builds_its_engine_from_the_flags(monkeypatch):
     served = []
     monkeypatch.setattr(minicb.serving.server.uvicorn, "run", lambda app, **options: served.append(options))
     assert main(["serve", "--max-model-len", "256", "--max-num-seqs", "3", "--port", "8123"]) == 0
-    assert served == [{"host": "127.0.0.1", "port": 8123, "log_level": "info"}]
+    assert served == [{"host": "127.0.0.1", "port": 8123, "log_level": "info", "timeout_keep_alive": 5,
+                       "limit_concurrency": 1024, "http": minicb.serving.server.DeadlineH11Protocol}]
 
 
 def test_env_check_runs_and_gives_a_verdict(capsys):

@@ -6,6 +6,7 @@ command line."""
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import threading
 import time
@@ -277,7 +278,25 @@ BAD_REQUESTS = [
     ({"model": "tiny", "prompt": "hi", "temperature": -0.5}, "temperature"),
     ({"model": "tiny", "prompt": "hi", "top_p": 0}, "top_p"),
     ({"model": "tiny", "prompt": "hi", "top_p": 1.5}, "top_p"),
-    ({"model": "gpt-4", "prompt": "hi"}, "model"),
+    ({"model": "tiny", "prompt": "hi", "logprobs": 5}, "logprobs"),
+    ({"model": "tiny", "prompt": "hi", "presence_penalty": 0.5}, "presence_penalty"),
+    ({"model": "tiny", "prompt": "hi", "frequency_penalty": 1}, "frequency_penalty"),
+    ({"model": "tiny", "prompt": "hi", "logit_bias": {"5": 10}}, "logit_bias"),
+    ({"model": "tiny", "prompt": "hi", "best_of": 3}, "best_of"),
+    ({"model": "tiny", "prompt": "hi", "suffix": "return x"}, "suffix"),
+    ({"model": "tiny", "prompt": "hi", "tools": [{"type": "function"}]}, "tools"),
+    ({"model": "tiny", "prompt": "hi", "response_format": {"type": "json_object"}}, "response_format"),
+    ({"model": "tiny", "prompt": "hi", "no_such_field": 1}, "no_such_field"),
+    ({"model": "tiny", "prompt": "hi", "stream": "false"}, "stream"),
+    ({"model": "tiny", "prompt": "hi", "ignore_eos": "false"}, "ignore_eos"),
+    ({"model": "tiny", "prompt": "hi", "seed": 2**70}, "seed"),
+    ({"model": "tiny", "prompt": "hi", "seed": True}, "seed"),
+    ({"model": "tiny", "prompt": "hi", "top_k": True}, "top_k"),
+    ({"model": "tiny", "prompt": "hi", "n": True}, "n"),
+    ({"model": "tiny", "prompt": "hi", "stop": 123}, "stop"),
+    ({"model": "tiny", "prompt": "hi", "stop_token_ids": "abc"}, "stop_token_ids"),
+    ({"model": "tiny", "prompt": "hi", "temperature": 10**400}, "temperature"),
+    ({"model": "tiny", "prompt": "hi", "stream_options": {"include_usage": "yes"}}, "include_usage"),
     ({"model": "tiny", "prompt": "hi", "n": 0}, "n"),
     ({"model": "tiny", "prompt": "hi", "n": MAX_N + 1}, "n"),
     ({"model": "tiny", "prompt": "hi", "n": 2.5}, "n"),
@@ -505,8 +524,8 @@ def test_a_priority_server_serves_a_higher_priority_request_first(chat_model):
     assert finished == [0, -1, 5]      # the aborted hog, then the high priority, then the low
 
 
-def test_overload_gets_503_with_retry_after_and_chat_without_template_gets_400():
-    app = build_app(None, served_model_name="tiny", scheduler="naive", max_num_seqs=1, max_queue_len=1,
+def test_overload_gets_503_with_retry_after_and_chat_without_template_gets_400(tiny_llama):
+    app = build_app(tiny_llama, served_model_name="tiny", scheduler="naive", max_num_seqs=1, max_queue_len=1,
                     max_model_len=MAX_MODEL_LEN)
     long_body = {"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 200, "stream": True, "ignore_eos": True}
     short_body = {"model": "tiny", "prompt": [8, 9], "max_tokens": 2}
@@ -533,3 +552,116 @@ def test_overload_gets_503_with_retry_after_and_chat_without_template_gets_400()
         waiter.join(60)
         assert queued["response"].status_code == 200
         assert httpx.post(server.url + "/v1/completions", json=short_body).status_code == 200
+
+
+def test_the_fields_that_ask_for_nothing_are_accepted(server):
+    body = {"model": "tiny", "prompt": "hi", "max_tokens": 2, "presence_penalty": 0, "frequency_penalty": 0.0,
+            "logit_bias": {}, "best_of": 1, "echo": False, "logprobs": 0, "user": "someone"}
+    response = httpx.post(server.url + "/v1/completions", json=body)
+    assert response.status_code == 200, response.text
+
+
+def test_an_unknown_model_is_404_in_openais_shape(server):
+    response = httpx.post(server.url + "/v1/completions", json={"model": "gpt-4", "prompt": "hi"})
+    assert response.status_code == 404
+    error = response.json()["error"]
+    assert error["code"] == "model_not_found" and error["param"] == "model" and "tiny" in error["message"]
+
+
+@pytest.mark.parametrize("method, path, status", [("GET", "/v1/nothing", 404), ("GET", "/v1/completions", 405),
+                                                  ("DELETE", "/v1/models", 405)])
+def test_every_error_is_in_openais_shape(server, method, path, status):
+    response = httpx.request(method, server.url + path)
+    assert response.status_code == status
+    error = response.json()["error"]
+    assert error["message"] and error["type"]
+
+
+def test_nested_or_broken_json_is_a_400_not_a_500(server):
+    nested = "[" * 100_000 + "]" * 100_000
+    for raw in (nested, '{"prompt": "hi"', b"\xff\xfe"):
+        response = httpx.post(server.url + "/v1/completions", content=raw,
+                              headers={"content-type": "application/json"})
+        assert response.status_code == 400 and "not valid JSON" in response.json()["error"]["message"]
+
+
+def test_a_body_over_the_limit_is_413_and_never_stalls_a_running_stream(chat_model):
+    app = build_app(chat_model, served_model_name="tiny", max_model_len=MAX_MODEL_LEN, max_body_bytes=10_000)
+    with ServerThread(app) as small:
+        body = {"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 40, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", small.url + "/v1/completions", json=body) as stream:
+            started = time.perf_counter()
+            big = httpx.post(small.url + "/v1/completions", json={"model": "tiny", "prompt": "x" * 50_000})
+            assert big.status_code == 413 and big.json()["error"]["code"] == "request_too_large"
+            assert time.perf_counter() - started < 5, "the 413 waited for something"
+            chunks = [line for line in stream.iter_lines() if line.startswith("data: {")]
+        assert len(chunks) == 40, "the stream beside the big body lost tokens"
+
+
+def test_poison_requests_among_live_streams_leave_the_others_correct(server, reference):
+    """Requests that used to fail a step for everyone, sent while others stream: each bad one is
+    refused alone and the streams finish with the same text as alone."""
+    prompt = [5, 6, 7, 8]
+    alone = reference.generate([prompt], SamplingParams(max_tokens=24, temperature=0, ignore_eos=True),
+                               use_tqdm=False)[0].outputs[0].token_ids
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": 24, "temperature": 0, "ignore_eos": True,
+            "return_token_ids": True}
+    poisons = ['{"model": "tiny", "prompt": "a\\ud800b"}',      # a lone surrogate, as JSON can carry it
+               json.dumps({"model": "tiny", "prompt": "hi", "top_k": 2**63, "temperature": 1.0, "max_tokens": 3}),
+               json.dumps({"model": "tiny", "prompt": "hi", "temperature": 10**400})]
+    results = {}
+
+    def good(i):
+        results[i] = httpx.post(server.url + "/v1/completions", json=body, timeout=60).json()
+
+    threads = [threading.Thread(target=good, args=(i,)) for i in range(3)]
+    for thread in threads:
+        thread.start()
+    codes = [httpx.post(server.url + "/v1/completions", content=p, timeout=60,
+                        headers={"content-type": "application/json"}).status_code for p in poisons]
+    for thread in threads:
+        thread.join()
+    assert codes[0] == 400 and codes[2] == 400, codes
+    assert codes[1] == 200, "a top_k beyond the vocabulary keeps the whole vocabulary"
+    assert all(r["choices"][0]["token_ids"] == alone for r in results.values())
+    wait_until_idle(server)
+    assert engine_of(server).engine.kv.num_used_blocks() == 0
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--port", "99999"], "is not a TCP port"), (["--max-queue-len", "0"], "--max-queue-len 0 would refuse"),
+    (["--max-body-bytes", "0"], "--max-body-bytes 0"),
+])
+def test_the_servers_own_flags_are_checked_before_the_model_loads(monkeypatch, capsys, flags, message):
+    monkeypatch.setattr(minicb.serving.server, "build_app", lambda **kw: pytest.fail("the model was loaded"))
+    with pytest.raises(SystemExit):
+        minicb.serving.server.main(flags)
+    assert message in capsys.readouterr().err
+
+
+def test_chat_works_out_of_the_box_with_the_shipped_model():
+    with ServerThread(build_app(None, served_model_name="minicb", max_model_len=256)) as shipped:
+        client = openai.OpenAI(base_url=shipped.url + "/v1", api_key="none")
+        reply = client.chat.completions.create(model="minicb", max_tokens=8, temperature=0,
+                                               messages=[{"role": "user", "content": "Write a Python add."}])
+        assert reply.choices[0].message.role == "assistant" and reply.usage.completion_tokens >= 1
+
+
+def test_idle_and_slow_connections_are_closed_and_health_still_answers(chat_model):
+    import socket
+
+    app = build_app(chat_model, served_model_name="tiny", max_model_len=MAX_MODEL_LEN)
+    with ServerThread(app, timeout_keep_alive=1) as quiet:
+        idle = socket.create_connection(("127.0.0.1", quiet.port))
+        slow = socket.create_connection(("127.0.0.1", quiet.port))
+        slow.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")      # and never the rest
+        started = time.perf_counter()
+        for sock in (idle, slow):
+            sock.settimeout(15)
+            try:
+                closed = sock.recv(1024) == b""
+            except TimeoutError:
+                closed = False
+            assert closed, "an idle or slow connection stayed open"
+        assert time.perf_counter() - started < 10
+        assert httpx.get(quiet.url + "/health").json()["status"] == "ok"

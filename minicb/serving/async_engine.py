@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -103,6 +104,7 @@ class _PendingAdd:
     arrival_time: float
     require_fit: bool
     added: asyncio.Future = field(repr=False)
+    token_ids: list[int] = field(default_factory=list, repr=False)   # the prompt, tokenised
 
 
 class AsyncLLMEngine:
@@ -122,6 +124,7 @@ class AsyncLLMEngine:
         # used by the worker call only, one per sample: (request id, sample index) -> detokenizer
         self._detokenizers: dict[tuple[str, int], IncrementalDetokenizer] = {}
         self._ids = itertools.count()
+        self._finish_times: deque[float] = deque(maxlen=1024)   # when recent samples finished
         self._wake: asyncio.Event | None = None
         self._loop_task: asyncio.Task | None = None
         self._stopping = False
@@ -186,14 +189,20 @@ class AsyncLLMEngine:
         """
         self.start()
         if self.max_queue_len is not None and self.num_waiting >= self.max_queue_len:
-            raise QueueFullError(self.num_waiting, self.max_queue_len)
+            raise QueueFullError(self.num_waiting, self.max_queue_len, self.retry_after())
         request_id = request_id or f"req-{next(self._ids)}"
+        if request_id in self._streams:
+            raise ValueError(f"request id {request_id!r} is already in use; ids must be unique.")
+        # tokenise and check here, off the engine's thread: a long prompt never stalls the steps
+        token_ids = await asyncio.to_thread(self.engine.validate, prompt, params)
+        if self.max_queue_len is not None and self.num_waiting >= self.max_queue_len:   # filled meanwhile
+            raise QueueFullError(self.num_waiting, self.max_queue_len, self.retry_after())
         if request_id in self._streams:
             raise ValueError(f"request id {request_id!r} is already in use; ids must be unique.")
         stream = self._streams[request_id] = RequestStream(request_id, params.n)
         added = asyncio.get_running_loop().create_future()
         self._pending_adds.append(_PendingAdd(request_id, prompt, params, priority, time.perf_counter(),
-                                              require_fit, added))
+                                              require_fit, added, token_ids))
         self._wake.set()
         try:
             await added
@@ -254,10 +263,23 @@ class AsyncLLMEngine:
         for request_id in list(self._streams):
             self._end_stream(request_id, "abort")
 
+    def retry_after(self) -> float:
+        """Seconds until the queue likely has room for one more: the requests over the limit
+        over the rate at which requests finished in the last minute (1 to 60 s)."""
+        now = time.perf_counter()
+        while self._finish_times and now - self._finish_times[0] > 60:
+            self._finish_times.popleft()
+        if len(self._finish_times) < 2:
+            return 1.0
+        rate = len(self._finish_times) / max(now - self._finish_times[0], 1e-3)
+        over = self.num_waiting - (self.max_queue_len or 0) + 1
+        return min(60.0, max(1.0, over / rate))
+
     def _deliver(self, delta: StreamDelta) -> None:
         self.stats.generation_tokens += len(delta.token_ids)
         stream = self._streams.get(delta.request_id)
         if delta.finished:
+            self._finish_times.append(time.perf_counter())
             # a request's prompt tokens count once, however many samples it has
             self.stats.on_finished(delta.metrics, delta.finish_reason, count_prompt=delta.index == 0)
         if stream is not None:
@@ -309,7 +331,7 @@ class AsyncLLMEngine:
     def _add_to_engine(self, add: _PendingAdd) -> None:
         """Add the request (the engine fans out its samples); every check runs first."""
         engine, params = self.engine, add.params
-        token_ids = engine.validate(add.prompt, params)
+        token_ids = add.token_ids
         limit = engine.config.max_model_len
         if add.require_fit and len(token_ids) + params.max_tokens > limit:
             raise ValueError(f"max_tokens={params.max_tokens} plus the prompt's {len(token_ids)} tokens "

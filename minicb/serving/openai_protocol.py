@@ -8,6 +8,7 @@ error in OpenAI's shape naming the field at fault and the fix:
 
 from __future__ import annotations
 
+import json
 import re
 import time
 import uuid
@@ -33,7 +34,7 @@ class APIError(Exception):
 def param_named_in(message: str) -> str | None:
     """The field an engine error is about: its messages start with the field's name."""
     match = re.match(r"(\w+)", message)
-    if match and match.group(1) in (*_SAMPLING_FIELDS, "stop", "stop_token_ids"):
+    if match and match.group(1) in (*_SAMPLING_FIELDS, "stop", "stop_token_ids", "ignore_eos", "logprobs"):
         return match.group(1)
     return "prompt" if "prompt" in message or "token ids" in message else None
 
@@ -94,16 +95,14 @@ def _sampling(body: dict, max_model_len: int, default_max_tokens: int) -> tuple[
     if stop_token_ids is not None and not (stop_token_ids == [] or _is_token_ids(stop_token_ids)):
         raise APIError(f"'stop_token_ids' must be a list of integers (got {stop_token_ids!r}).",
                        param="stop_token_ids")
-    if body.get("logprobs") not in (None, False) or body.get("echo"):
-        raise APIError("'logprobs' and 'echo' are not supported by this server; leave them out.",
-                       param="logprobs" if body.get("logprobs") not in (None, False) else "echo")
     try:
         params = SamplingParams(
             n=n, temperature=1.0 if values["temperature"] is None else values["temperature"],
             top_p=1.0 if values["top_p"] is None else values["top_p"],
             top_k=-1 if values["top_k"] is None else values["top_k"], seed=values["seed"],
             max_tokens=default_max_tokens if max_tokens is None else max_tokens, stop=stop,
-            stop_token_ids=stop_token_ids or [], ignore_eos=bool(body.get("ignore_eos", False)))
+            stop_token_ids=stop_token_ids or [],
+            ignore_eos=_field(body, "ignore_eos", (bool,), "true or false", False))
     except ValueError as error:
         raise APIError(str(error), param=param_named_in(str(error))) from None
     return params, max_tokens is not None
@@ -113,22 +112,52 @@ def _check_model(body: dict, model_name: str) -> None:
     model = body.get("model")
     if model is not None and model != model_name:
         raise APIError(f"The model {model!r} does not exist; this server serves {model_name!r} "
-                       "(see GET /v1/models).", param="model", code="model_not_found")
+                       "(see GET /v1/models).", param="model", code="model_not_found", status=404)
+
+
+# Every field a request may carry. The ones this server implements are read above; the others
+# are accepted only at the value that asks for nothing (so a client that always sends them works),
+# and anything else is refused with a 400 naming the field, never silently ignored.
+_IMPLEMENTED = {"model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p",
+                "top_k", "seed", "n", "stop", "stop_token_ids", "stream", "stream_options", "ignore_eos",
+                "priority", "return_token_ids", "user"}
+_NO_EFFECT = {"presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0), "repetition_penalty": (1, 1.0),
+              "logit_bias": ({},), "echo": (False,), "logprobs": (False, 0), "top_logprobs": (0,),
+              "best_of": (1,), "suffix": ("",), "tools": ([],), "tool_choice": ("none",),
+              "response_format": ({"type": "text"},), "parallel_tool_calls": (False,), "store": (False,),
+              "metadata": ({},), "service_tier": ("auto", "default"), "min_tokens": (0,)}
+
+
+def _check_fields(body: dict) -> None:
+    for name, value in body.items():
+        if name in _IMPLEMENTED or value is None:
+            continue
+        if name in _NO_EFFECT:
+            if any(type(value) is type(ok) and value == ok for ok in _NO_EFFECT[name]):
+                continue
+            raise APIError(f"'{name}'={json.dumps(value)[:80]} is not supported by this server; leave it out "
+                           f"or send {json.dumps(_NO_EFFECT[name][0])}.", param=name, code="unsupported_parameter")
+        raise APIError(f"'{name}' is not a field this server knows; leave it out.", param=name,
+                       code="unknown_parameter")
 
 
 def _options(body: dict, prompt, params: SamplingParams, require_fit: bool) -> ParsedRequest:
     stream = _field(body, "stream", (bool,), "true or false", False)
     options = body.get("stream_options") or {}
-    if not isinstance(options, dict):
-        raise APIError("'stream_options' must be an object.", param="stream_options")
+    if not isinstance(options, dict) or set(options) - {"include_usage"}:
+        raise APIError("'stream_options' must be an object with at most 'include_usage'.", param="stream_options")
+    include_usage = _field(options, "include_usage", (bool,), "true or false", False)
     priority = _field(body, "priority", *_INT, 0)
-    return ParsedRequest(prompt, params, stream, bool(options.get("include_usage")),
-                         bool(body.get("return_token_ids")), require_fit, priority)
+    if not -2**31 <= priority < 2**31:
+        raise APIError(f"'priority' must be a 32-bit integer (got {priority}).", param="priority")
+    return ParsedRequest(prompt, params, stream, include_usage,
+                         _field(body, "return_token_ids", (bool,), "true or false", False), require_fit, priority)
 
 
 def parse_completion(body: dict, model_name: str, max_model_len: int) -> ParsedRequest:
     """POST /v1/completions: prompt as a string or token ids (or a list holding one of those)."""
     _check_model(body, model_name)
+    _check_fields(body)
     prompt = body.get("prompt")
     one = isinstance(prompt, list) and len(prompt) == 1
     if one and (isinstance(prompt[0], str) or _is_token_ids(prompt[0])):
@@ -145,6 +174,7 @@ def parse_completion(body: dict, model_name: str, max_model_len: int) -> ParsedR
 def parse_chat(body: dict, model_name: str, max_model_len: int, tokenizer) -> ParsedRequest:
     """POST /v1/chat/completions: messages rendered through the tokenizer's chat template."""
     _check_model(body, model_name)
+    _check_fields(body)
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):
         raise APIError("this model's tokenizer has no chat template, so chat messages cannot be turned into "
                        "a prompt; use POST /v1/completions, or serve a checkpoint whose "

@@ -39,7 +39,11 @@ from pathlib import Path
 
 import uvicorn
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from minicb.config import EngineConfig
 from minicb.engine import LLMEngine
@@ -56,9 +60,48 @@ from minicb.serving.openai_protocol import (
     usage,
 )
 
+# Bounds of the HTTP side, each a flag of `python -m minicb serve`
+MAX_BODY_BYTES = 8 * 2**20          # a request body (the longest prompt is a million characters)
+TIMEOUT_KEEP_ALIVE = 5              # seconds an idle kept-alive connection stays open
+LIMIT_CONCURRENCY = 1024            # connections at once; more get 503 at the door
+BODY_TIMEOUT = 30                   # seconds a request's body may take to arrive
+
+
+class DeadlineH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol with a read deadline: a connection that has not sent a whole
+    request's headers within `timeout_keep_alive` seconds of opening (or of its last response) is
+    closed. uvicorn's own keep-alive timer stops at the first byte, so an idle socket or one that
+    trickles its headers would otherwise stay open for good, and enough of them lock everyone out."""
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        self._deadline = self.loop.call_later(self.timeout_keep_alive, self._expire)
+
+    def handle_events(self) -> None:
+        super().handle_events()
+        if self.cycle is not None and not self.cycle.response_complete and self._deadline is not None:
+            self._deadline.cancel()          # the headers are in: the request is being served
+            self._deadline = None
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self._deadline is not None:
+            self._deadline.cancel()
+        self._deadline = self.loop.call_later(self.timeout_keep_alive, self._expire)
+
+    def connection_lost(self, exc) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+        super().connection_lost(exc)
+
+    def _expire(self) -> None:
+        if not self.transport.is_closing() and (self.cycle is None or self.cycle.response_complete):
+            self.transport.close()
+
 
 def build_app(model: str | None = None, *, engine: AsyncLLMEngine | None = None,
-              served_model_name: str | None = None, max_queue_len: int | None = 1024, **knobs) -> FastAPI:
+              served_model_name: str | None = None, max_queue_len: int | None = 1024,
+              max_body_bytes: int = MAX_BODY_BYTES, **knobs) -> FastAPI:
     """The FastAPI app. Pass engine knobs (scheduler=..., max_num_seqs=...) or a ready engine."""
     if engine is None:
         engine = AsyncLLMEngine(LLMEngine(EngineConfig(model=model, **knobs)), max_queue_len)
@@ -74,12 +117,31 @@ def build_app(model: str | None = None, *, engine: AsyncLLMEngine | None = None,
 
     app = FastAPI(title="minicb", lifespan=lifespan)
     app.state.engine, app.state.model_name = engine, model_name
+    app.state.max_body_bytes = max_body_bytes
 
     @app.exception_handler(APIError)
     async def api_error(request: Request, error: APIError) -> JSONResponse:
-        if error.status in (400, 503):
-            engine.stats.rejected["invalid" if error.status == 400 else "overloaded"] += 1
+        if error.status in (400, 404, 413, 503):
+            engine.stats.rejected["overloaded" if error.status == 503 else "invalid"] += 1
         return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+
+    # every other error in OpenAI's shape too: unknown routes, wrong methods, and anything unforeseen
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
+        what = {404: f"no route {request.url.path}; see POST /v1/completions, POST /v1/chat/completions, "
+                     "GET /v1/models, GET /health, GET /metrics",
+                405: f"{request.method} is not allowed on {request.url.path}"}.get(error.status_code, error.detail)
+        return JSONResponse(APIError(str(what), status=error.status_code).body(), status_code=error.status_code,
+                            headers=getattr(error, "headers", None))
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, error: RequestValidationError) -> JSONResponse:
+        return JSONResponse(APIError(f"invalid request: {error.errors()[:3]}", status=422).body(), status_code=422)
+
+    @app.exception_handler(Exception)
+    async def unforeseen(request: Request, error: Exception) -> JSONResponse:
+        return JSONResponse(APIError(f"internal error: {type(error).__name__}", status=500,
+                                     error_type="internal_error").body(), status_code=500)
 
     @app.get("/health")
     async def health() -> dict:
@@ -109,13 +171,40 @@ def build_app(model: str | None = None, *, engine: AsyncLLMEngine | None = None,
 
 
 async def _json_body(request: Request) -> dict:
+    """The body as a JSON object, read no further than the server's limit (413 past it)."""
+    limit = request.app.state.max_body_bytes
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise _too_large(limit)
+    chunks = []
+
+    async def read() -> None:
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise _too_large(limit)
+            chunks.append(chunk)
+
     try:
-        body = await request.json()
-    except ValueError:
-        raise APIError("the request body is not valid JSON.") from None
+        await asyncio.wait_for(read(), BODY_TIMEOUT)
+    except ClientDisconnect:
+        raise APIError("the client went away before sending the whole body.", status=400) from None
+    except asyncio.TimeoutError:
+        raise APIError(f"the request body did not arrive within {BODY_TIMEOUT} s.", status=408,
+                       code="request_timeout") from None
+    try:
+        body = json.loads(b"".join(chunks))
+    except (ValueError, RecursionError):    # not JSON, not UTF-8, or nested beyond the parser's depth
+        raise APIError("the request body is not valid JSON (or is nested too deeply).") from None
     if not isinstance(body, dict):
         raise APIError("the request body must be a JSON object.")
     return body
+
+
+def _too_large(limit: int) -> APIError:
+    return APIError(f"the request body is larger than {limit} bytes; send a shorter prompt (or start the "
+                    "server with a larger --max-body-bytes).", status=413, code="request_too_large")
 
 
 async def _serve(engine: AsyncLLMEngine, request: Request, parsed: ParsedRequest, model_name: str,
@@ -222,9 +311,12 @@ async def _collect_unless_disconnected(engine: AsyncLLMEngine, stream: RequestSt
 class ServerThread:
     """uvicorn in a background thread, for notebooks and tests. port=0 picks a free port."""
 
-    def __init__(self, app, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning"):
+    def __init__(self, app, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning",
+                 timeout_keep_alive: int = TIMEOUT_KEEP_ALIVE, limit_concurrency: int = LIMIT_CONCURRENCY):
         self.app, self.host = app, host
-        self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level))
+        self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level,
+                                                    timeout_keep_alive=timeout_keep_alive,
+                                                    limit_concurrency=limit_concurrency, http=DeadlineH11Protocol))
         self.thread = threading.Thread(target=self.server.run, name="minicb-server", daemon=True)
         self.port = port
 
@@ -260,7 +352,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--max-queue-len", type=int, default=1024,
-                        help="waiting requests beyond this get 503 with Retry-After")
+                        help="waiting requests beyond this get 503 with Retry-After (at least 1)")
+    parser.add_argument("--max-body-bytes", type=int, default=MAX_BODY_BYTES,
+                        help=f"larger request bodies get 413 (default {MAX_BODY_BYTES})")
+    parser.add_argument("--timeout-keep-alive", type=int, default=TIMEOUT_KEEP_ALIVE,
+                        help="seconds an idle connection, or one still sending its request's headers, "
+                             f"is kept open (default {TIMEOUT_KEEP_ALIVE})")
+    parser.add_argument("--limit-concurrency", type=int, default=LIMIT_CONCURRENCY,
+                        help=f"connections at once; more get 503 (default {LIMIT_CONCURRENCY})")
     parser.add_argument("--log-level", default="info")
     EngineConfig.add_cli_args(parser)
     return parser
@@ -269,10 +368,20 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    # the server's own flags are checked before the model loads
+    if not 0 <= args.port <= 65535:
+        parser.error(f"--port {args.port} is not a TCP port (0-65535).")
+    for flag, value in (("--max-queue-len", args.max_queue_len), ("--max-body-bytes", args.max_body_bytes),
+                        ("--timeout-keep-alive", args.timeout_keep_alive),
+                        ("--limit-concurrency", args.limit_concurrency)):
+        if value < 1:
+            parser.error(f"{flag} {value} would refuse every request; give at least 1.")
     try:
         app = build_app(served_model_name=args.served_model_name, max_queue_len=args.max_queue_len,
-                        **EngineConfig.knobs_from_cli(args))
+                        max_body_bytes=args.max_body_bytes, **EngineConfig.knobs_from_cli(args))
     except ValueError as error:     # a knob the config refuses (or a combination): a usage error
         parser.error(str(error))
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
+                timeout_keep_alive=args.timeout_keep_alive, limit_concurrency=args.limit_concurrency,
+                http=DeadlineH11Protocol)
     return 0
