@@ -27,7 +27,7 @@ MAX_MODEL_LEN = 256
 
 @pytest.fixture(scope="module")
 def chat_model(tmp_path_factory) -> str:
-    """The default model, its tokenizer given a simple chat template (it ships without one)."""
+    """The default model, its tokenizer given a simpler chat template than the one it ships with."""
     return checkpoint_copy(default_model_path(), tmp_path_factory.mktemp("chat-model"),
                            chat_template=SIMPLE_CHAT_TEMPLATE)
 

@@ -229,3 +229,42 @@ def response(chat: bool, request_id: str, model: str, choices: list[dict], usage
     if usage_ is not None or not chunk:
         body["usage"] = usage_
     return body
+
+
+# --- the request bodies as JSON Schema (published in the server's OpenAPI document) -------------
+_TOKEN_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
+_COMMON = {
+    "model": {"type": "string"},
+    "max_tokens": {"type": "integer", "minimum": 1}, "max_completion_tokens": {"type": "integer", "minimum": 1},
+    "temperature": {"type": "number", "minimum": 0}, "top_p": {"type": "number", "exclusiveMinimum": 0,
+                                                                "maximum": 1},
+    "top_k": {"type": "integer"}, "seed": {"type": "integer", "minimum": 0}, "n": {"type": "integer", "minimum": 1,
+                                                                                 "maximum": MAX_N},
+    "stop": {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
+    "stop_token_ids": {"type": "array", "items": {"type": "integer", "minimum": 0}},
+    "stream": {"type": "boolean"},
+    "stream_options": {"type": "object", "properties": {"include_usage": {"type": "boolean"}},
+                       "additionalProperties": False},
+    "ignore_eos": {"type": "boolean"}, "priority": {"type": "integer"}, "return_token_ids": {"type": "boolean"},
+    "user": {"type": "string"},
+    # accepted only at the value that asks for nothing
+    "presence_penalty": {"const": 0}, "frequency_penalty": {"const": 0}, "logit_bias": {"const": {}},
+    "best_of": {"const": 1}, "echo": {"const": False}, "logprobs": {"enum": [False, 0]},
+}
+COMPLETION_SCHEMA = {
+    "type": "object", "additionalProperties": False, "required": ["prompt"],
+    "properties": {**_COMMON, "prompt": {"anyOf": [{"type": "string"}, _TOKEN_IDS,
+                                                   {"type": "array", "items": {"type": "string"},
+                                                    "minItems": 1, "maxItems": 1}]}},
+}
+CHAT_SCHEMA = {
+    "type": "object", "additionalProperties": False, "required": ["messages"],
+    "properties": {**_COMMON, "messages": {"type": "array", "minItems": 1, "items": {
+        "type": "object", "required": ["role", "content"],
+        "properties": {"role": {"type": "string"}, "content": {"type": "string"}}}}},
+}
+
+
+def openapi_body(schema: dict) -> dict:
+    """FastAPI's `openapi_extra` for a route whose JSON body this module parses by hand."""
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}

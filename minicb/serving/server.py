@@ -49,10 +49,13 @@ from minicb.config import EngineConfig
 from minicb.engine import LLMEngine
 from minicb.serving.async_engine import AsyncLLMEngine, QueueFullError, RequestStream, StreamDelta
 from minicb.serving.openai_protocol import (
+    CHAT_SCHEMA,
+    COMPLETION_SCHEMA,
     APIError,
     ParsedRequest,
     choice,
     new_id,
+    openapi_body,
     param_named_in,
     parse_chat,
     parse_completion,
@@ -157,12 +160,12 @@ def build_app(model: str | None = None, *, engine: AsyncLLMEngine | None = None,
         text = engine.stats.render(engine.num_running, engine.num_waiting, *engine.kv_usage())
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", openapi_extra=openapi_body(COMPLETION_SCHEMA))
     async def completions(request: Request):
         parsed = parse_completion(await _json_body(request), model_name, max_model_len)
         return await _serve(engine, request, parsed, model_name, chat=False)
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", openapi_extra=openapi_body(CHAT_SCHEMA))
     async def chat_completions(request: Request):
         parsed = parse_chat(await _json_body(request), model_name, max_model_len, engine.tokenizer)
         return await _serve(engine, request, parsed, model_name, chat=True)
