@@ -665,3 +665,30 @@ def test_idle_and_slow_connections_are_closed_and_health_still_answers(chat_mode
             assert closed, "an idle or slow connection stayed open"
         assert time.perf_counter() - started < 10
         assert httpx.get(quiet.url + "/health").json()["status"] == "ok"
+
+
+def test_a_huge_prompt_is_tokenised_off_the_engine_thread_without_stalling_a_stream(server):
+    """A prompt of 900,000 characters (under the body limit, far over max_model_len) is refused
+    with 400 after tokenising; a stream running meanwhile keeps its pace: its longest gap
+    between tokens stays within twice (plus scheduling noise) its longest gap when alone."""
+    body = {"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 60, "ignore_eos": True, "stream": True}
+
+    def longest_gap(during=None) -> float:
+        times = []
+        with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=120) as stream:
+            for line in stream.iter_lines():
+                if line.startswith("data: {"):
+                    times.append(time.perf_counter())
+                    if len(times) == 5 and during is not None:
+                        during.start()
+        return max(b - a for a, b in zip(times[5:], times[6:]))
+
+    alone = longest_gap()
+    refused = {}
+    big = threading.Thread(target=lambda: refused.update(response=httpx.post(
+        server.url + "/v1/completions", json={"model": "tiny", "prompt": "def f(x): return x\n" * 45_000},
+        timeout=120)))
+    together = longest_gap(during=big)
+    big.join()
+    assert refused["response"].status_code == 400 and "max_model_len" in refused["response"].text
+    assert together <= 2 * alone + 0.25, f"the stream stalled: longest gap {together:.3f} s, alone {alone:.3f} s"
