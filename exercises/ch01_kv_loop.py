@@ -31,7 +31,8 @@ from minicb.model.llama import LlamaForCausalLM, ModelArgs
 
 
 def allocate_kv_cache(args: ModelArgs, max_tokens: int, block_size: int,
-                      dtype: torch.dtype = torch.float32) -> list[tuple[torch.Tensor, torch.Tensor]]:
+                      dtype: torch.dtype = torch.float32
+                      ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """A zeroed cache big enough for one request of up to `max_tokens` tokens.
 
     Contract: a list with one (k_cache, v_cache) pair per layer (args.num_layers), each of shape
@@ -48,7 +49,7 @@ def allocate_kv_cache(args: ModelArgs, max_tokens: int, block_size: int,
     (2, (3, 4, 2, 2))
     """
     raise NotImplementedError(
-        "allocate_kv_cache: one (k, v) pair of zeros per layer, [num_blocks, block_size, kv_heads, "
+        "allocate_kv_cache: per layer a (k, v) pair of zeros [num_blocks, block_size, kv_heads, "
         "head_dim]")
 
 
@@ -71,8 +72,10 @@ def pack_step(token_ids: list[int], num_cached: int,
       meta.max_seqlen_k  int                     the same as seq_lens[0]
 
     >>> ids, positions, meta = pack_step([42], num_cached=5, block_size=4)
-    >>> positions.tolist(), meta.slot_mapping.tolist(), meta.seq_lens.tolist(), meta.block_tables.tolist()
-    ([5], [5], [6], [[0, 1]])
+    >>> positions.tolist(), meta.slot_mapping.tolist()
+    ([5], [5])
+    >>> meta.seq_lens.tolist(), meta.block_tables.tolist()
+    ([6], [[0, 1]])
     """
     raise NotImplementedError(
         "pack_step: build input_ids, positions and the AttentionMetadata of one request")

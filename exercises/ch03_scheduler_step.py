@@ -34,8 +34,9 @@ from minicb.request import Request, RequestStatus
 from minicb.scheduler.base import ScheduledSeq, Scheduler, SchedulerOutput
 
 # the knobs this exercise leaves at minicb's defaults (the policies of chapter 03's second half)
-DEFAULT_KNOBS = {"policy": "fcfs", "step_order": "decode_first", "max_prefill_tokens_per_step": None,
-                 "max_wait_steps": None, "watermark_blocks": 0, "enable_prefix_caching": False}
+DEFAULT_KNOBS = {"policy": "fcfs", "step_order": "decode_first",
+                 "max_prefill_tokens_per_step": None, "max_wait_steps": None, "watermark_blocks": 0,
+                 "enable_prefix_caching": False}
 
 
 class StepScheduler(Scheduler):
@@ -45,8 +46,9 @@ class StepScheduler(Scheduler):
         changed = [f"{name}={getattr(config, name)!r}" for name, default in DEFAULT_KNOBS.items()
                    if getattr(config, name) != default]
         if changed:
-            raise ValueError(f"StepScheduler implements the default policy only; leave {', '.join(changed)} "
-                             "at their defaults, or use minicb's ContinuousScheduler.")
+            raise ValueError("StepScheduler implements the default policy only; leave "
+                             f"{', '.join(changed)} at their defaults, or use minicb's "
+                             "ContinuousScheduler.")
         super().__init__(config, *args, **kwargs)
         self.token_budget = 0
         self.scheduled_ids: set[str] = set()
@@ -69,8 +71,7 @@ class StepScheduler(Scheduler):
         `self.token_budget`, which may be 0.
         """
         raise NotImplementedError(
-            "tokens_this_step: the request's uncomputed tokens, capped by what is left of the token"
-            " budget")
+            "tokens_this_step: the request's uncomputed tokens, capped by the token budget left")
 
     def take(self, output: SchedulerOutput, request: Request, num_tokens: int) -> None:
         """Put `num_tokens` of `request` in this step: KV room for them, a row, the budget spent."""
@@ -108,8 +109,8 @@ class StepScheduler(Scheduler):
         Hint: loop over a copy, `list(self.running)`: preempt removes from self.running.
         """
         raise NotImplementedError(
-            "schedule_running: loop over running requests; evict pick_victim() until each fits, "
-            "then take it")
+            "schedule_running: for each running request: evict pick_victim() until it fits, then "
+            "take it")
 
     def admit_waiting(self, output: SchedulerOutput) -> None:
         """Admit waiting requests, earliest arrival (`arrival_index`) first (admit).

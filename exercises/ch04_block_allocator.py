@@ -52,8 +52,7 @@ class BlockAllocator:
 
     def __init__(self, num_blocks: int):
         raise NotImplementedError(
-            "__init__: set num_blocks, ref_counts (all 0) and a free list that pops 0, 1, 2, ... "
-            "first")
+            "__init__: num_blocks, ref_counts (all 0), a free list that pops 0, 1, 2, ... first")
 
     def num_free(self) -> int:
         raise NotImplementedError(

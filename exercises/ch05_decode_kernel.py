@@ -47,7 +47,8 @@ def paged_decode_kernel(
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    """Program (seq, head) of the grid (num_seqs, num_q_heads): out[seq, head] = softmax(q K^T * scale) V.
+    """Program (seq, head) of the grid (num_seqs, num_q_heads): out[seq, head] = softmax(q K^T *
+    scale) V.
 
     q, out: [num_seqs, num_q_heads, head_dim]; the caches: [num_blocks, block_size, num_kv_heads,
     head_dim] (k and v with the same strides); the last dimension of every tensor is contiguous.
@@ -58,12 +59,12 @@ def paged_decode_kernel(
     load each key's block id from the table, then K and V tiles of shape [BLOCK_N, DIM_PAD].
     """
     raise NotImplementedError(
-        "paged_decode_kernel: one (request, query head): online softmax over the request's keys, "
-        "BLOCK_N at a time")
+        "paged_decode_kernel: one (request, query head): online softmax over its keys, BLOCK_N at a"
+        " time")
 
 
-def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seq_lens: torch.Tensor,
-                 block_tables: torch.Tensor, scale: float) -> torch.Tensor:
+def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 seq_lens: torch.Tensor, block_tables: torch.Tensor, scale: float) -> torch.Tensor:
     """Decode attention over the paged cache: one query token per request.
 
     Contract: q [num_seqs, num_q_heads, head_dim]; k_cache, v_cache [num_blocks, block_size,
@@ -76,5 +77,5 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     num_kv_heads, DIM_PAD = triton.next_power_of_2(head_dim), BLOCK_SIZE and BLOCK_N.
     """
     raise NotImplementedError(
-        "paged_decode: allocate out, launch the kernel on grid (num_seqs, num_q_heads) with its "
-        "strides")
+        "paged_decode: allocate out; launch the kernel on grid (num_seqs, num_q_heads), strides "
+        "given")

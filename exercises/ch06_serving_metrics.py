@@ -103,13 +103,14 @@ def percentile(values: Sequence[float | None], q: float) -> float:
         "percentile: interpolate linearly between the sorted values at rank q / 100 * (n - 1)")
 
 
-def meets_slo(request: RequestTimestamps, slo_ttft: float | None = None, slo_tpot: float | None = None) -> bool:
+def meets_slo(request: RequestTimestamps, slo_ttft: float | None = None,
+              slo_tpot: float | None = None) -> bool:
     """Whether the request met every given target (None = no target on that metric).
 
     TTFT must be at most slo_ttft (a request with no token yet fails it); TPOT at most slo_tpot
     (a one-token request has no TPOT and passes that target).
 
-    >>> fast_start = RequestTimestamps(arrival=0.0, token_times=[0.1, 1.1, 2.1])   # TTFT 0.1, TPOT 1
+    >>> fast_start = RequestTimestamps(arrival=0.0, token_times=[0.1, 1.1, 2.1])  # TTFT .1
     >>> meets_slo(fast_start, slo_ttft=0.2), meets_slo(fast_start, slo_ttft=0.2, slo_tpot=0.5)
     (True, False)
     """

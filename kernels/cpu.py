@@ -1,10 +1,12 @@
-"""The CPU paged-attention kernel (``cpu_attention.c``): compiled on first use, called through ctypes.
+"""The CPU paged-attention kernel (``cpu_attention.c``): compiled on first use, called through
+ctypes.
 
 Triton runs on a CPU only through its interpreter, far too slow to serve with, and the torch
 backend's gather + SDPA moves every decode row's (padded) keys three times. This kernel reads each
 row's real keys once, straight from its blocks. It is compiled with the machine's C compiler
 (``cc``, or ``$CC``) the first time it is needed and cached under ``~/.cache/minicb`` (or
-``$MINICB_CACHE``), keyed by the source, the flags and the CPU, so later runs load it in milliseconds.
+``$MINICB_CACHE``), keyed by the source, the flags and the CPU, so later runs load it in
+milliseconds.
 A cached library is loaded only if it is private to this user and its hash matches the one
 recorded when it was built; anything else is rebuilt, never loaded.
 Where no compiler works, :func:`available` says why, and the engine keeps the torch backend.
@@ -27,7 +29,8 @@ import torch
 SOURCE = Path(__file__).with_name("cpu_attention.c")
 # Tried in order: the fastest build first, then builds for compilers without -march=native or
 # OpenMP (Apple's clang has no -fopenmp: the kernel then runs on one thread).
-FLAG_SETS = (["-O3", "-march=native", "-fopenmp"], ["-O3", "-fopenmp"], ["-O3", "-march=native"], ["-O3"])
+FLAG_SETS = (["-O3", "-march=native", "-fopenmp"], ["-O3", "-fopenmp"], ["-O3", "-march=native"],
+             ["-O3"])
 
 
 class CPUKernelUnavailable(RuntimeError):
@@ -96,13 +99,15 @@ def _cpu_identity() -> str:
 
 @functools.cache
 def _library() -> ctypes.CDLL:
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    compiler = (os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+                or shutil.which("clang"))
     if compiler is None:
         raise CPUKernelUnavailable("no C compiler found (cc, gcc or clang; or set $CC)")
     source = SOURCE.read_bytes()
     complaints = []
     for flags in FLAG_SETS:
-        key = hashlib.sha256(source + " ".join([compiler, *flags, _cpu_identity()]).encode()).hexdigest()[:16]
+        recipe = " ".join([compiler, *flags, _cpu_identity()]).encode()
+        key = hashlib.sha256(source + recipe).hexdigest()[:16]
         directory = cache_dir()
         if directory.exists() and not _private(directory):
             # a cache others can write to is not used: build into a private directory instead
@@ -123,10 +128,12 @@ def _library() -> ctypes.CDLL:
             continue
         fn = lib.minicb_paged_attention_f32
         fn.restype = ctypes.c_int
-        fn.argtypes = [ctypes.c_void_p] * 7 + [ctypes.c_int64] * 8 + [ctypes.c_float, ctypes.c_int32]
+        fn.argtypes = ([ctypes.c_void_p] * 7 + [ctypes.c_int64] * 8
+                       + [ctypes.c_float, ctypes.c_int32])
         lib.flags = flags
         return lib
-    raise CPUKernelUnavailable("the CPU attention kernel did not compile: " + " | ".join(complaints))
+    raise CPUKernelUnavailable("the CPU attention kernel did not compile: "
+                               + " | ".join(complaints))
 
 
 def available() -> tuple[bool, str]:
@@ -137,9 +144,10 @@ def available() -> tuple[bool, str]:
         return False, str(err)
 
 
-def paged_attention_cpu(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cu_seqlens_q: torch.Tensor,
-                        seq_lens: torch.Tensor, block_tables: torch.Tensor, scale: float,
-                        decodes_only: bool = False, out: torch.Tensor | None = None) -> torch.Tensor:
+def paged_attention_cpu(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                        cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor,
+                        block_tables: torch.Tensor, scale: float, decodes_only: bool = False,
+                        out: torch.Tensor | None = None) -> torch.Tensor:
     """Attend a packed batch over the paged cache; same contract as the Triton ``paged_attention``.
 
     q [num_tokens, q_heads, head_dim] and the caches [num_blocks, block_size, kv_heads, head_dim]
@@ -147,9 +155,11 @@ def paged_attention_cpu(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
     """
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         if t.device.type != "cpu" or t.dtype != torch.float32 or not t.is_contiguous():
-            raise ValueError(f"{name} must be a contiguous float32 CPU tensor for the CPU kernel, got "
-                             f"{t.dtype} on {t.device}; use attention='torch' for other dtypes and devices.")
-    for name, t in (("cu_seqlens_q", cu_seqlens_q), ("seq_lens", seq_lens), ("block_tables", block_tables)):
+            raise ValueError(f"{name} must be a contiguous float32 CPU tensor for the CPU kernel, "
+                             f"got {t.dtype} on {t.device}; use attention='torch' for other dtypes "
+                             "and devices.")
+    for name, t in (("cu_seqlens_q", cu_seqlens_q), ("seq_lens", seq_lens),
+                    ("block_tables", block_tables)):
         if t.dtype != torch.int32 or not t.is_contiguous():
             raise ValueError(f"{name} must be a contiguous int32 tensor, got {t.dtype}.")
     num_tokens, q_heads, head_dim = q.shape
@@ -158,17 +168,22 @@ def paged_attention_cpu(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
         raise ValueError(f"{q_heads} query heads do not divide into {kv_heads} KV heads.")
     if out is None:
         out = torch.empty_like(q)
-    elif out.shape != q.shape or out.dtype != q.dtype or out.device != q.device or not out.is_contiguous():
-        raise ValueError(f"out must be a contiguous tensor shaped and typed like q {tuple(q.shape)}, got "
-                         f"{tuple(out.shape)} {out.dtype}.")
+    elif (out.shape != q.shape or out.dtype != q.dtype or out.device != q.device or
+          not out.is_contiguous()):
+        raise ValueError("out must be a contiguous tensor shaped and typed like q "
+                         f"{tuple(q.shape)}, got {tuple(out.shape)} {out.dtype}.")
     if num_tokens == 0:
         return out
-    status = _library().minicb_paged_attention_f32(
-        q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(), cu_seqlens_q.data_ptr(),
-        seq_lens.data_ptr(), block_tables.data_ptr(), seq_lens.numel(), num_tokens, q_heads, kv_heads, head_dim,
-        block_size, block_tables.shape[1], num_blocks, scale, int(decodes_only))
+    status = _library().minicb_paged_attention_f32(q.data_ptr(), k_cache.data_ptr(),
+                                                   v_cache.data_ptr(), out.data_ptr(),
+                                                   cu_seqlens_q.data_ptr(), seq_lens.data_ptr(),
+                                                   block_tables.data_ptr(), seq_lens.numel(),
+                                                   num_tokens, q_heads, kv_heads, head_dim,
+                                                   block_size, block_tables.shape[1], num_blocks,
+                                                   scale, int(decodes_only))
     if status == -2:
-        raise ValueError("a block table names a block outside the KV pool, or is shorter than its row's keys.")
+        raise ValueError("a block table names a block outside the KV pool, or is shorter than its "
+                         "row's keys.")
     if status != 0:
         raise MemoryError("the CPU attention kernel could not allocate its scratch rows")
     return out

@@ -4,7 +4,8 @@ Every token computed this step has a *slot*: ``block_id * block_size + offset``,
 KV manager and packed into ``slot_mapping``. The kernel copies the token's K and V rows (all KV
 heads at once) to that slot::
 
-    k: [num_tokens, num_kv_heads, head_dim]        k_cache: [num_blocks, block_size, num_kv_heads, head_dim]
+    k: [num_tokens, num_kv_heads, head_dim]        k_cache: [num_blocks, block_size, num_kv_heads,
+    head_dim]
 
     token t ──slot_mapping[t]──► slot = 37 (block_size 16)
                                   │
@@ -72,8 +73,10 @@ def _write_kv_kernel(
 
     k = tl.load(k_ptr + token * stride_k_token + heads * stride_k_head + dims, mask=mask)
     v = tl.load(v_ptr + token * stride_v_token + heads * stride_v_head + dims, mask=mask)
-    k_dst = k_cache_ptr + block * stride_kc_block + offset * stride_kc_offset + heads * stride_kc_head
-    v_dst = v_cache_ptr + block * stride_vc_block + offset * stride_vc_offset + heads * stride_vc_head
+    k_dst = (k_cache_ptr + block * stride_kc_block + offset * stride_kc_offset + heads
+             * stride_kc_head)
+    v_dst = (v_cache_ptr + block * stride_vc_block + offset * stride_vc_offset + heads
+             * stride_vc_head)
     tl.store(k_dst + dims, k, mask=mask)
     tl.store(v_dst + dims, v, mask=mask)
 
@@ -91,10 +94,8 @@ def _check_write_args(
             f"v {tuple(v.shape)}"
         )
     if k_cache.dim() != 4 or v_cache.shape != k_cache.shape:
-        raise ValueError(
-            "k_cache and v_cache must both be [num_blocks, block_size, num_kv_heads, head_dim]; got "
-            f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}"
-        )
+        raise ValueError("k_cache and v_cache must both be [num_blocks, block_size, num_kv_heads, "
+                         f"head_dim]; got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
     if k.shape[1:] != k_cache.shape[2:]:
         raise ValueError(
             f"k has (num_kv_heads, head_dim) = {tuple(k.shape[1:])} but the cache holds "
@@ -116,7 +117,8 @@ def _check_write_args(
         raise ValueError(f"all tensors must be on one device; got {sorted(map(str, devices))}")
     for name, t in (("k", k), ("v", v), ("k_cache", k_cache), ("v_cache", v_cache)):
         if t.stride(-1) != 1:
-            raise ValueError(f"{name} must be contiguous in head_dim (stride 1); call .contiguous()")
+            raise ValueError(f"{name} must be contiguous in head_dim (stride 1); call "
+                             ".contiguous()")
 
 
 def write_kv(

@@ -76,7 +76,8 @@ def _paged_attention_kernel(
     q_len = tl.load(cu_seqlens_q_ptr + seq + 1) - q_start
     seq_len = tl.load(seq_lens_ptr + seq)
     if q_tile * BLOCK_M < q_len:  # tiles past a short segment (decodes in a mixed batch) idle
-        # Row r of the tile is query (r // GROUP_PAD) of the tile, head (r % GROUP_PAD) of the group.
+        # Row r of the tile is query (r // GROUP_PAD) of the tile, head (r % GROUP_PAD) of the
+        # group.
         rows = tl.arange(0, BLOCK_M * GROUP_PAD)
         query = q_tile * BLOCK_M + rows // GROUP_PAD
         head = kv_head * GROUP + rows % GROUP_PAD
@@ -184,9 +185,11 @@ def paged_attention(
     batches by :func:`choose_num_splits` on a GPU; an int forces that many key splits, for any
     batch. Returns ``out`` (allocated when None), in q's dtype; accumulation is float32.
     """
-    check_attention_args(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, max_seqlen_q, out)
+    check_attention_args(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, max_seqlen_q,
+                         out)
     if q.dtype == torch.float64:
-        raise ValueError("the Triton kernel takes float16, bfloat16 or float32; float64 is reference-only")
+        raise ValueError("the Triton kernel takes float16, bfloat16 or float32; float64 is "
+                         "reference-only")
     num_tokens, num_q_heads, head_dim = q.shape
     num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
     num_seqs = seq_lens.shape[0]
@@ -195,7 +198,8 @@ def paged_attention(
         return out
     if num_splits is None:
         auto = max_seqlen_q == 1 and q.is_cuda
-        num_splits = choose_num_splits(num_seqs, num_kv_heads, max_seqlen_k, _num_sms(q.device)) if auto else 1
+        num_splits = (choose_num_splits(num_seqs, num_kv_heads, max_seqlen_k, _num_sms(q.device))
+                      if auto else 1)
     if not 1 <= num_splits <= 65535:
         raise ValueError(f"num_splits must be between 1 and 65535; got {num_splits}")
 
@@ -204,8 +208,10 @@ def paged_attention(
     block_m = _query_tile(group_pad, max_seqlen_q)
     num_q_tiles = triton.cdiv(max_seqlen_q, block_m)
     if num_splits > 1:
-        target = torch.empty((num_splits, num_tokens, num_q_heads, head_dim), dtype=torch.float32, device=q.device)
-        lse = torch.empty((num_splits, num_tokens, num_q_heads), dtype=torch.float32, device=q.device)
+        target = torch.empty((num_splits, num_tokens, num_q_heads, head_dim), dtype=torch.float32,
+                             device=q.device)
+        lse = torch.empty((num_splits, num_tokens, num_q_heads), dtype=torch.float32,
+                          device=q.device)
         target_strides = target.stride()[:3]
         lse_strides = lse.stride()[:2]
     else:  # write straight into out; the lse arguments are never read

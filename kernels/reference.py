@@ -26,26 +26,25 @@ def check_attention_args(
     if q.dim() != 3:
         raise ValueError(f"q must be [num_tokens, num_q_heads, head_dim]; got {tuple(q.shape)}")
     if k_cache.dim() != 4 or v_cache.shape != k_cache.shape:
-        raise ValueError(
-            "k_cache and v_cache must both be [num_blocks, block_size, num_kv_heads, head_dim]; got "
-            f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}"
-        )
+        raise ValueError("k_cache and v_cache must both be [num_blocks, block_size, num_kv_heads, "
+                         f"head_dim]; got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
     num_q_heads, head_dim = q.shape[1:]
     num_kv_heads = k_cache.shape[2]
     if k_cache.shape[3] != head_dim:
         raise ValueError(f"q has head_dim {head_dim} but the cache has {k_cache.shape[3]}")
     if num_q_heads % num_kv_heads:
-        raise ValueError(
-            f"num_q_heads {num_q_heads} is not a multiple of num_kv_heads {num_kv_heads} (GQA groups)"
-        )
+        raise ValueError(f"num_q_heads {num_q_heads} is not a multiple of num_kv_heads "
+                         f"{num_kv_heads} (GQA groups)")
     if not (q.dtype == k_cache.dtype == v_cache.dtype):
-        raise ValueError(f"q, k_cache, v_cache dtypes differ: {q.dtype}, {k_cache.dtype}, {v_cache.dtype}")
+        raise ValueError(f"q, k_cache, v_cache dtypes differ: {q.dtype}, {k_cache.dtype}, "
+                         f"{v_cache.dtype}")
     if q.dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
         raise ValueError(f"unsupported dtype {q.dtype}; use float16, bfloat16 or float32")
     for name, t, dim in (("cu_seqlens_q", cu_seqlens_q, 1), ("seq_lens", seq_lens, 1),
                          ("block_tables", block_tables, 2)):
         if t.dtype != torch.int32 or t.dim() != dim:
-            raise ValueError(f"{name} must be a {dim}-d int32 tensor; got {t.dim()}-d {t.dtype} (use .int())")
+            raise ValueError(f"{name} must be a {dim}-d int32 tensor; got {t.dim()}-d {t.dtype} "
+                             "(use .int())")
     num_seqs = seq_lens.shape[0]
     if cu_seqlens_q.shape[0] != num_seqs + 1 or block_tables.shape[0] != num_seqs:
         raise ValueError(
@@ -53,12 +52,15 @@ def check_attention_args(
             f"block_tables {num_seqs} rows; got {cu_seqlens_q.shape[0]} and {block_tables.shape[0]}"
         )
     if max_seqlen_q < 1:
-        raise ValueError(f"max_seqlen_q must be at least 1 (the longest segment); got {max_seqlen_q}")
-    tensors = [q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables] + ([out] if out is not None else [])
+        raise ValueError("max_seqlen_q must be at least 1 (the longest segment); got "
+                         f"{max_seqlen_q}")
+    tensors = [q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables] + (
+        [out] if out is not None else [])
     devices = {t.device for t in tensors}
     if len(devices) != 1:
         raise ValueError(f"all tensors must be on one device; got {sorted(map(str, devices))}")
-    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("block_tables", block_tables)):
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache),
+                    ("block_tables", block_tables)):
         if t.stride(-1) != 1:
             raise ValueError(f"{name} must be contiguous in its last dimension; call .contiguous()")
     if out is not None and (out.shape != q.shape or out.dtype != q.dtype or out.stride(-1) != 1):
@@ -85,7 +87,8 @@ def paged_attention_reference(
     Gathers each request's keys through its block table, masks by the position rule, and does
     the softmax in float32 (float64 when the inputs are float64).
     """
-    check_attention_args(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, max_seqlen_q, out)
+    check_attention_args(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, max_seqlen_q,
+                         out)
     num_q_heads, head_dim = q.shape[1:]
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = num_q_heads // num_kv_heads
@@ -107,7 +110,8 @@ def paged_attention_reference(
             continue
         num_blocks = math.ceil(seq_len / block_size)
         if num_blocks > block_tables.shape[1]:
-            raise ValueError(f"request {i} needs {num_blocks} blocks; its table holds {block_tables.shape[1]}")
+            raise ValueError(f"request {i} needs {num_blocks} blocks; its table holds "
+                             f"{block_tables.shape[1]}")
         blocks = block_tables[i, :num_blocks].long()
         # [num_blocks, block_size, H, D] -> [seq_len, H, D], then one K/V head per query head.
         k = k_cache[blocks].reshape(-1, num_kv_heads, head_dim)[:seq_len].to(compute)

@@ -51,7 +51,8 @@ def choose_num_splits(num_seqs: int, num_kv_heads: int, max_seqlen_k: int, num_s
     split is shorter than ``MIN_KEYS_PER_SPLIT`` keys. Large batches already fill the GPU and get
     1 (no split, no merge); one request with a 32k context on 132 SMs and 8 KV heads gets 33.
     """
-    for name, value in (("num_seqs", num_seqs), ("num_kv_heads", num_kv_heads), ("num_sms", num_sms)):
+    for name, value in (("num_seqs", num_seqs), ("num_kv_heads", num_kv_heads),
+                        ("num_sms", num_sms)):
         if value < 1:
             raise ValueError(f"{name} must be at least 1; got {value}")
     programs = num_seqs * num_kv_heads
@@ -116,7 +117,8 @@ def merge_splits(partial: torch.Tensor, lse: torch.Tensor, out: torch.Tensor) ->
     normalised) and ``lse: [num_splits, num_tokens, num_q_heads]`` (log2-sum-exp2) into ``out``."""
     num_splits, num_tokens, num_q_heads, head_dim = partial.shape
     if lse.shape != partial.shape[:3] or lse.stride(2) != 1:
-        raise ValueError(f"lse must be a contiguous [{num_splits}, {num_tokens}, {num_q_heads}] tensor")
+        raise ValueError(f"lse must be a contiguous [{num_splits}, {num_tokens}, {num_q_heads}] "
+                         "tensor")
     if num_tokens == 0:
         return out
     _merge_splits_kernel[(num_tokens, num_q_heads)](

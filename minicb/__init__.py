@@ -11,8 +11,8 @@ from minicb.llm import LLM
 from minicb.outputs import CompletionOutput, RequestOutput
 from minicb.sampling import SamplingParams
 
-__all__ = ["LLM", "LLMEngine", "EngineConfig", "SamplingParams", "RequestOutput", "CompletionOutput",
-           "default_model_path"]
+__all__ = ["LLM", "LLMEngine", "EngineConfig", "SamplingParams", "RequestOutput",
+           "CompletionOutput", "default_model_path"]
 __version__ = "0.1.0"
 
 

@@ -14,7 +14,8 @@ STEP_ORDERS = ("decode_first", "prefill_first")
 # the continuous scheduler's policy knobs, and every knob only it uses (another scheduler refuses
 # them set away from their defaults: naive and static batches admit in order, allocate a request's
 # blocks whole and never claim a cached prefix)
-POLICY_KNOBS = ("policy", "step_order", "max_prefill_tokens_per_step", "max_wait_steps", "watermark_blocks")
+POLICY_KNOBS = ("policy", "step_order", "max_prefill_tokens_per_step", "max_wait_steps",
+                "watermark_blocks")
 CONTINUOUS_ONLY_KNOBS = (*POLICY_KNOBS, "enable_prefix_caching")
 
 
@@ -26,8 +27,8 @@ def blocks_for(num_tokens: int, block_size: int) -> int:
 def cli_fields(exclude: tuple[str, ...] = (), only: tuple[str, ...] | None = None) -> list[Field]:
     """The knobs that are command-line flags (every field that carries help): those in `only` if
     given, minus those in `exclude`."""
-    return [spec for spec in fields(EngineConfig) if "help" in spec.metadata and spec.name not in exclude
-            and (only is None or spec.name in only)]
+    return [spec for spec in fields(EngineConfig) if "help" in spec.metadata and spec.name
+            not in exclude and (only is None or spec.name in only)]
 
 
 def _is_int(value) -> bool:
@@ -51,9 +52,12 @@ class EngineConfig:
 
     model: str | None = knob(None, "checkpoint directory or hub id (default: the shipped model)")
     scheduler: str = knob("continuous", "how requests share steps", SCHEDULERS)
-    kv_cache: str = knob("paged", "KV layout: one reservation per request, or blocks on demand", KV_CACHES)
-    attention: str = knob("auto", "torch (the readable reference) | triton (GPU kernels) | cpu (a C kernel "
-                          "for decodes, compiled on first use) | auto (cpu for float32 on a CPU with a C "
+    kv_cache: str = knob("paged", "KV layout: one reservation per request, or blocks on demand",
+                         KV_CACHES)
+    attention: str = knob("auto", "torch (the readable reference) | triton (GPU kernels) | cpu (a "
+                          "C kernel "
+                          "for decodes, compiled on first use) | auto (cpu for float32 on a CPU "
+                          "with a C "
                           "compiler, else torch)", ATTENTIONS)
     device: str = knob("cpu", "torch device: cpu or cuda")
     dtype: str = knob("float32", "weights' and KV cache's dtype", DTYPES)
@@ -62,22 +66,30 @@ class EngineConfig:
     max_model_len: int | None = knob(None, "longest sequence (prompt + output) a request may reach "
                                      "(default: the model's context)")
     block_size: int = knob(16, "tokens per KV block (paged) and the reservation unit (contiguous)")
-    num_kv_blocks: int | None = knob(None, "size of the KV pool in blocks (default: enough for max_num_seqs "
-                                     "requests of max_model_len tokens, so preemption is never needed)")
+    num_kv_blocks: int | None = knob(None, "size of the KV pool in blocks (default: enough for "
+                                     "max_num_seqs "
+                                     "requests of max_model_len tokens, so preemption is never "
+                                     "needed)")
     seed: int = knob(0, "seed of the sampler's default generator")
-    policy: str = knob("fcfs", "admission order; under 'priority' a lower value goes first, as in vLLM; "
+    policy: str = knob("fcfs", "admission order; under 'priority' a lower value goes first, as in "
+                       "vLLM; "
                        "preemption evicts the latest arrival (under priority, the lowest priority)",
                        POLICIES, group="policy")
-    step_order: str = knob("decode_first", "decode_first: running requests get their token and prefills "
-                           "fill what is left; prefill_first: new prompts first", STEP_ORDERS, group="policy")
-    max_prefill_tokens_per_step: int | None = knob(None, "cap on prompt tokens per step, so a long prompt "
-                                                   "is chunked (default: no cap)", group="policy")
-    max_wait_steps: int | None = knob(None, "ageing: a request waiting more steps than this goes first "
-                                      "(default: off)", group="policy")
-    watermark_blocks: int = knob(0, "KV blocks admission leaves free for running requests to grow into",
+    step_order: str = knob("decode_first", "decode_first: running requests get their token and "
+                           "prefills fill what is left; prefill_first: new prompts first",
+                           STEP_ORDERS, group="policy")
+    max_prefill_tokens_per_step: int | None = knob(
+        None, "cap on prompt tokens per step, so a long prompt " "is chunked (default: no cap)",
+        group="policy")
+    max_wait_steps: int | None = knob(
+        None, "ageing: a request waiting more steps than this goes first " "(default: off)",
+        group="policy")
+    watermark_blocks: int = knob(0, "KV blocks admission leaves free for running requests to grow "
+                                 "into",
                                  group="policy")
-    enable_prefix_caching: bool = knob(False, "reuse the KV blocks of cached prompt prefixes (continuous "
-                                       "scheduler, paged KV)", group="policy")
+    enable_prefix_caching: bool = knob(
+        False, "reuse the KV blocks of cached prompt prefixes (continuous " "scheduler, paged KV)",
+        group="policy")
     extra: dict = field(default_factory=dict)
     # set by finalize(): whether num_kv_blocks was chosen by the user or derived from the others
     num_kv_blocks_given: bool = field(default=False, init=False, repr=False, compare=False)
@@ -97,7 +109,8 @@ class EngineConfig:
             flag = "--" + spec.name.replace("_", "-")
             default = defaults.get(spec.name, spec.default)
             if spec.type in ("bool", bool):
-                group.add_argument(flag, action="store_true", default=default, help=spec.metadata["help"])
+                group.add_argument(flag, action="store_true", default=default,
+                                   help=spec.metadata["help"])
                 continue
             kind = str if spec.type in ("str", "str | None") else int
             group.add_argument(flag, type=kind, choices=spec.metadata["choices"], default=default,
@@ -116,36 +129,46 @@ class EngineConfig:
                f"kv_cache={self.kv_cache!r} is not one of {KV_CACHES}; pick one of those.")
         _check(self.attention in ATTENTIONS,
                f"attention={self.attention!r} is not one of {ATTENTIONS}; pick one of those.")
-        _check(self.dtype in DTYPES, f"dtype={self.dtype!r} is not one of {DTYPES}; pick one of those.")
-        _check(self.policy in POLICIES, f"policy={self.policy!r} is not one of {POLICIES}; pick one of those.")
+        _check(self.dtype in DTYPES,
+               f"dtype={self.dtype!r} is not one of {DTYPES}; pick one of those.")
+        _check(self.policy in POLICIES,
+               f"policy={self.policy!r} is not one of {POLICIES}; pick one of those.")
         _check(self.step_order in STEP_ORDERS,
                f"step_order={self.step_order!r} is not one of {STEP_ORDERS}; pick one of those.")
         _check(isinstance(self.block_size, int) and self.block_size >= 1,
-               f"block_size must be an integer >= 1 (got {self.block_size!r}); 16 is the usual choice.")
+               f"block_size must be an integer >= 1 (got {self.block_size!r}); 16 is the usual "
+               f"choice.")
         _check(isinstance(self.max_num_seqs, int) and self.max_num_seqs >= 1,
                f"max_num_seqs must be an integer >= 1 (got {self.max_num_seqs!r}).")
         _check(isinstance(self.max_num_batched_tokens, int)
                and self.max_num_batched_tokens >= self.max_num_seqs,
                f"max_num_batched_tokens ({self.max_num_batched_tokens}) is below max_num_seqs "
-               f"({self.max_num_seqs}): a step could not give every running request its next token. "
+               f"({self.max_num_seqs}): a step could not give every running request its next "
+               f"token. "
                f"Raise max_num_batched_tokens or lower max_num_seqs.")
-        _check(self.max_model_len is None or (isinstance(self.max_model_len, int) and self.max_model_len >= 2),
+        _check(self.max_model_len is None or (isinstance(self.max_model_len, int)
+                                              and self.max_model_len >= 2),
                f"max_model_len must be an integer >= 2 or None (got {self.max_model_len!r}).")
-        _check(self.num_kv_blocks is None or (isinstance(self.num_kv_blocks, int) and self.num_kv_blocks >= 1),
+        _check(self.num_kv_blocks is None or (isinstance(self.num_kv_blocks, int)
+                                              and self.num_kv_blocks >= 1),
                f"num_kv_blocks must be an integer >= 1 or None (got {self.num_kv_blocks!r}).")
         cap = self.max_prefill_tokens_per_step
         _check(cap is None or (_is_int(cap) and 1 <= cap <= self.max_num_batched_tokens),
-               f"max_prefill_tokens_per_step must be None or an integer from 1 to max_num_batched_tokens "
+               f"max_prefill_tokens_per_step must be None or an integer from 1 to "
+               f"max_num_batched_tokens "
                f"({self.max_num_batched_tokens}) (got {cap!r}); a larger cap could never bind.")
-        _check(self.max_wait_steps is None or (_is_int(self.max_wait_steps) and self.max_wait_steps >= 1),
-               f"max_wait_steps must be None (no ageing) or an integer >= 1 (got {self.max_wait_steps!r}).")
+        _check(self.max_wait_steps is None or (_is_int(self.max_wait_steps)
+                                               and self.max_wait_steps >= 1),
+               f"max_wait_steps must be None (no ageing) or an integer >= 1 (got "
+               f"{self.max_wait_steps!r}).")
         _check(_is_int(self.watermark_blocks) and self.watermark_blocks >= 0,
                f"watermark_blocks must be an integer >= 0 (got {self.watermark_blocks!r}).")
         defaults = {f.name: f.default for f in fields(self)}
         changed = [f"{name}={getattr(self, name)!r}" for name in CONTINUOUS_ONLY_KNOBS
                    if getattr(self, name) != defaults[name]]
         _check(self.scheduler == "continuous" or not changed,
-               f"{', '.join(changed)} only apply to scheduler='continuous' (got scheduler={self.scheduler!r}); "
+               f"{', '.join(changed)} only apply to scheduler='continuous' (got "
+               f"scheduler={self.scheduler!r}); "
                "use the continuous scheduler or leave those knobs at their defaults.")
         _check(not (self.enable_prefix_caching and self.kv_cache != "paged"),
                "enable_prefix_caching needs kv_cache='paged': only blocks can be shared.")
@@ -173,10 +196,16 @@ class EngineConfig:
         # admission keeps the watermark free even when nothing runs, so a lone request's first
         # chunk (or its contiguous reservation) plus the watermark must fit the empty pool, or the
         # engine would wait for room that never comes
-        chunk = min(self.max_prefill_tokens_per_step or self.max_num_batched_tokens, self.max_model_len)
-        first_blocks = self.blocks_per_seq() if self.kv_cache == "contiguous" else blocks_for(chunk, self.block_size)
-        _check(self.watermark_blocks == 0 or self.watermark_blocks + first_blocks <= self.num_kv_blocks,
-               f"watermark_blocks={self.watermark_blocks} leaves {self.num_kv_blocks - self.watermark_blocks} "
-               f"of num_kv_blocks={self.num_kv_blocks} blocks free for admission, fewer than the {first_blocks} "
-               "a request's first step may need, so it could never be admitted; lower watermark_blocks, raise "
+        chunk = min(self.max_prefill_tokens_per_step or self.max_num_batched_tokens,
+                    self.max_model_len)
+        first_blocks = self.blocks_per_seq() if self.kv_cache == "contiguous" else blocks_for(
+            chunk, self.block_size)
+        fits = self.watermark_blocks + first_blocks <= self.num_kv_blocks
+        _check(self.watermark_blocks == 0 or fits,
+               f"watermark_blocks={self.watermark_blocks} leaves "
+               f"{self.num_kv_blocks - self.watermark_blocks} "
+               f"of num_kv_blocks={self.num_kv_blocks} blocks free for admission, fewer than the "
+               f"{first_blocks} "
+               "a request's first step may need, so it could never be admitted; lower "
+               "watermark_blocks, raise "
                "num_kv_blocks, or lower max_prefill_tokens_per_step or max_model_len.")

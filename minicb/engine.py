@@ -24,6 +24,7 @@ Prompt = str | Sequence[int]
 # characters a string prompt may have: far more than any context here, and small enough that
 # tokenising it never stalls the engine
 MAX_PROMPT_CHARS = 1_000_000
+TENSOR_HINT = " (call .tolist() on a tensor)"
 
 
 class LLMEngine:
@@ -49,7 +50,8 @@ class LLMEngine:
         self._groups: dict[str, list[str]] = {}      # the caller's request id -> its samples' ids
         self._arrivals = 0
         self._seed_generator = torch.Generator().manual_seed(config.seed)
-        # per-step counts (slot, padding and KV use): running totals + the last steps; see minicb.metrics
+        # per-step counts (slot, padding and KV use): running totals + the last steps; see
+        # minicb.metrics
         self.step_stats = StepTotals()
 
     # --- requests --------------------------------------------------------------------------
@@ -60,37 +62,39 @@ class LLMEngine:
                              "pass SamplingParams(...) or leave it out for the defaults.")
         if isinstance(prompt, str):
             if len(prompt) > MAX_PROMPT_CHARS:
-                raise ValueError(f"the prompt has {len(prompt)} characters, more than the {MAX_PROMPT_CHARS} "
-                                 "any model here can read; shorten it.")
+                raise ValueError(f"the prompt has {len(prompt)} characters, more than the "
+                                 f"{MAX_PROMPT_CHARS} any model here can read; shorten it.")
             _check_text("the prompt", prompt)
             if self.tokenizer is None:
-                raise ValueError(f"this checkpoint ({self.model_path}) has no tokenizer; pass prompts as "
-                                 "lists of token ids.")
+                raise ValueError(f"this checkpoint ({self.model_path}) has no tokenizer; pass "
+                                 "prompts as lists of token ids.")
             token_ids = self.tokenizer.encode(prompt, add_special_tokens=False)
-        elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool)
-                                                      for t in prompt):
+        elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and
+                                                       not isinstance(t, bool) for t in prompt):
             token_ids = list(prompt)
         else:
             raise ValueError("a prompt must be a string or a list of token ids (ints); "
                              f"got {type(prompt).__name__}"
-                             f"{' (call .tolist() on a tensor)' if hasattr(prompt, 'tolist') else ''}.")
+                             f"{TENSOR_HINT if hasattr(prompt, 'tolist') else ''}.")
         if not token_ids:
             raise ValueError("the prompt is empty; give at least one token.")
         bad = [t for t in token_ids if not 0 <= t < self.vocab_size]
         if bad:
-            raise ValueError(f"token ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size}); "
-                             "check the tokenizer matches the model.")
+            raise ValueError(f"token ids {bad[:5]} are outside the vocabulary [0, "
+                             f"{self.vocab_size}); check the tokenizer matches the model.")
         limit = self.config.max_model_len
         if len(token_ids) >= limit:
-            raise ValueError(f"the prompt has {len(token_ids)} tokens but max_model_len is {limit}, "
-                             f"leaving no room for output; shorten the prompt to under {limit} tokens "
-                             "or raise max_model_len.")
+            raise ValueError(f"the prompt has {len(token_ids)} tokens but max_model_len is "
+                             f"{limit}, leaving no room for output; shorten the prompt to under "
+                             f"{limit} tokens or raise max_model_len.")
         if params.stop and self.tokenizer is None:
-            raise ValueError("stop strings need a tokenizer; this checkpoint has none: use stop_token_ids.")
+            raise ValueError("stop strings need a tokenizer; this checkpoint has none: use "
+                             "stop_token_ids.")
         total = min(len(token_ids) + params.max_tokens, limit)
         if not self.kv.can_ever_fit(total):
             raise ValueError(f"this request may reach {total} tokens but the whole KV pool holds "
-                             f"{self.kv.num_blocks * self.kv.block_size}; raise num_kv_blocks or lower max_tokens.")
+                             f"{self.kv.num_blocks * self.kv.block_size}; raise num_kv_blocks or "
+                             "lower max_tokens.")
         return token_ids
 
     def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams,
@@ -154,7 +158,8 @@ class LLMEngine:
     def abort(self, request_id: str) -> None:
         """Stop a request (every sample of it); its blocks are freed and step() reports it."""
         if request_id not in self._groups:
-            raise ValueError(f"cannot abort {request_id!r}: no such request (it may have finished already).")
+            raise ValueError(f"cannot abort {request_id!r}: no such request (it may have finished "
+                             "already).")
         for sample_id in self._groups[request_id]:
             request = self.requests.get(sample_id)
             if request is not None and not request.finished:
@@ -185,14 +190,16 @@ class LLMEngine:
                 if error is not None:
                     request.error = error
             touched = self.scheduler.update(plan, sampled.token_ids)
-            self.step_stats.add(count_step(plan, self.kv, self.scheduler.running, self.config.max_num_seqs))
+            self.step_stats.add(count_step(plan, self.kv, self.scheduler.running,
+                                           self.config.max_num_seqs))
             for request, logprob in zip(rows, sampled.logprobs):
                 if logprob is not None:
                     request.logprobs.append(logprob)
         # finished requests leave self.requests once reported, so any finished one still here ended
         # without a token this step (an abort) and is reported now
         touched_ids = {r.request_id for r in touched}
-        ended = [r for r in self.requests.values() if r.finished and r.request_id not in touched_ids]
+        ended = [r for r in self.requests.values() if r.finished and r.request_id
+                 not in touched_ids]
         outputs = {r.request_id: r for r in touched + ended}
         result = [self._output(r) for r in outputs.values()]
         for request in ended + [r for r in touched if r.finished]:
@@ -221,7 +228,8 @@ class LLMEngine:
                 index, stop = min(hits)
                 request.stop_reason, request.output_text = stop, text[:index]
                 return RequestStatus.FINISHED_STOPPED
-        if request.num_output_tokens >= params.max_tokens or request.num_tokens >= self.config.max_model_len:
+        if (request.num_output_tokens >= params.max_tokens
+            or request.num_tokens >= self.config.max_model_len):
             return RequestStatus.FINISHED_LENGTH
         return None
 
@@ -233,7 +241,8 @@ class LLMEngine:
         return self.tokenizer.decode(request.output_token_ids, skip_special_tokens=True)
 
     def _output(self, request: Request) -> RequestOutput:
-        logprobs = [top for _, top in request.logprobs] if request.params.logprobs is not None else None
+        logprobs = ([top for _, top in request.logprobs] if request.params.logprobs is not None
+                    else None)
         cumulative = sum(c for c, _ in request.logprobs) if request.logprobs else None
         text = ""
         if request.finished:
@@ -246,8 +255,9 @@ class LLMEngine:
                                       request.stop_reason, logprobs, cumulative)
         new = request.output_token_ids[request.num_reported_tokens:]
         request.num_reported_tokens = request.num_output_tokens
-        return RequestOutput(request.group_id, request.prompt, list(request.prompt_token_ids), [completion],
-                             request.finished, RequestMetrics.from_request(request), new, request.error)
+        return RequestOutput(request.group_id, request.prompt, list(request.prompt_token_ids),
+                             [completion], request.finished, RequestMetrics.from_request(request),
+                             new, request.error)
 
 
 def _eos_ids(path, tokenizer) -> set[int]:

@@ -8,7 +8,7 @@ from dataclasses import replace
 from tqdm.auto import tqdm
 
 from minicb.config import EngineConfig
-from minicb.engine import LLMEngine, Prompt
+from minicb.engine import TENSOR_HINT, LLMEngine, Prompt
 from minicb.metrics import StepTotals
 from minicb.outputs import RequestOutput
 from minicb.sampling import SamplingParams
@@ -37,7 +37,8 @@ class LLM:
 
     def generate(self, prompts: Prompt | Sequence[Prompt],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 use_tqdm: bool = True, priority: Sequence[int] | None = None) -> list[RequestOutput]:
+                 use_tqdm: bool = True,
+                 priority: Sequence[int] | None = None) -> list[RequestOutput]:
         """Run every prompt to completion; outputs come back in the prompts' order.
 
         Every prompt is validated before any is queued, so one bad prompt raises a ValueError
@@ -49,7 +50,7 @@ class LLM:
         if not isinstance(prompts, (list, tuple)):
             raise ValueError(f"prompts must be a string, a list of token ids, or a list of those "
                              f"(got {type(prompts).__name__}"
-                             f"{'; call .tolist() on a tensor' if hasattr(prompts, 'tolist') else ''}).")
+                             f"{TENSOR_HINT if hasattr(prompts, 'tolist') else ''}).")
         params = sampling_params if sampling_params is not None else SamplingParams()
         params_list = list(params) if isinstance(params, Sequence) else [params] * len(prompts)
         if len(params_list) != len(prompts):
@@ -64,7 +65,8 @@ class LLM:
                 raise ValueError(f"prompt {index}: {error}") from None
 
         if priority is not None and len(priority) != len(prompts):
-            raise ValueError(f"got {len(priority)} priorities for {len(prompts)} prompts; pass one per prompt.")
+            raise ValueError(f"got {len(priority)} priorities for {len(prompts)} prompts; pass one "
+                             "per prompt.")
 
         request_ids: list[str] = []
         finished: dict[str, list[RequestOutput]] = {}
@@ -72,7 +74,8 @@ class LLM:
             for index, (prompt, ids, p) in enumerate(zip(prompts, token_ids, params_list)):
                 request_id = str(self._counter)
                 self._counter += 1
-                engine.add_request(request_id, prompt, p, priority=priority[index] if priority else 0,
+                engine.add_request(request_id, prompt, p,
+                                   priority=priority[index] if priority else 0,
                                    prompt_token_ids=ids)
                 request_ids.append(request_id)
                 finished[request_id] = []

@@ -49,9 +49,10 @@ class RequestMetrics:
     @classmethod
     def from_request(cls, request) -> RequestMetrics:
         t = request.times
-        return cls(t.arrival, t.first_scheduled, t.first_token, t.token_times[-1] if t.token_times else None,
-                   t.finished, list(t.token_times), t.arrival_step, t.first_scheduled_step, t.first_token_step,
-                   t.finished_step, list(t.token_steps), request.num_prompt_tokens, request.num_output_tokens,
+        return cls(t.arrival, t.first_scheduled, t.first_token,
+                   t.token_times[-1] if t.token_times else None, t.finished, list(t.token_times),
+                   t.arrival_step, t.first_scheduled_step, t.first_token_step, t.finished_step,
+                   list(t.token_steps), request.num_prompt_tokens, request.num_output_tokens,
                    request.num_preemptions, request.num_cached_tokens)
 
     # wall clock (seconds)
@@ -75,7 +76,8 @@ class RequestMetrics:
 
     @property
     def queue_time(self) -> float | None:
-        return None if self.first_scheduled_time is None else self.first_scheduled_time - self.arrival_time
+        return (None if self.first_scheduled_time is None else self.first_scheduled_time
+                - self.arrival_time)
 
     # virtual time (engine steps); a token made in step s is "ready" at the end of step s
     @property
@@ -94,10 +96,12 @@ class RequestMetrics:
 
     @property
     def queue_steps(self) -> int | None:
-        return None if self.first_scheduled_step is None else self.first_scheduled_step - 1 - self.arrival_step
+        return (None if self.first_scheduled_step is None else self.first_scheduled_step - 1
+                - self.arrival_step)
 
 
-def percentiles(values: Iterable[float], qs: Sequence[float] = (50, 90, 95, 99)) -> dict[str, float]:
+def percentiles(values: Iterable[float],
+                qs: Sequence[float] = (50, 90, 95, 99)) -> dict[str, float]:
     """{'mean', 'p50', 'p90', ...} of the values that are not None; NaN when there are none."""
     data = np.array([v for v in values if v is not None], dtype=float)
     if data.size == 0:
@@ -127,9 +131,11 @@ class Summary:
 
     def row(self) -> dict[str, float]:
         """A flat dict, handy for tables."""
-        return {"requests": self.num_requests, "duration_s": self.duration, "out_tok/s": self.output_throughput,
-                "req/s": self.request_throughput, "ttft_p50": self.ttft["p50"], "ttft_p95": self.ttft["p95"],
-                "tpot_p50": self.tpot["p50"], "tpot_p95": self.tpot["p95"], "e2e_p95": self.e2e["p95"]}
+        return {"requests": self.num_requests, "duration_s": self.duration,
+                "out_tok/s": self.output_throughput, "req/s": self.request_throughput,
+                "ttft_p50": self.ttft["p50"], "ttft_p95": self.ttft["p95"],
+                "tpot_p50": self.tpot["p50"], "tpot_p95": self.tpot["p95"],
+                "e2e_p95": self.e2e["p95"]}
 
 
 def meets_slo(m: RequestMetrics, ttft: float | None = None, tpot: float | None = None,
@@ -141,8 +147,9 @@ def meets_slo(m: RequestMetrics, ttft: float | None = None, tpot: float | None =
     return not (tpot is not None and got_tpot is not None and got_tpot > tpot)
 
 
-def summarize(metrics: Sequence[RequestMetrics], virtual: bool = False, slo_ttft: float | None = None,
-              slo_tpot: float | None = None, steps: StepTotals | Iterable[StepStats] | None = None) -> Summary:
+def summarize(metrics: Sequence[RequestMetrics], virtual: bool = False,
+              slo_ttft: float | None = None, slo_tpot: float | None = None,
+              steps: StepTotals | Iterable[StepStats] | None = None) -> Summary:
     """Throughput, latency percentiles and goodput; `virtual=True` measures in engine steps.
 
     `steps` (an engine's `step_stats`, or StepStats records) adds `Summary.steps`."""
@@ -168,13 +175,16 @@ def summarize(metrics: Sequence[RequestMetrics], virtual: bool = False, slo_ttft
     return Summary(len(metrics), duration, output_tokens, prompt_tokens, len(metrics) / duration,
                    output_tokens / duration, (output_tokens + prompt_tokens) / duration,
                    percentiles(ttfts), percentiles(tpots), percentiles(itls), percentiles(e2es),
-                   percentiles(queues), goodput, steps=None if steps is None else summarize_steps(steps))
+                   percentiles(queues), goodput,
+                   steps=None if steps is None else summarize_steps(steps))
 
 
-# --- per step ---------------------------------------------------------------------------------------
+# --- per step
+# ---------------------------------------------------------------------------------------
 @dataclass(slots=True)
 class StepStats:
-    """One step that ran the model. KV counts are read after the step's update: what it left held."""
+    """One step that ran the model. KV counts are read after the step's update: what it left
+    held."""
 
     step: int
     num_slots: int            # request slots the engine has (max_num_seqs)
@@ -195,7 +205,8 @@ def count_step(plan, kv, running: Iterable, num_slots: int) -> StepStats:
     the step's update. No per-token work."""
     return StepStats(plan.step, num_slots, len(plan.seqs), plan.num_useful_rows, plan.num_tokens,
                      plan.num_pad_tokens, plan.num_prefill_tokens, plan.num_decode_tokens,
-                     kv.num_reserved_slots(), sum(r.num_computed_tokens for r in running), len(plan.preempted))
+                     kv.num_reserved_slots(), sum(r.num_computed_tokens for r in running),
+                     len(plan.preempted))
 
 
 class StepTotals:
@@ -248,12 +259,13 @@ class StepSummary:
     num_preempted: int
 
     def row(self) -> dict[str, float]:
-        return {"steps": self.num_steps, "slot_util": self.slot_utilisation, "pad_waste": self.padding_waste,
-                "kv_util": self.kv_utilisation}
+        return {"steps": self.num_steps, "slot_util": self.slot_utilisation,
+                "pad_waste": self.padding_waste, "kv_util": self.kv_utilisation}
 
 
 def summarize_steps(steps: StepTotals | Iterable[StepStats]) -> StepSummary:
-    """Slot utilisation, padding waste and KV utilisation of an engine's `step_stats` (all steps since
+    """Slot utilisation, padding waste and KV utilisation of an engine's `step_stats` (all steps
+    since
     its last reset) or of any StepStats records (e.g. a simulation's)."""
     if not isinstance(steps, StepTotals):
         totals = StepTotals(window=0)

@@ -47,9 +47,10 @@ class Request:
     """
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                 arrival_time: float = 0.0, arrival_step: int = 0, generator: torch.Generator | None = None,
-                 prompt: str | None = None, priority: int = 0, arrival_index: int = 0,
-                 group_id: str | None = None, sample_index: int = 0):
+                 arrival_time: float = 0.0, arrival_step: int = 0,
+                 generator: torch.Generator | None = None, prompt: str | None = None,
+                 priority: int = 0, arrival_index: int = 0, group_id: str | None = None,
+                 sample_index: int = 0):
         self.request_id = request_id
         # the caller's request: a request with n samples runs as n Requests of one group
         self.group_id = request_id if group_id is None else group_id
@@ -121,5 +122,6 @@ class Request:
         return min(self.num_prompt_tokens + self.params.max_tokens, max_model_len)
 
     def __repr__(self) -> str:
-        return (f"Request({self.request_id!r}, prompt={self.num_prompt_tokens}, out={self.num_output_tokens}, "
-                f"computed={self.num_computed_tokens}, {self.status.name})")
+        return (f"Request({self.request_id!r}, prompt={self.num_prompt_tokens}, "
+                f"out={self.num_output_tokens}, computed={self.num_computed_tokens}, "
+                f"{self.status.name})")

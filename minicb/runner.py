@@ -29,7 +29,8 @@ def check_kv_fits(config: EngineConfig, args) -> None:
     """Refuse, before anything is allocated, a KV pool the machine cannot hold, naming the knobs
     behind it."""
     device = torch.device(config.device)
-    per_token = 2 * args.num_layers * args.num_kv_heads * args.head_dim * DTYPES[config.dtype].itemsize
+    per_token = (2 * args.num_layers * args.num_kv_heads * args.head_dim
+                 * DTYPES[config.dtype].itemsize)
     kv_bytes = per_token * config.num_kv_blocks * config.block_size
     available = free_memory(device)
     if kv_bytes <= 0.9 * available:
@@ -37,13 +38,15 @@ def check_kv_fits(config: EngineConfig, args) -> None:
     sized_by = f"num_kv_blocks={config.num_kv_blocks}" if config.num_kv_blocks_given else \
         (f"num_kv_blocks defaulting to max_num_seqs={config.max_num_seqs} x max_model_len="
          f"{config.max_model_len} tokens")
-    raise ValueError(f"the KV cache would need {kv_bytes / 2**30:.1f} GiB ({sized_by}, block_size="
-                     f"{config.block_size}) but {available / 2**30:.1f} GiB of {device.type} memory is free; "
-                     "lower num_kv_blocks, max_num_seqs, max_model_len or block_size.")
+    raise ValueError(f"the KV cache would need {kv_bytes / 2**30:.1f} GiB ({sized_by}, "
+                     f"block_size={config.block_size}) but {available / 2**30:.1f} GiB of "
+                     f"{device.type} memory is free; lower num_kv_blocks, max_num_seqs, "
+                     "max_model_len or block_size.")
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaForCausalLM, config: EngineConfig, kv_manager, pad_token_id: int = 0):
+    def __init__(self, model: LlamaForCausalLM, config: EngineConfig, kv_manager,
+                 pad_token_id: int = 0):
         self.model = model
         self.config = config
         self.kv = kv_manager
@@ -60,19 +63,23 @@ class ModelRunner:
     def kv_cache_bytes(self) -> int:
         return sum(k.numel() * k.element_size() * 2 for k, _ in self.kv_caches)
 
-    def prepare(self, output: SchedulerOutput) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata,
-                                                          torch.Tensor]:
-        """Pack the step: per row, [pad…, the request's next tokens]; everything else by tensor ops."""
+    def prepare(self, output: SchedulerOutput) -> tuple[torch.Tensor, torch.Tensor,
+                                                        AttentionMetadata, torch.Tensor]:
+        """Pack the step: per row, [pad…, the request's next tokens]; everything else by tensor
+        ops."""
         block_size = self.config.block_size
         input_ids: list[int] = []
         q_lens, starts, pads, seq_lens, tables, real_rows = [], [], [], [], [], []
         for seq in output.seqs:
             request = seq.request
             start = request.num_computed_tokens
-            if seq.ghost:   # recompute the last token without writing it (static batches' idle rows)
-                tokens, seq_len = request.token_ids(request.num_tokens - 1, request.num_tokens), start
+            # recompute the last token without writing it (static batches' idle rows)
+            if seq.ghost:
+                tokens, seq_len = request.token_ids(request.num_tokens - 1,
+                                                    request.num_tokens), start
             else:
-                tokens, seq_len = request.token_ids(start, start + seq.num_tokens), start + seq.num_tokens
+                tokens, seq_len = request.token_ids(start,
+                                                    start + seq.num_tokens), start + seq.num_tokens
             input_ids.extend([self.pad_token_id] * seq.num_pad)
             input_ids.extend(tokens)
             q_lens.append(seq.num_pad + len(tokens))
@@ -90,9 +97,12 @@ class ModelRunner:
         pads_t = torch.tensor(pads)[row_of_token]
         positions = (torch.tensor(starts)[row_of_token] + offset_in_row - pads_t).clamp(min=0)
         max_blocks = max(len(t) for t in tables)
-        block_tables = torch.tensor([t + [0] * (max_blocks - len(t)) for t in tables], dtype=torch.int32)
-        # token at position p of row r → block_tables[r, p // block_size] * block_size + p % block_size
-        slots = block_tables[row_of_token, (positions // block_size).clamp(max=max_blocks - 1)].long() \
+        block_tables = torch.tensor([t + [0] * (max_blocks - len(t)) for t in tables],
+                                    dtype=torch.int32)
+        # token at position p of row r → block_tables[r, p // block_size] * block_size + p %
+        # block_size
+        slots = block_tables[row_of_token,
+                             (positions // block_size).clamp(max=max_blocks - 1)].long() \
             * block_size + positions % block_size
         writes = (offset_in_row >= pads_t) & torch.tensor(real_rows)[row_of_token]
         slot_mapping = torch.where(writes, slots, torch.full_like(slots, -1))
@@ -106,8 +116,9 @@ class ModelRunner:
             block_tables=block_tables.to(device, non_blocking=True),
             max_seqlen_q=max(q_lens), max_seqlen_k=max(max(seq_lens), 1), q_lens_host=q_lens,
             seq_lens_host=seq_lens)
-        return (torch.tensor(input_ids).to(device, non_blocking=True), positions.to(device, non_blocking=True),
-                meta, logits_indices.to(device, non_blocking=True))
+        return (torch.tensor(input_ids).to(device, non_blocking=True),
+                positions.to(device, non_blocking=True), meta,
+                logits_indices.to(device, non_blocking=True))
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         """Copy-on-write: give each destination block the KV of its source, in every layer.
@@ -140,7 +151,8 @@ class ModelRunner:
         tokens, logprobs, errors = [], [], []
         for row in range(logits.shape[0]):
             try:
-                one = self.sampler(logits[row:row + 1], params[row:row + 1], generators[row:row + 1])
+                one = self.sampler(logits[row:row + 1], params[row:row + 1],
+                                   generators[row:row + 1])
                 tokens.append(one.token_ids[0])
                 logprobs.append(one.logprobs[0])
                 errors.append(None)

@@ -35,7 +35,8 @@ class SamplingParams:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         if self.stop is not None and not isinstance(self.stop, (list, tuple)):
-            raise ValueError(f"stop must be a string or a list of strings (got {type(self.stop).__name__}).")
+            raise ValueError("stop must be a string or a list of strings (got "
+                             f"{type(self.stop).__name__}).")
         self.stop = list(self.stop or [])
         if self.stop_token_ids is not None and not isinstance(self.stop_token_ids, (list, tuple)):
             raise ValueError("stop_token_ids must be a list of token ids "
@@ -43,10 +44,12 @@ class SamplingParams:
         self.stop_token_ids = list(self.stop_token_ids or [])
         _check_int("n", self.n, 1, MAX_N)
         _check_int("max_tokens", self.max_tokens, 1, None, "ask for at least one token")
-        _check_number("temperature", self.temperature, 0.0, MAX_TEMPERATURE, "use 0 for greedy decoding")
+        _check_number("temperature", self.temperature, 0.0, MAX_TEMPERATURE,
+                      "use 0 for greedy decoding")
         _check_number("top_p", self.top_p, 0.0, 1.0, "1.0 keeps the whole distribution")
         if self.top_p == 0:
-            raise ValueError("top_p must be in (0, 1] (got 0); a tiny top_p keeps only the most likely token.")
+            raise ValueError("top_p must be in (0, 1] (got 0); a tiny top_p keeps only the most "
+                             "likely token.")
         if not _is_int(self.top_k) or self.top_k == 0 or self.top_k < -1:
             raise ValueError(f"top_k must be -1 (off) or an integer >= 1 (got {self.top_k!r}).")
         if self.seed is not None:
@@ -58,14 +61,17 @@ class SamplingParams:
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise ValueError(f"stop must be non-empty strings (got {self.stop!r}).")
         if len(self.stop) > MAX_STOP_STRINGS or sum(len(s) for s in self.stop) > MAX_STOP_CHARS:
-            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings of {MAX_STOP_CHARS} characters in all "
-                             f"(got {len(self.stop)} of {sum(len(s) for s in self.stop)}).")
+            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings of {MAX_STOP_CHARS} "
+                             f"characters in all (got {len(self.stop)} of "
+                             f"{sum(len(s) for s in self.stop)}).")
         for text in self.stop:
             _check_text("stop", text)
         if len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS or any(
                 not _is_int(t) or t < 0 for t in self.stop_token_ids):
-            raise ValueError(f"stop_token_ids must be at most {MAX_STOP_TOKEN_IDS} token ids (integers >= 0); "
-                             f"got {self.stop_token_ids[:5]!r}{'...' if len(self.stop_token_ids) > 5 else ''}.")
+            raise ValueError(f"stop_token_ids must be at most {MAX_STOP_TOKEN_IDS} token ids "
+                             f"(integers >= 0); "
+                             f"got {self.stop_token_ids[:5]!r}"
+                             f"{'...' if len(self.stop_token_ids) > 5 else ''}.")
 
     @property
     def greedy(self) -> bool:
@@ -91,7 +97,8 @@ def _is_int(value) -> bool:
 def _check_int(name: str, value, low: int, high: int | None, hint: str = "") -> None:
     if not _is_int(value) or value < low or (high is not None and value > high):
         span = f">= {low}" if high is None else f"from {low} to {high}"
-        raise ValueError(f"{name} must be an integer {span} (got {value!r}){'; ' + hint if hint else ''}.")
+        raise ValueError(f"{name} must be an integer {span} (got "
+                         f"{value!r}){'; ' + hint if hint else ''}.")
 
 
 def _check_number(name: str, value, low: float, high: float, hint: str) -> None:
@@ -102,7 +109,8 @@ def _check_number(name: str, value, low: float, high: float, hint: str) -> None:
         except OverflowError:
             ok = False
     if not ok:
-        raise ValueError(f"{name} must be a finite number from {low:g} to {high:g} (got {value!r}); {hint}.")
+        raise ValueError(f"{name} must be a finite number from {low:g} to {high:g} (got "
+                         f"{value!r}); {hint}.")
 
 
 def _check_text(name: str, text: str) -> None:
@@ -153,7 +161,8 @@ class Sampler:
             top_k = torch.tensor([min(params[r].top_k, vocab) if params[r].top_k > 0 else vocab
                                   for r in restricted], device=device)
             # float64: a tiny top_p (1e-300) must stay above 0, where it keeps the top token alone
-            top_p = torch.tensor([params[r].top_p for r in restricted], device=device, dtype=torch.float64)
+            top_p = torch.tensor([params[r].top_p for r in restricted], device=device,
+                                 dtype=torch.float64)
             probs[rows] = Sampler._keep_top_k_top_p(probs[rows], top_k, top_p)
         cdf = probs.cumsum(dim=-1)
         uniforms = torch.cat([torch.rand(1, generator=g) for g in generators]).to(device)
@@ -162,15 +171,18 @@ class Sampler:
         return choice.clamp(max=vocab - 1).squeeze(1)
 
     @staticmethod
-    def _keep_top_k_top_p(probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    def _keep_top_k_top_p(probs: torch.Tensor, top_k: torch.Tensor,
+                          top_p: torch.Tensor) -> torch.Tensor:
         """Zero every token outside the row's top_k most likely, then outside the smallest set of
-        the most likely whose mass (renormalised over the top_k) reaches top_p; the first always stays."""
+        the most likely whose mass (renormalised over the top_k) reaches top_p; the first always
+        stays."""
         sorted_probs, sorted_ids = probs.sort(dim=-1, descending=True)
         ranks = torch.arange(probs.shape[-1], device=probs.device)
         sorted_probs = sorted_probs.masked_fill(ranks[None, :] >= top_k[:, None], 0.0)
         sorted_probs = sorted_probs / sorted_probs.sum(dim=-1, keepdim=True)
         mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
-        sorted_probs = sorted_probs.masked_fill((mass_before >= top_p[:, None]) & (ranks[None, :] > 0), 0.0)
+        sorted_probs = sorted_probs.masked_fill(
+            (mass_before >= top_p[:, None]) & (ranks[None, :] > 0), 0.0)
         return torch.zeros_like(probs).scatter_(1, sorted_ids, sorted_probs)
 
     @staticmethod

@@ -14,7 +14,15 @@ from dataclasses import dataclass, field
 
 from minicb.config import EngineConfig
 from minicb.kv import make_kv_manager
-from minicb.metrics import RequestMetrics, StepStats, StepSummary, Summary, count_step, summarize, summarize_steps
+from minicb.metrics import (
+    RequestMetrics,
+    StepStats,
+    StepSummary,
+    Summary,
+    count_step,
+    summarize,
+    summarize_steps,
+)
 from minicb.request import Request, RequestStatus
 from minicb.sampling import SamplingParams
 from minicb.scheduler import make_scheduler
@@ -31,7 +39,8 @@ class CostModel:
     decode_seq: float = 0.0
 
     def step_time(self, prefill_tokens: int, decode_rows: int) -> float:
-        return self.step_overhead + self.prefill_token * prefill_tokens + self.decode_seq * decode_rows
+        return (self.step_overhead + self.prefill_token * prefill_tokens + self.decode_seq
+                * decode_rows)
 
 
 @dataclass
@@ -40,7 +49,8 @@ class StepRecord:
     start: float
     end: float
     rows: list[tuple[str, str, int]]     # (request id, "prefill" | "decode" | "idle", tokens)
-    stats: StepStats                     # the counts the real engine keeps too (minicb.metrics.count_step)
+    # the counts the real engine keeps too (minicb.metrics.count_step)
+    stats: StepStats
     num_free_blocks: int
     block_tables: dict[str, list[int]]
     preempted: list[str]
@@ -86,7 +96,8 @@ class SimResult:
         return summarize(self.metrics, virtual=virtual, **slo)
 
     def step_summary(self) -> StepSummary:
-        """Slot utilisation, padding waste and KV utilisation, as the engine's `step_stats` give them."""
+        """Slot utilisation, padding waste and KV utilisation, as the engine's `step_stats` give
+        them."""
         return summarize_steps(s.stats for s in self.steps)
 
     def slot_utilisation(self) -> float:
@@ -117,12 +128,13 @@ def simulate(workload: Workload, cost: CostModel | None = None, record_blocks: b
     knobs.setdefault("max_model_len", max(r.prompt_len + r.output_len for r in workload.requests))
     config = EngineConfig(**knobs)
     config.finalize(config.max_model_len)
-    kv = make_kv_manager(config.kv_cache, config.num_kv_blocks, config.block_size, config.max_model_len,
-                         config.enable_prefix_caching)
+    kv = make_kv_manager(config.kv_cache, config.num_kv_blocks, config.block_size,
+                         config.max_model_len, config.enable_prefix_caching)
     clock = _Clock()
 
     def stop(request: Request) -> RequestStatus | None:
-        if request.num_output_tokens >= request.params.max_tokens or request.num_tokens >= config.max_model_len:
+        if (request.num_output_tokens >= request.params.max_tokens
+            or request.num_tokens >= config.max_model_len):
             return RequestStatus.FINISHED_LENGTH
         return None
 
@@ -136,10 +148,11 @@ def simulate(workload: Workload, cost: CostModel | None = None, record_blocks: b
             clock.now = pending[next_arrival][1].arrival       # idle until the next arrival
         while next_arrival < len(pending) and pending[next_arrival][1].arrival <= clock.now:
             index, spec = pending[next_arrival]
-            request = Request(str(index), [1] * spec.prompt_len,
-                              SamplingParams(max_tokens=spec.output_len, temperature=0, ignore_eos=True),
-                              arrival_time=spec.arrival, arrival_step=scheduler.step_count,
-                              priority=spec.priority, arrival_index=index)
+            request = Request(
+                str(index), [1] * spec.prompt_len,
+                SamplingParams(max_tokens=spec.output_len, temperature=0, ignore_eos=True),
+                arrival_time=spec.arrival, arrival_step=scheduler.step_count,
+                priority=spec.priority, arrival_index=index)
             if not kv.can_ever_fit(min(spec.prompt_len + spec.output_len, config.max_model_len)):
                 raise ValueError(f"request {index} can never fit the KV pool; raise num_kv_blocks.")
             scheduler.add_request(request)
@@ -150,37 +163,44 @@ def simulate(workload: Workload, cost: CostModel | None = None, record_blocks: b
         schedule_seconds = time.thread_time() - schedule_start
         if plan.is_empty:
             if len(result.steps) >= max_steps or next_arrival >= len(pending):
-                raise RuntimeError("the scheduler made no progress; check the knobs (KV pool too small?).")
+                raise RuntimeError("the scheduler made no progress; check the knobs (KV pool too "
+                                   "small?).")
             clock.now = max(clock.now, pending[next_arrival][1].arrival)
             scheduler.step_count -= 1   # an empty step is not a step
             continue
         start = clock.now
         clock.now += cost.step_time(plan.num_prefill_tokens + plan.num_pad_tokens,
                                     plan.num_decode_rows)
-        rows = [(s.request.request_id, "idle" if s.ghost else "prefill" if s.is_prefill else "decode",
+        rows = [(s.request.request_id,
+                 "idle" if s.ghost else "prefill" if s.is_prefill else "decode",
                  s.num_tokens) for s in plan.seqs]
-        tables = {s.request.request_id: list(kv.block_table(s.request)) for s in plan.seqs} if record_blocks else {}
+        tables = ({s.request.request_id: list(kv.block_table(s.request)) for s in plan.seqs}
+                  if record_blocks else {})
         update_start = time.thread_time()
         scheduler.update(plan, [1] * sum(s.needs_logits for s in plan.seqs))
         schedule_seconds += time.thread_time() - update_start
         stats = count_step(plan, kv, scheduler.running, config.max_num_seqs)
-        result.steps.append(StepRecord(plan.step, start, clock.now, rows, stats, kv.num_free_blocks(), tables,
+        result.steps.append(StepRecord(plan.step, start, clock.now, rows, stats,
+                                       kv.num_free_blocks(), tables,
                                        [r.request_id for r in plan.preempted], schedule_seconds))
     requests.sort(key=lambda r: r.arrival_index)
     return result
 
 
-def serving_row(result: SimResult, slo_ttft: float | None = None, slo_tpot: float | None = None) -> dict:
+def serving_row(result: SimResult, slo_ttft: float | None = None,
+                slo_tpot: float | None = None) -> dict:
     """Throughput, latency percentiles and goodput of one run, in cost-model time units.
 
     `slo_share` is the fraction of requests that met every given target; goodput is those
     requests per time unit."""
     summary = result.summary(virtual=False, slo_ttft=slo_ttft, slo_tpot=slo_tpot)
     met = summary.goodput / summary.request_throughput if summary.goodput is not None else None
-    return {"requests_per_unit": summary.request_throughput, "tokens_per_unit": summary.output_throughput,
-            "goodput": summary.goodput, "slo_share": met, "ttft_p50": summary.ttft["p50"],
-            "ttft_p95": summary.ttft["p95"], "tpot_p95": summary.tpot["p95"], "itl_p99": summary.itl["p99"],
-            "time_units": result.total_time, "preemptions": sum(len(s.preempted) for s in result.steps)}
+    return {"requests_per_unit": summary.request_throughput,
+            "tokens_per_unit": summary.output_throughput, "goodput": summary.goodput,
+            "slo_share": met, "ttft_p50": summary.ttft["p50"], "ttft_p95": summary.ttft["p95"],
+            "tpot_p95": summary.tpot["p95"], "itl_p99": summary.itl["p99"],
+            "time_units": result.total_time,
+            "preemptions": sum(len(s.preempted) for s in result.steps)}
 
 
 def serve_at_rates(workload: Workload, rates: Sequence[float], cost: CostModel | None = None,

@@ -74,18 +74,22 @@ def poisson_arrivals(n: int, rate: float, seed: int = 0) -> np.ndarray:
 
 
 def gamma_arrivals(n: int, rate: float, burstiness: float = 1.0, seed: int = 0) -> np.ndarray:
-    """Gamma-distributed gaps with mean 1/rate; burstiness < 1 is burstier than Poisson (vLLM's knob)."""
+    """Gamma-distributed gaps with mean 1/rate; burstiness < 1 is burstier than Poisson (vLLM's
+    knob)."""
     if rate == float("inf"):
         return np.zeros(n)
     if rate <= 0 or burstiness <= 0:
-        raise ValueError(f"rate and burstiness must be > 0 (got rate={rate}, burstiness={burstiness}).")
+        raise ValueError(f"rate and burstiness must be > 0 (got rate={rate}, "
+                         f"burstiness={burstiness}).")
     gaps = np.random.default_rng(seed).gamma(burstiness, 1.0 / (rate * burstiness), n)
     return np.cumsum(gaps) - gaps[0]
 
 
 # --- the book's standard workloads ----------------------------------------------------------------
-def fixed(name: str, prompt_lens: list[int], output_lens: list[int], description: str = "") -> Workload:
-    return Workload(name, [WorkloadRequest(p, o) for p, o in zip(prompt_lens, output_lens)], description)
+def fixed(name: str, prompt_lens: list[int], output_lens: list[int],
+          description: str = "") -> Workload:
+    return Workload(name, [WorkloadRequest(p, o) for p, o in zip(prompt_lens, output_lens)],
+                    description)
 
 
 def seed_example() -> Workload:
@@ -96,18 +100,21 @@ def seed_example() -> Workload:
 
 def three_answers() -> Workload:
     """A static batch whose answers need 6, 50 and 300 tokens."""
-    return fixed("three-answers", [8, 8, 8], [6, 50, 300], "the short answers wait for the 300-token one")
+    return fixed("three-answers", [8, 8, 8], [6, 50, 300],
+                 "the short answers wait for the 300-token one")
 
 
 def chat(n: int = 64, seed: int = 0) -> Workload:
     """Chat-like: short-to-medium prompts, answers mostly short with a tail."""
-    return fixed("chat", uniform_lengths(n, 16, 128, seed), capped_exponential(n, 48, 256, seed + 1),
+    return fixed("chat", uniform_lengths(n, 16, 128, seed),
+                 capped_exponential(n, 48, 256, seed + 1),
                  "prompts 16-128, outputs capped-exponential (mean 48, cap 256)")
 
 
 def long_tail(n: int = 256, seed: int = 0) -> Workload:
     """Long-tail: prompts 16-512, outputs capped-exponential up to 512, ignore_eos."""
-    return fixed("long-tail", uniform_lengths(n, 16, 512, seed), capped_exponential(n, 96, 512, seed + 1),
+    return fixed("long-tail", uniform_lengths(n, 16, 512, seed),
+                 capped_exponential(n, 96, 512, seed + 1),
                  "prompts 16-512, outputs capped-exponential (mean 96, cap 512)")
 
 

@@ -45,7 +45,8 @@ def build(chapter) -> nbformat.NotebookNode:
     nb = nbformat.v4.new_notebook()
     for index, (kind, source) in enumerate(chapter.CELLS):
         source = textwrap.dedent(source).strip("\n")
-        cell = nbformat.v4.new_markdown_cell(source) if kind == "md" else nbformat.v4.new_code_cell(source)
+        new_cell = nbformat.v4.new_markdown_cell if kind == "md" else nbformat.v4.new_code_cell
+        cell = new_cell(source)
         cell.id = f"c{index:03d}"
         nb.cells.append(cell)
     nb.metadata = {"kernelspec": dict(KERNELSPEC), "language_info": {"name": "python"}}
@@ -54,8 +55,9 @@ def build(chapter) -> nbformat.NotebookNode:
 
 def execute(path: Path, timeout: int) -> float:
     start = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "jupyter", "nbconvert", "--to", "notebook", "--execute", "--inplace",
-                    "--ExecutePreprocessor.kernel_name=python3", f"--ExecutePreprocessor.timeout={timeout}",
+    subprocess.run([sys.executable, "-m", "jupyter", "nbconvert", "--to", "notebook", "--execute",
+                    "--inplace", "--ExecutePreprocessor.kernel_name=python3",
+                    f"--ExecutePreprocessor.timeout={timeout}",
                     str(path)], check=True, cwd=path.parent)
     return time.perf_counter() - start
 
@@ -67,7 +69,8 @@ def strip_noise(path: Path) -> None:
     notebook shows as modified the moment a reader opens it (the kernel fills in the rest).
     """
     nb = nbformat.read(path, as_version=4)
-    nb.metadata = {"kernelspec": dict(KERNELSPEC), "language_info": nb.metadata.get("language_info", {})}
+    nb.metadata = {"kernelspec": dict(KERNELSPEC),
+                   "language_info": nb.metadata.get("language_info", {})}
     for index, cell in enumerate(nb.cells):
         cell.id = f"c{index:03d}"
         cell.metadata.pop("execution", None)
@@ -79,8 +82,10 @@ def strip_noise(path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("chapters", nargs="*", help="chapter numbers (00, 01, ...) or interview; default: all")
-    parser.add_argument("--no-execute", action="store_true", help="write the notebooks without running them")
+    parser.add_argument("chapters", nargs="*",
+                        help="chapter numbers (00, 01, ...) or interview; default: all")
+    parser.add_argument("--no-execute", action="store_true",
+                        help="write the notebooks without running them")
     parser.add_argument("--timeout", type=int, default=600, help="seconds a single cell may run")
     args = parser.parse_args(argv)
     sources = sorted(CHAPTERS.glob("ch[0-9][0-9]_*.py")) + [CHAPTERS / "interview.py"]
@@ -90,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"no chapter source matches {args.chapters} in {CHAPTERS}")
     for source in sources:
         chapter = load_chapter(source)
-        path = NOTEBOOKS / f"{source.stem[2:] if source.stem.startswith('ch') else source.stem}.ipynb"
+        path = (NOTEBOOKS
+                / f"{source.stem[2:] if source.stem.startswith('ch') else source.stem}.ipynb")
         nbformat.write(build(chapter), path)
         if args.no_execute:
             print(f"wrote {path.relative_to(ROOT)}")

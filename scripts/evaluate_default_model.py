@@ -75,7 +75,8 @@ def _first_line(node: ast.AST) -> int:
 
 
 def docstring_prompts(files: dict[str, str]) -> list[dict]:
-    """(b): each top-level function with a docstring, through the line where the docstring starts."""
+    """(b): each top-level function with a docstring, through the line where the docstring
+    starts."""
     prompts = []
     for rel, source in files.items():
         lines = source.splitlines(keepends=True)
@@ -131,10 +132,12 @@ def spread(items: list, n: int) -> list:
 
 
 @torch.no_grad()
-def greedy_complete(model, tok, prompts: list[str], max_new: int, batch_size: int, bos: bool) -> list[dict]:
+def greedy_complete(model, tok, prompts: list[str], max_new: int, batch_size: int,
+                    bos: bool) -> list[dict]:
     """Greedy completions in left-padded batches: ``[{"ids": [...], "eos": bool}]`` per prompt."""
     eos = tok.eos_token_id
-    encoded = [([tok.bos_token_id] if bos else []) + tok.encode(p, add_special_tokens=False) for p in prompts]
+    encoded = [([tok.bos_token_id] if bos else []) + tok.encode(p, add_special_tokens=False) for p
+               in prompts]
     order = sorted(range(len(prompts)), key=lambda i: len(encoded[i]))
     results: list[dict] = [{}] * len(prompts)
     for start in range(0, len(order), batch_size):
@@ -180,7 +183,8 @@ def parses(prompt: str, completion: str) -> tuple[bool, bool]:
 
 
 @torch.no_grad()
-def validation_loss(model, tok, val_files: dict[str, str], seq_len: int) -> tuple[float, int, float]:
+def validation_loss(model, tok, val_files: dict[str, str],
+                    seq_len: int) -> tuple[float, int, float]:
     """Mean cross-entropy over the held-out stream (windows of ``seq_len`` predictions).
 
     Returns ``(nats per token, tokens scored, bytes per token of the stream)``; the last converts
@@ -207,7 +211,8 @@ def summarize(lengths: list[int]) -> dict:
 
 def parse_rate(model, tok, prompts: list[dict], args, bos: bool, show: int = 0) -> dict:
     """(b): greedy completions of docstring prompts, scored by :func:`parses`."""
-    outs = greedy_complete(model, tok, [d["text"] for d in prompts], args.parse_max_new, args.batch_size, bos)
+    outs = greedy_complete(model, tok, [d["text"] for d in prompts], args.parse_max_new,
+                           args.batch_size, bos)
     strict = lenient = 0
     samples = []
     for d, o in zip(prompts, outs):
@@ -234,7 +239,8 @@ def parse_rate(model, tok, prompts: list[dict], args, bos: bool, show: int = 0) 
 
 def output_lengths(model, tok, prompts: list[dict], args, bos: bool) -> dict:
     """(c): how many tokens each prompt's greedy completion runs to, end-of-text included."""
-    outs = greedy_complete(model, tok, [d["text"] for d in prompts], args.length_max_new, args.batch_size, bos)
+    outs = greedy_complete(model, tok, [d["text"] for d in prompts], args.length_max_new,
+                           args.batch_size, bos)
     lengths = [len(o["ids"]) for o in outs]
     capped = sum(not o["eos"] for o in outs)
     by_kind = {}
@@ -244,10 +250,12 @@ def output_lengths(model, tok, prompts: list[dict], args, bos: bool) -> dict:
         if ks:
             by_kind[kind] = {"n": len(ks), "hit_cap": kc, **summarize(ks)}
     # What the real files do: the body that follows each def/class header, plus end-of-text.
-    reference = [min(len(tok.encode(d["reference"], add_special_tokens=False)) + 1, args.length_max_new)
-                 for d in prompts if "reference" in d]
+    reference = [
+        min(len(tok.encode(d["reference"], add_special_tokens=False)) + 1, args.length_max_new)
+        for d in prompts if "reference" in d]
     ref_capped = sum(n >= args.length_max_new for n in reference)
-    print(f"lengths over {len(lengths)} prompts: {summarize(lengths)}, {capped} hit the cap", flush=True)
+    print(f"lengths over {len(lengths)} prompts: {summarize(lengths)}, {capped} hit the cap",
+          flush=True)
     for kind, s in by_kind.items():
         print(f"  {kind}: {s}")
     print(f"  the real bodies of the def/class prompts: {summarize(reference)}, "
@@ -260,7 +268,8 @@ def output_lengths(model, tok, prompts: list[dict], args, bos: bool) -> dict:
         "summary": summarize(lengths),
         "by_kind": by_kind,
         "reference_from_source": {
-            "about": "def/class prompts only: tokens of the real body + end-of-text, capped like the model",
+            "about": "def/class prompts only: tokens of the real body + end-of-text, capped like "
+                     "the model",
             "n": len(reference),
             "hit_cap": ref_capped,
             **summarize(reference),
@@ -279,7 +288,8 @@ def to_json(obj, indent: int = 0) -> str:
         items = [f"{pad}{json.dumps(k)}: {to_json(v, indent + 1)}" for k, v in obj.items()]
         return "{\n" + ",\n".join(items) + "\n" + " " * indent + "}"
     if isinstance(obj, list) and not all(isinstance(v, flat) for v in obj):
-        return "[\n" + ",\n".join(pad + to_json(v, indent + 1) for v in obj) + "\n" + " " * indent + "]"
+        return ("[\n" + ",\n".join(pad + to_json(v, indent + 1) for v in obj) + "\n" + " " * indent
+                + "]")
     return json.dumps(obj)
 
 
@@ -294,7 +304,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-parse-prompts", type=int, default=300)
     p.add_argument("--max-length-prompts", type=int, default=300)
     p.add_argument("--bos", action="store_true", help="prepend <|endoftext|> to every prompt")
-    p.add_argument("--no-compare", action="store_true", help="skip the run with the other BOS setting")
+    p.add_argument("--no-compare", action="store_true",
+                   help="skip the run with the other BOS setting")
     p.add_argument("--skip-loss", action="store_true")
     p.add_argument("--show", type=int, default=3, help="print this many sample completions")
     args = p.parse_args(argv)
@@ -317,11 +328,13 @@ def main(argv: list[str] | None = None) -> None:
                     "held_out_files": len(val_files), "bos_prepended": args.bos}
 
     if not args.skip_loss:
-        loss, n_tok, bpt = validation_loss(model, tok, val_files, model.config.max_position_embeddings)
+        loss, n_tok, bpt = validation_loss(model, tok, val_files,
+                                           model.config.max_position_embeddings)
         result["val_loss"] = round(loss, 4)
         result["val_bits_per_byte"] = round(loss / math.log(2) / bpt, 4)
         result["val_tokens"] = n_tok
-        print(f"validation loss {loss:.4f} nats/token ({result['val_bits_per_byte']} bits/byte) over "
+        print(f"validation loss {loss:.4f} nats/token ({result['val_bits_per_byte']} bits/byte) "
+              f"over "
               f"{n_tok:,} tokens ({time.time() - t0:.0f}s)", flush=True)
 
     # (b) parse rate and (c) natural output lengths, with the chosen BOS setting ...

@@ -70,7 +70,8 @@ def strip_solutions(source: str, filename: str) -> str:
                 raise ValueError(f"{filename}:{number}: write what to implement after the marker: "
                                  "`# BEGIN SOLUTION: <one line for the student>`.")
             inside = (number, begin["indent"])
-            out.extend(_stub(begin["indent"], _enclosing_function(out, begin["indent"]), begin["hint"]))
+            out.extend(_stub(begin["indent"], _enclosing_function(out, begin["indent"]),
+                             begin["hint"]))
             regions += 1
         elif end:
             if not inside:
@@ -79,7 +80,8 @@ def strip_solutions(source: str, filename: str) -> str:
         elif not inside:
             out.append(line)
     if inside:
-        raise ValueError(f"{filename}:{inside[0]}: BEGIN SOLUTION is never closed with END SOLUTION.")
+        raise ValueError(f"{filename}:{inside[0]}: BEGIN SOLUTION is never closed with END "
+                         "SOLUTION.")
     if regions == 0:
         return source
     chapter = re.match(r"ch(\d+)", filename)
@@ -104,12 +106,14 @@ def out_of_step(solutions: Path = SOLUTIONS, exercises: Path = EXERCISES) -> lis
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="only report files that are out of step")
+    parser.add_argument("--check", action="store_true",
+                        help="only report files that are out of step")
     args = parser.parse_args(argv)
     if args.check:
         stale = out_of_step()
         for name in stale:
-            print(f"exercises/{name} is out of step with solutions/; run python scripts/make_exercises.py")
+            print(f"exercises/{name} is out of step with solutions/; run python "
+                  "scripts/make_exercises.py")
         return 1 if stale else 0
     EXERCISES.mkdir(exist_ok=True)
     for name, text in generate().items():

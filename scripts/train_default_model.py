@@ -32,7 +32,8 @@ repeats a run exactly.
 
 Usage::
 
-    python scripts/train_default_model.py --minutes 40            # writes minicb/assets/default_model
+    python scripts/train_default_model.py --minutes 40            # writes
+    minicb/assets/default_model
     python scripts/train_default_model.py --minutes 1 --out /tmp/m  # smoke run
 """
 
@@ -199,7 +200,8 @@ def wrap_tokenizer(tok, model_max_length: int):
 
 
 def tokenize_files(tok, files: list, eot_id: int) -> list[list[int]]:
-    """One token list per file: ``EOT chunk [EOT] chunk [EOT] ...`` (EOT after functions/classes)."""
+    """One token list per file: ``EOT chunk [EOT] chunk [EOT] ...`` (EOT after
+    functions/classes)."""
     flat = [text for _, chunks in files for text, _ in chunks]
     encoded = tok.encode_batch(flat, add_special_tokens=False)
     out, i = [], 0
@@ -265,7 +267,8 @@ def evaluate_loss(model, windows: torch.Tensor, batch_size: int) -> float:
     for i in range(0, len(windows), batch_size):
         w = windows[i : i + batch_size]
         logits = model(input_ids=w[:, :-1]).logits
-        loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), w[:, 1:].reshape(-1), reduction="sum")
+        loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), w[:, 1:].reshape(-1),
+                               reduction="sum")
         total += loss.item()
         count += w[:, 1:].numel()
     model.train()
@@ -311,10 +314,12 @@ def machine_info() -> dict:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--minutes", type=float, default=40.0,
-                   help="CPU-time budget per thread of the training loop (steps + periodic validation)")
+    p.add_argument(
+        "--minutes", type=float, default=40.0,
+        help="CPU-time budget per thread of the training loop (steps + periodic validation)")
     p.add_argument("--steps", type=int, default=None,
-                   help="fixed number of optimizer steps (overrides the calibration from --minutes)")
+                   help="fixed number of optimizer steps "
+                        "(overrides the calibration from --minutes)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     # data / tokenizer
@@ -337,7 +342,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--weight-decay", type=float, default=0.1)
     p.add_argument("--grad-clip", type=float, default=1.0)
     p.add_argument("--evals", type=int, default=16, help="periodic validations over the run")
-    p.add_argument("--eval-windows", type=int, default=48, help="validation windows per periodic check")
+    p.add_argument("--eval-windows", type=int, default=48,
+                   help="validation windows per periodic check")
     p.add_argument("--log-every", type=int, default=25)
     return p.parse_args(argv)
 
@@ -404,7 +410,8 @@ def main(argv: list[str] | None = None) -> None:
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        [{"params": decay, "weight_decay": args.weight_decay},
+         {"params": no_decay, "weight_decay": 0.0}],
         lr=args.lr, betas=(0.9, 0.95), eps=1e-8,
     )
 
@@ -434,11 +441,12 @@ def main(argv: list[str] | None = None) -> None:
         if total_steps is None and step == calib_to:
             per_step = (cpu_clock() - t_calib) / (calib_to - calib_from)
             budget = args.minutes * 60 - (cpu_clock() - c_loop)
-            total_steps = max(calib_to + 1, int((budget - args.evals * eval_seconds) / per_step) + step)
+            total_steps = max(calib_to + 1,
+                              int((budget - args.evals * eval_seconds) / per_step) + step)
             eval_every = max(1, total_steps // args.evals)
-            log(f"calibrated: {per_step:.3f} CPU s/step, {tokens_per_step / per_step:.0f} tokens/CPU s -> "
-                f"{total_steps} steps ({total_steps * tokens_per_step / 1e6:.2f}M tokens, "
-                f"{total_steps * tokens_per_step / n_train_tok:.2f} epochs)")
+            log(f"calibrated: {per_step:.3f} CPU s/step, {tokens_per_step / per_step:.0f} "
+                f"tokens/CPU s -> {total_steps} steps ({total_steps * tokens_per_step / 1e6:.2f}M "
+                f"tokens, {total_steps * tokens_per_step / n_train_tok:.2f} epochs)")
 
         lr = lr_at(step, total_steps or 10**9, args.lr, args.warmup, args.min_lr_frac)
         for group in opt.param_groups:
@@ -456,23 +464,27 @@ def main(argv: list[str] | None = None) -> None:
 
         if step % args.log_every == 0:
             avg = running / running_n
-            curve_train.append({"step": step, "tokens": step * tokens_per_step, "loss": round(avg, 4),
-                                "lr": lr, "grad_norm": round(float(grad_norm), 3),
+            curve_train.append({"step": step, "tokens": step * tokens_per_step,
+                                "loss": round(avg, 4), "lr": lr,
+                                "grad_norm": round(float(grad_norm), 3),
                                 "elapsed_s": round(time.time() - t_loop, 1),
                                 "cpu_s": round(cpu_clock() - c_loop, 1)})
-            log(f"step {step}/{total_steps or '?'}  loss {avg:.3f}  lr {lr:.2e}  |g| {float(grad_norm):.2f}  "
-                f"{step * tokens_per_step / (cpu_clock() - c_loop):.0f} tok/CPU s")
+            log(f"step {step}/{total_steps or '?'}  loss {avg:.3f}  lr {lr:.2e}  |g| "
+                f"{float(grad_norm):.2f}  {step * tokens_per_step / (cpu_clock() - c_loop):.0f} "
+                "tok/CPU s")
             running, running_n = 0.0, 0
         if eval_every and (step % eval_every == 0 or step == total_steps):
             if curve_val[-1]["step"] != step:
                 v = evaluate_loss(model, val_probe, 8)
-                curve_val.append({"step": step, "tokens": step * tokens_per_step, "val_loss": round(v, 4),
+                curve_val.append({"step": step, "tokens": step * tokens_per_step,
+                                  "val_loss": round(v, 4),
                                   "elapsed_s": round(time.time() - t_loop, 1),
                                   "cpu_s": round(cpu_clock() - c_loop, 1)})
                 log(f"step {step}: val loss {v:.3f}")
 
     train_seconds, train_cpu = time.time() - t_loop, cpu_clock() - c_loop
-    log(f"training done: {step} steps in {train_cpu / 60:.1f} CPU min ({train_seconds / 60:.1f} min wall)")
+    log(f"training done: {step} steps in {train_cpu / 60:.1f} CPU min ({train_seconds / 60:.1f} "
+        "min wall)")
 
     # ---- final numbers ------------------------------------------------------------------------
     final_val = evaluate_loss(model, val_all, 8)
@@ -506,7 +518,8 @@ def main(argv: list[str] | None = None) -> None:
         "epochs": round(step * tokens_per_step / n_train_tok, 3),
         "threads": args.threads,
         # paths relative to the repository, so the committed log names no one's machine
-        "args": {k: (_repo_relative(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "args": {k: (_repo_relative(v) if isinstance(v, Path) else v) for k, v
+                 in vars(args).items()},
         "data": {
             "source": "CPython standard library (" + sysconfig.get_paths()["stdlib"] + ")",
             "python": platform.python_version(),

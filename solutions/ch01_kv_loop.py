@@ -29,7 +29,8 @@ from minicb.model.llama import LlamaForCausalLM, ModelArgs
 
 
 def allocate_kv_cache(args: ModelArgs, max_tokens: int, block_size: int,
-                      dtype: torch.dtype = torch.float32) -> list[tuple[torch.Tensor, torch.Tensor]]:
+                      dtype: torch.dtype = torch.float32
+                      ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """A zeroed cache big enough for one request of up to `max_tokens` tokens.
 
     Contract: a list with one (k_cache, v_cache) pair per layer (args.num_layers), each of shape
@@ -45,7 +46,7 @@ def allocate_kv_cache(args: ModelArgs, max_tokens: int, block_size: int,
     >>> len(cache), tuple(cache[0][0].shape)
     (2, (3, 4, 2, 2))
     """
-    # BEGIN SOLUTION: one (k, v) pair of zeros per layer, [num_blocks, block_size, kv_heads, head_dim]
+    # BEGIN SOLUTION: per layer a (k, v) pair of zeros [num_blocks, block_size, kv_heads, head_dim]
     num_blocks = -(-max_tokens // block_size)
     shape = (num_blocks, block_size, args.num_kv_heads, args.head_dim)
     return [(torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype))
@@ -72,8 +73,10 @@ def pack_step(token_ids: list[int], num_cached: int,
       meta.max_seqlen_k  int                     the same as seq_lens[0]
 
     >>> ids, positions, meta = pack_step([42], num_cached=5, block_size=4)
-    >>> positions.tolist(), meta.slot_mapping.tolist(), meta.seq_lens.tolist(), meta.block_tables.tolist()
-    ([5], [5], [6], [[0, 1]])
+    >>> positions.tolist(), meta.slot_mapping.tolist()
+    ([5], [5])
+    >>> meta.seq_lens.tolist(), meta.block_tables.tolist()
+    ([6], [[0, 1]])
     """
     # BEGIN SOLUTION: build input_ids, positions and the AttentionMetadata of one request
     num_new = len(token_ids)

@@ -68,7 +68,8 @@ class StaticBatchStats:
     slot_utilisation: float    # rows that produced a wanted token / (num_steps * batch_size)
 
 
-def static_batch_stats(prompt_lens: list[int], output_lens: list[int], batch_size: int) -> StaticBatchStats:
+def static_batch_stats(prompt_lens: list[int], output_lens: list[int],
+                       batch_size: int) -> StaticBatchStats:
     """What static batching costs for requests served in order, `batch_size` at a time.
 
     Requests 0..batch_size-1 form the first batch, the next batch_size the second, and so on
@@ -82,17 +83,21 @@ def static_batch_stats(prompt_lens: list[int], output_lens: list[int], batch_siz
     14 * 4 = 56 slot-steps.
 
     >>> stats = static_batch_stats([4] * 6, [4, 4, 10, 10, 4, 4], batch_size=4)
-    >>> stats.num_steps, stats.num_pad_tokens, stats.num_idle_slot_steps, round(stats.slot_utilisation, 3)
-    (14, 0, 12, 0.643)
+    >>> stats.num_steps, stats.num_pad_tokens, stats.num_idle_slot_steps
+    (14, 0, 12)
+    >>> round(stats.slot_utilisation, 3)
+    0.643
     >>> static_batch_stats([3, 1, 2], [1, 1, 1], batch_size=3).num_pad_tokens   # pads 0 + 2 + 1
     3
     """
     # BEGIN SOLUTION: walk the batches: steps = longest answer, pads = longest prompt - each prompt
     num_steps = num_pad_tokens = num_idle = 0
     for start in range(0, len(prompt_lens), batch_size):
-        prompts, outputs = prompt_lens[start:start + batch_size], output_lens[start:start + batch_size]
+        prompts, outputs = prompt_lens[start:start + batch_size], output_lens[
+            start:start + batch_size]
         num_steps += max(outputs)
         num_pad_tokens += sum(max(prompts) - p for p in prompts)
         num_idle += sum(max(outputs) - o for o in outputs)
-    return StaticBatchStats(num_steps, num_pad_tokens, num_idle, sum(output_lens) / (num_steps * batch_size))
+    return StaticBatchStats(num_steps, num_pad_tokens, num_idle,
+                            sum(output_lens) / (num_steps * batch_size))
     # END SOLUTION

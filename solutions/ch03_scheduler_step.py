@@ -32,8 +32,9 @@ from minicb.request import Request, RequestStatus
 from minicb.scheduler.base import ScheduledSeq, Scheduler, SchedulerOutput
 
 # the knobs this exercise leaves at minicb's defaults (the policies of chapter 03's second half)
-DEFAULT_KNOBS = {"policy": "fcfs", "step_order": "decode_first", "max_prefill_tokens_per_step": None,
-                 "max_wait_steps": None, "watermark_blocks": 0, "enable_prefix_caching": False}
+DEFAULT_KNOBS = {"policy": "fcfs", "step_order": "decode_first",
+                 "max_prefill_tokens_per_step": None, "max_wait_steps": None, "watermark_blocks": 0,
+                 "enable_prefix_caching": False}
 
 
 class StepScheduler(Scheduler):
@@ -43,8 +44,9 @@ class StepScheduler(Scheduler):
         changed = [f"{name}={getattr(config, name)!r}" for name, default in DEFAULT_KNOBS.items()
                    if getattr(config, name) != default]
         if changed:
-            raise ValueError(f"StepScheduler implements the default policy only; leave {', '.join(changed)} "
-                             "at their defaults, or use minicb's ContinuousScheduler.")
+            raise ValueError("StepScheduler implements the default policy only; leave "
+                             f"{', '.join(changed)} at their defaults, or use minicb's "
+                             "ContinuousScheduler.")
         super().__init__(config, *args, **kwargs)
         self.token_budget = 0
         self.scheduled_ids: set[str] = set()
@@ -66,7 +68,7 @@ class StepScheduler(Scheduler):
         uncomputed tokens, `request.num_uncomputed_tokens`. Return what fits in
         `self.token_budget`, which may be 0.
         """
-        # BEGIN SOLUTION: the request's uncomputed tokens, capped by what is left of the token budget
+        # BEGIN SOLUTION: the request's uncomputed tokens, capped by the token budget left
         return min(request.num_uncomputed_tokens, self.token_budget)
         # END SOLUTION
 
@@ -107,7 +109,7 @@ class StepScheduler(Scheduler):
 
         Hint: loop over a copy, `list(self.running)`: preempt removes from self.running.
         """
-        # BEGIN SOLUTION: loop over running requests; evict pick_victim() until each fits, then take it
+        # BEGIN SOLUTION: for each running request: evict pick_victim() until it fits, then take it
         for request in list(self.running):
             if request.status is not RequestStatus.RUNNING:
                 continue                      # evicted earlier in this loop to make room
@@ -135,7 +137,8 @@ class StepScheduler(Scheduler):
         # BEGIN SOLUTION: while a slot, budget and KV room for its first chunk are free, admit FCFS
         if output.preempted:
             return                            # memory is short: a newcomer would be evicted next
-        while self.waiting and len(self.running) < self.config.max_num_seqs and self.token_budget > 0:
+        while (self.waiting and len(self.running) < self.config.max_num_seqs
+               and self.token_budget > 0):
             request = min(self.waiting, key=lambda r: r.arrival_index)
             num_tokens = self.tokens_this_step(request)
             if not self.kv.can_allocate(request, num_tokens):

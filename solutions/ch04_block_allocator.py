@@ -49,7 +49,7 @@ class BlockAllocator:
     """
 
     def __init__(self, num_blocks: int):
-        # BEGIN SOLUTION: set num_blocks, ref_counts (all 0) and a free list that pops 0, 1, 2, ... first
+        # BEGIN SOLUTION: num_blocks, ref_counts (all 0), a free list that pops 0, 1, 2, ... first
         self.num_blocks = num_blocks
         self.free_blocks: list[int] = list(range(num_blocks - 1, -1, -1))   # pop() gives 0 first
         self.ref_counts: list[int] = [0] * num_blocks
@@ -63,7 +63,8 @@ class BlockAllocator:
     def allocate(self) -> int:
         # BEGIN SOLUTION: pop the free list (RuntimeError when empty); the block's count becomes 1
         if not self.free_blocks:
-            raise RuntimeError("out of KV blocks: the scheduler should have checked can_allocate first.")
+            raise RuntimeError("out of KV blocks: the scheduler should have checked can_allocate "
+                               "first.")
         block = self.free_blocks.pop()
         self.ref_counts[block] = 1
         return block

@@ -45,7 +45,8 @@ def paged_decode_kernel(
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    """Program (seq, head) of the grid (num_seqs, num_q_heads): out[seq, head] = softmax(q K^T * scale) V.
+    """Program (seq, head) of the grid (num_seqs, num_q_heads): out[seq, head] = softmax(q K^T *
+    scale) V.
 
     q, out: [num_seqs, num_q_heads, head_dim]; the caches: [num_blocks, block_size, num_kv_heads,
     head_dim] (k and v with the same strides); the last dimension of every tensor is contiguous.
@@ -55,7 +56,7 @@ def paged_decode_kernel(
     keys are start + tl.arange(0, BLOCK_N), masked where >= seq_len (score -inf, load other=0);
     load each key's block id from the table, then K and V tiles of shape [BLOCK_N, DIM_PAD].
     """
-    # BEGIN SOLUTION: one (request, query head): online softmax over the request's keys, BLOCK_N at a time
+    # BEGIN SOLUTION: one (request, query head): online softmax over its keys, BLOCK_N at a time
     seq = tl.program_id(0)
     head = tl.program_id(1)
     kv_head = head // GROUP
@@ -71,7 +72,8 @@ def paged_decode_kernel(
     for start in range(0, seq_len, BLOCK_N):
         keys = start + tl.arange(0, BLOCK_N)
         key_ok = keys < seq_len
-        block = tl.load(block_tables_ptr + seq * stride_table_seq + keys // BLOCK_SIZE, mask=key_ok, other=0)
+        block = tl.load(block_tables_ptr + seq * stride_table_seq + keys // BLOCK_SIZE, mask=key_ok,
+                        other=0)
         where = (block.to(tl.int64)[:, None] * stride_cache_block
                  + (keys % BLOCK_SIZE)[:, None] * stride_cache_offset
                  + kv_head * stride_cache_head + dims[None, :])
@@ -92,8 +94,8 @@ def paged_decode_kernel(
     # END SOLUTION
 
 
-def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seq_lens: torch.Tensor,
-                 block_tables: torch.Tensor, scale: float) -> torch.Tensor:
+def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 seq_lens: torch.Tensor, block_tables: torch.Tensor, scale: float) -> torch.Tensor:
     """Decode attention over the paged cache: one query token per request.
 
     Contract: q [num_seqs, num_q_heads, head_dim]; k_cache, v_cache [num_blocks, block_size,
@@ -105,20 +107,20 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     strides the kernel names (tensor.stride(dim), in elements), GROUP = num_q_heads //
     num_kv_heads, DIM_PAD = triton.next_power_of_2(head_dim), BLOCK_SIZE and BLOCK_N.
     """
-    # BEGIN SOLUTION: allocate out, launch the kernel on grid (num_seqs, num_q_heads) with its strides
+    # BEGIN SOLUTION: allocate out; launch the kernel on grid (num_seqs, num_q_heads), strides given
     if v_cache.shape != k_cache.shape or v_cache.stride() != k_cache.stride():
-        raise ValueError("k_cache and v_cache must have the same shape and strides; call .contiguous() on both.")
+        raise ValueError("k_cache and v_cache must have the same shape and strides; call "
+                         ".contiguous() on both.")
     num_seqs, num_q_heads, head_dim = q.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     out = torch.empty_like(q)
-    paged_decode_kernel[(num_seqs, num_q_heads)](
-        q, k_cache, v_cache, out, seq_lens, block_tables, scale,
-        q.stride(0), q.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        block_tables.stride(0),
-        out.stride(0), out.stride(1),
-        GROUP=num_q_heads // num_kv_heads, HEAD_DIM=head_dim, DIM_PAD=triton.next_power_of_2(head_dim),
-        BLOCK_SIZE=block_size, BLOCK_N=BLOCK_N,
-    )
+    paged_decode_kernel[(num_seqs, num_q_heads)](q, k_cache, v_cache, out, seq_lens, block_tables,
+                                                 scale, q.stride(0), q.stride(1), k_cache.stride(0),
+                                                 k_cache.stride(1), k_cache.stride(2),
+                                                 block_tables.stride(0), out.stride(0),
+                                                 out.stride(1), GROUP=num_q_heads // num_kv_heads,
+                                                 HEAD_DIM=head_dim,
+                                                 DIM_PAD=triton.next_power_of_2(head_dim),
+                                                 BLOCK_SIZE=block_size, BLOCK_N=BLOCK_N,)
     return out
     # END SOLUTION

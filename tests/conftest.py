@@ -60,7 +60,8 @@ def tiny_model(request) -> str:
 @pytest.fixture
 def reload_cpu_kernel():
     """The CPU attention kernel is found (or not) afresh inside the test, under the test's own
-    environment ($CC, $MINICB_CACHE), and afresh again after it, so no other test sees its result."""
+    environment ($CC, $MINICB_CACHE), and afresh again after it, so no other test sees its
+    result."""
     from minicb.kernels import cpu
 
     cpu._library.cache_clear()

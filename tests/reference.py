@@ -67,7 +67,8 @@ def compare(reference: Reference, token_ids: list[int], logprobs: list[dict[int,
     return "equal"
 
 
-def run_with_arrivals(llm, prompts, max_tokens, arrival_steps, aborts: dict[int, int] | None = None):
+def run_with_arrivals(llm, prompts, max_tokens, arrival_steps,
+                      aborts: dict[int, int] | None = None):
     """Drive the engine step by step: request i joins before step arrival_steps[i]; request j is
     aborted before step aborts[j] (if it has not finished)."""
     engine, aborts = llm.llm_engine, aborts or {}
@@ -75,11 +76,12 @@ def run_with_arrivals(llm, prompts, max_tokens, arrival_steps, aborts: dict[int,
     while added < len(prompts) or engine.has_unfinished_requests():
         while added < len(prompts) and arrival_steps[added] <= step:
             engine.add_request(str(added), prompts[added],
-                               SamplingParams(max_tokens=max_tokens[added], temperature=0, ignore_eos=True,
-                                              logprobs=5))
+                               SamplingParams(max_tokens=max_tokens[added], temperature=0,
+                                              ignore_eos=True, logprobs=5))
             added += 1
         for index, at in aborts.items():
-            if at == step and str(index) in engine.requests and not engine.requests[str(index)].finished:
+            if (at == step and str(index) in engine.requests and
+                not engine.requests[str(index)].finished):
                 engine.abort(str(index))
         for output in engine.step():
             if output.finished:

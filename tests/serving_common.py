@@ -34,7 +34,8 @@ def train_tokenizer(vocab_size: int = 400):
                                    eos_token="</s>")
 
 
-def checkpoint_copy(source_dir: str, out_dir: Path, tokenizer=None, chat_template: str | None = None) -> str:
+def checkpoint_copy(source_dir: str, out_dir: Path, tokenizer=None,
+                    chat_template: str | None = None) -> str:
     """A copy of a checkpoint's weights and config with `tokenizer` (default: its own) beside them,
     given `chat_template` if one is passed."""
     from transformers import AutoTokenizer

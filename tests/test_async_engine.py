@@ -17,7 +17,8 @@ GREEDY = dict(temperature=0, ignore_eos=True)
 
 
 def make_engine(model: str, max_queue_len: int | None = None, **knobs) -> AsyncLLMEngine:
-    return AsyncLLMEngine(LLMEngine(EngineConfig(model=model, max_model_len=256, **knobs)), max_queue_len)
+    return AsyncLLMEngine(LLMEngine(EngineConfig(model=model, max_model_len=256, **knobs)),
+                          max_queue_len)
 
 
 async def drain(engine: AsyncLLMEngine, prompt, params: SamplingParams):
@@ -41,7 +42,8 @@ def test_concurrent_streams_match_offline_generate(tiny_llama):
     async def scenario():
         async def staggered(index: int):
             await asyncio.sleep(0.02 * index)     # later requests join while earlier ones decode
-            return await drain(engine, prompts[index], SamplingParams(max_tokens=lengths[index], **GREEDY))
+            return await drain(engine, prompts[index],
+                               SamplingParams(max_tokens=lengths[index], **GREEDY))
         results = await asyncio.gather(*(staggered(i) for i in range(len(prompts))))
         await engine.shutdown()
         return results
@@ -103,7 +105,8 @@ def test_abort_frees_blocks_running_queued_and_on_early_exit(tiny_llama):
                 engine.abort(queued.request_id)
         queued_deltas = [d async for d in queued]
         # leaving a generate() loop early aborts that request too
-        async with aclosing(engine.generate([10, 11], SamplingParams(max_tokens=200, **GREEDY))) as stream:
+        async with aclosing(engine.generate([10, 11],
+                                            SamplingParams(max_tokens=200, **GREEDY))) as stream:
             async for _ in stream:
                 break
         while engine.engine.has_unfinished_requests() or engine.engine.requests:
@@ -127,7 +130,8 @@ def by_sample(deltas) -> dict[int, list]:
 
 
 def test_parallel_samples_share_one_stream_and_equal_each_seed_run_alone(tiny_llama):
-    prompt = list(range(5, 25))            # 20 tokens: more than one block, the last one partly filled
+    # 20 tokens: more than one block, the last one partly filled
+    prompt = list(range(5, 25))
     sampled = dict(temperature=1.0, ignore_eos=True, max_tokens=10)
     reference = LLM(tiny_llama, max_model_len=256)
     alone = [reference.generate(prompt, SamplingParams(seed=40 + i, **sampled), use_tqdm=False)[0]
@@ -147,10 +151,13 @@ def test_parallel_samples_share_one_stream_and_equal_each_seed_run_alone(tiny_ll
     for index, sample in samples.items():
         assert [d.finished for d in sample] == [False] * (len(sample) - 1) + [True]
         tokens = [t for d in sample for t in d.token_ids]
-        assert tokens == alone[index].outputs[0].token_ids, f"sample {index} differs from seed {40 + index} alone"
+        assert tokens == alone[index].outputs[0].token_ids, (f"sample {index} differs from seed "
+                                                             f"{40 + index} alone")
         last = sample[-1]
-        assert (last.finish_reason, last.num_output_tokens, last.num_prompt_tokens) == ("length", 10, 20)
-        # the samples after the first forked it: all but its last prompt token came from shared blocks
+        assert (last.finish_reason, last.num_output_tokens, last.num_prompt_tokens) == (
+            "length", 10, 20)
+        # the samples after the first forked it: all but its last prompt token came from shared
+        # blocks
         assert last.metrics.num_cached_tokens == (0 if index == 0 else len(prompt) - 1)
         outputs.append(tokens)
     assert len({tuple(t) for t in outputs}) == 3, "the seeds should give three different samples"
@@ -176,7 +183,8 @@ def test_aborting_a_parallel_request_aborts_every_sample(tiny_llama):
                 assert engine.engine.kv.num_used_blocks() > 0
                 engine.abort(stream.request_id)
         # and on shutdown, every open sample of every request ends with "abort"
-        open_stream = await engine.add_request([9, 10], SamplingParams(n=2, max_tokens=200, **GREEDY))
+        open_stream = await engine.add_request([9, 10],
+                                               SamplingParams(n=2, max_tokens=200, **GREEDY))
         await open_stream.__anext__()
         await engine.shutdown()
         return deltas, [d async for d in open_stream]
@@ -197,9 +205,10 @@ def test_bad_input_raises_and_the_engine_keeps_serving(tiny_llama):
 
     async def scenario():
         errors = []
-        for prompt, params, kwargs in [([], SamplingParams(), {}), ([99999], SamplingParams(), {}),
-                                       ([5] * 300, SamplingParams(), {}),
-                                       ([5, 6], SamplingParams(max_tokens=255), {"require_fit": True})]:
+        for prompt, params, kwargs in [
+            ([], SamplingParams(), {}), ([99999], SamplingParams(), {}),
+            ([5] * 300, SamplingParams(), {}),
+            ([5, 6], SamplingParams(max_tokens=255), {"require_fit": True})]:
             with pytest.raises(ValueError) as error:
                 await engine.add_request(prompt, params, **kwargs)
             errors.append(str(error.value))
@@ -258,7 +267,8 @@ def test_a_failing_step_ends_the_streams_in_flight_and_serving_goes_on(tiny_llam
 
     failed, good = run(scenario())
     assert sorted(d.index for d in failed if d.finished) == list(range(n))
-    assert all(d.finish_reason == "error" and "simulated fault" in d.error for d in failed if d.finished)
+    assert all(d.finish_reason == "error" and "simulated fault" in d.error for d in failed
+               if d.finished)
     assert good[-1].finish_reason == "length" and good[-1].num_output_tokens == 3
     assert_idle(engine)
 
@@ -283,7 +293,8 @@ def tokenizer():
     return train_tokenizer()
 
 
-@pytest.mark.parametrize("text", ["héllo wörld 😀 中文 done", "def add(a, b):\n    return a + b  # café"])
+@pytest.mark.parametrize("text",
+                         ["héllo wörld 😀 中文 done", "def add(a, b):\n    return a + b  # café"])
 def test_detokenizer_streams_exactly_the_decoded_text(tokenizer, text):
     ids = tokenizer.encode(text, add_special_tokens=False)
     # the test means something only if some character really is split across tokens

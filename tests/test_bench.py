@@ -29,8 +29,9 @@ def _check_machine(payload: dict) -> None:
 @pytest.fixture(scope="module")
 def offline(tiny_llama, tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("offline")
-    code = bench_main(["offline", "--model", tiny_llama, "--workload", "seed-example", "--max-num-seqs", "4",
-                       "--threads", "1", "--no-progress", "--out-dir", str(out)])
+    code = bench_main(["offline", "--model", tiny_llama, "--workload", "seed-example",
+                       "--max-num-seqs", "4", "--threads", "1", "--no-progress", "--out-dir",
+                       str(out)])
     assert code == 0
     assert (out / "offline-seed-example.png").stat().st_size > 0
     return json.loads((out / "offline-seed-example.json").read_text())
@@ -52,14 +53,16 @@ def test_offline_serves_every_request_on_every_system(offline):
     assert systems["static"]["settings"]["steps"] == 10 + 4
     assert systems["continuous-paged"]["settings"]["steps"] == 10
     assert systems["hf-static"]["settings"]["decode_rows_computed"] == 4 * 10 + 2 * 4
-    assert {t["baseline"] for t in offline["targets"]} == {"hf-generate", "hf-generate-batch", "static"}
+    assert {t["baseline"] for t in offline["targets"]} == {"hf-generate", "hf-generate-batch",
+                                                           "static"}
     _check_machine(offline)
 
 
 def test_offline_greedy_outputs_agree(offline):
     for row in offline["systems"]:
         assert row["agreement"]["reference"] == "hf-generate"
-        assert row["agreement"]["requests_differing"] == 0, (row["system"], row["agreement"]["mismatches"])
+        assert row["agreement"]["requests_differing"] == 0, (
+            row["system"], row["agreement"]["mismatches"])
 
 
 def test_agreement_detects_a_corrupted_output(tiny_llama):
@@ -77,7 +80,8 @@ def test_agreement_detects_a_corrupted_output(tiny_llama):
     (mismatch,) = report["mismatches"]
     assert (mismatch["request"], mismatch["position"]) == (1, 3)
     assert (mismatch["expected"], mismatch["got"]) == (reference[1][3], corrupted[1][3])
-    # the reference is greedy, so its token has the larger logit; the margin is what a near-tie would show
+    # the reference is greedy, so its token has the larger logit; the margin is what a near-tie
+    # would show
     assert mismatch["margin"] > 0 and mismatch["margin"] == pytest.approx(
         mismatch["expected_logit"] - mismatch["got_logit"])
 
@@ -93,8 +97,8 @@ def test_compare_outputs_reports_the_first_difference_and_early_ends():
 
 
 def test_memory_waste_and_occupancy(tmp_path):
-    assert bench_main(["memory", "--num-prompts", "48", "--num-kv-blocks", "160", "--max-num-seqs", "64",
-                       "--out-dir", str(tmp_path)]) == 0
+    assert bench_main(["memory", "--num-prompts", "48", "--num-kv-blocks", "160", "--max-num-seqs",
+                       "64", "--out-dir", str(tmp_path)]) == 0
     payload = json.loads((tmp_path / "memory-long-tail.json").read_text())
     assert (tmp_path / "memory-long-tail.png").exists()
     runs = {r["kv_cache"]: r for r in payload["runs"]}
@@ -108,7 +112,8 @@ def test_memory_waste_and_occupancy(tmp_path):
         assert run["max_running"] >= run["mean_running"] > 0
     # a paged request leaves at most one partly filled block empty
     paged = runs["paged"]
-    for running, reserved, tokens in zip(paged["running"], paged["reserved_slots"], paged["kv_tokens"]):
+    for running, reserved, tokens in zip(paged["running"], paged["reserved_slots"],
+                                         paged["kv_tokens"]):
         assert reserved - tokens <= running * (block_size - 1)
     assert paged["waste_fraction"] < runs["contiguous"]["waste_fraction"]
     assert paged["mean_running"] > runs["contiguous"]["mean_running"]
@@ -116,8 +121,9 @@ def test_memory_waste_and_occupancy(tmp_path):
 
 
 def test_overhead_measures_scheduler_and_model(tiny_llama, tmp_path):
-    assert bench_main(["overhead", "--model", tiny_llama, "--running", "1", "8", "--batch-sizes", "1", "4",
-                       "--steps", "3", "--context", "8", "--threads", "1", "--out-dir", str(tmp_path)]) == 0
+    assert bench_main(["overhead", "--model", tiny_llama, "--running", "1", "8", "--batch-sizes",
+                       "1", "4", "--steps", "3", "--context", "8", "--threads", "1", "--out-dir",
+                       str(tmp_path)]) == 0
     payload = json.loads((tmp_path / "overhead.json").read_text())
     assert (tmp_path / "overhead.png").exists()
     for kv in ("paged", "contiguous"):

@@ -19,7 +19,8 @@ def test_dry_run_writes_results(tmp_path, capsys):
     assert json_path.with_suffix(".png").stat().st_size > 0
     results = json.loads(json_path.read_text())
     for field in ("device", "device_slug", "date", "torch_version", "triton_version", "dtype",
-                  "num_q_heads", "num_kv_heads", "head_dim", "block_size", "copy_bandwidth_gbps", "points"):
+                  "num_q_heads", "num_kv_heads", "head_dim", "block_size", "copy_bandwidth_gbps",
+                  "points"):
         assert field in results, field
     assert results["dry_run"] is True and results["copy_bandwidth_gbps"] > 0
     grid = bench_kernels.DRY_RUN_GRID

@@ -14,7 +14,15 @@ from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 from minicb.bench.load_study import StudyConfig, format_rows, plot, run_study
-from minicb.serving.loadgen import BenchConfig, RequestResult, benchmark, collect, main, make_workload, run_benchmark
+from minicb.serving.loadgen import (
+    BenchConfig,
+    RequestResult,
+    benchmark,
+    collect,
+    main,
+    make_workload,
+    run_benchmark,
+)
 from minicb.serving.server import ServerThread, build_app
 from minicb.workload import gamma_arrivals
 
@@ -66,7 +74,8 @@ def other():
 
 def test_per_request_metrics_follow_vllm_definitions():
     # sent at 10.0; chunks at 10.2, 10.25, 10.35, 10.40; stream closed at 10.41; 4 tokens
-    result = RequestResult(True, 10.0, [10.2, 10.25, 10.35, 10.40], 10.41, prompt_tokens=7, output_tokens=4)
+    result = RequestResult(True, 10.0, [10.2, 10.25, 10.35, 10.40], 10.41, prompt_tokens=7,
+                           output_tokens=4)
     metrics = result.metrics()
     assert metrics.ttft == pytest.approx(0.2)
     assert metrics.tpot == pytest.approx(0.2 / 3)           # first token left out
@@ -98,18 +107,21 @@ def test_any_openai_server_token_counts_come_from_usage(other):
     assert result["model"] == "other-model" and result["completed"] == 6
     assert result["total_output_tokens"] == sum(expected_outputs)     # not the number of chunks
     assert sorted(b["max_tokens"] for b in state["bodies"]) == sorted(expected_outputs)
-    assert all(b["stream"] and b["stream_options"] == {"include_usage": True} for b in state["bodies"])
-    assert all("ignore_eos" not in b for b in state["bodies"])       # only standard fields by default
+    assert all(b["stream"] and b["stream_options"] == {"include_usage": True}
+               for b in state["bodies"])
+    # only standard fields by default
+    assert all("ignore_eos" not in b for b in state["bodies"])
 
 
 def test_arrivals_follow_the_gamma_process_and_concurrency_is_capped(other):
     server, state = other
-    config = BenchConfig(server.url, num_prompts=10, request_rate=40.0, burstiness=0.5, max_concurrency=3,
-                         input_len=4, output_len=6, seed=3, disable_tqdm=True)
+    config = BenchConfig(server.url, num_prompts=10, request_rate=40.0, burstiness=0.5,
+                         max_concurrency=3, input_len=4, output_len=6, seed=3, disable_tqdm=True)
     result = run(run_benchmark(config))
     arrivals = gamma_arrivals(10, 40.0, 0.5, seed=3)
     # a request is never sent before its arrival time (it may wait for a free slot after it)
-    assert all(sent >= arrival - 0.001 for sent, arrival in zip(sorted(result["send_times"]), arrivals))
+    assert all(sent >= arrival - 0.001
+               for sent, arrival in zip(sorted(result["send_times"]), arrivals))
     assert state["max_in_flight"] == 3
     assert result["completed"] == 10
 
@@ -126,9 +138,9 @@ def test_the_synchronous_entry_point_also_works_where_a_loop_already_runs(other)
 
 def test_the_command_line_writes_json_and_a_plot(other, tmp_path):
     server, _ = other
-    code = main(["--base-url", server.url, "--num-prompts", "4", "--input-len", "4", "--output-len", "4",
-                 "--goodput", "ttft:1000", "tpot:1000", "--out-dir", str(tmp_path), "--result-name", "run",
-                 "--disable-tqdm"])
+    code = main(["--base-url", server.url, "--num-prompts", "4", "--input-len", "4", "--output-len",
+                 "4", "--goodput", "ttft:1000", "tpot:1000", "--out-dir", str(tmp_path),
+                 "--result-name", "run", "--disable-tqdm"])
     saved = json.loads((tmp_path / "run.json").read_text())
     assert code == 0 and saved["completed"] == 4 and saved["goodput"] > 0
     assert (tmp_path / "run.png").stat().st_size > 0
@@ -139,8 +151,9 @@ def test_the_command_line_writes_json_and_a_plot(other, tmp_path):
 def test_against_minicb_every_request_is_measured(tiny_llama, tmp_path):
     app = build_app(tiny_llama, max_model_len=64, max_num_seqs=4)
     with ServerThread(app) as server:
-        config = BenchConfig(server.url, num_prompts=6, input_len=8, output_len=6, prompt_format="tokens",
-                             vocab_size=512, ignore_eos=True, disable_tqdm=True)
+        config = BenchConfig(server.url, num_prompts=6, input_len=8, output_len=6,
+                             prompt_format="tokens", vocab_size=512, ignore_eos=True,
+                             disable_tqdm=True)
         result = run(run_benchmark(config))
     assert result["completed"] == 6 and result["failed"] == 0
     assert result["total_input_tokens"] == 48 and result["total_output_tokens"] == 36
@@ -149,14 +162,15 @@ def test_against_minicb_every_request_is_measured(tiny_llama, tmp_path):
 
 
 def test_load_study_serves_every_scheduler_and_plots(tiny_llama, tmp_path):
-    config = StudyConfig(tiny_llama, request_rates=(math.inf,), num_prompts=4, workload="random", input_len=8,
-                         output_len=5, knobs={"max_num_seqs": 4, "max_model_len": 64,
-                                              # policy knobs and prefix caching: the continuous server's only
-                                              "policy": "shortest_prompt_first", "step_order": "prefill_first",
-                                              "enable_prefix_caching": True})
+    # policy knobs and prefix caching: the continuous server's only
+    knobs = {"max_num_seqs": 4, "max_model_len": 64, "policy": "shortest_prompt_first",
+             "step_order": "prefill_first", "enable_prefix_caching": True}
+    config = StudyConfig(tiny_llama, request_rates=(math.inf,), num_prompts=4, workload="random",
+                         input_len=8, output_len=5, knobs=knobs)
     rows = run_study(config)
     assert [r["scheduler"] for r in rows] == ["naive", "static", "continuous"]
-    assert all(r["completed"] == 4 and r["failed"] == 0 and r["output_throughput"] > 0 for r in rows)
+    assert all(r["completed"] == 4 and r["failed"] == 0 and r["output_throughput"] > 0
+               for r in rows)
     assert len(format_rows(rows).splitlines()) == 2 + len(rows)
     plot(rows, tmp_path / "study.png")
     assert (tmp_path / "study.png").stat().st_size > 0

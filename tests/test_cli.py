@@ -51,7 +51,8 @@ def test_engine_flags_carry_the_configs_defaults_and_help():
 
 def test_a_command_may_set_its_own_default_and_take_only_some_knobs():
     parser = argparse.ArgumentParser()
-    EngineConfig.add_cli_args(parser, only=("max_num_seqs", "enable_prefix_caching"), defaults={"max_num_seqs": 5})
+    EngineConfig.add_cli_args(parser, only=("max_num_seqs", "enable_prefix_caching"),
+                              defaults={"max_num_seqs": 5})
     args = parser.parse_args(["--enable-prefix-caching"])
     assert EngineConfig.knobs_from_cli(args, only=("max_num_seqs", "enable_prefix_caching")) == \
         {"max_num_seqs": 5, "enable_prefix_caching": True}
@@ -61,10 +62,12 @@ def test_a_command_may_set_its_own_default_and_take_only_some_knobs():
 
 def test_serve_builds_its_engine_from_the_flags(monkeypatch):
     served = []
-    monkeypatch.setattr(minicb.serving.server.uvicorn, "run", lambda app, **options: served.append(options))
+    monkeypatch.setattr(minicb.serving.server.uvicorn, "run", lambda app,
+                        **options: served.append(options))
     assert main(["serve", "--max-model-len", "256", "--max-num-seqs", "3", "--port", "8123"]) == 0
-    assert served == [{"host": "127.0.0.1", "port": 8123, "log_level": "info", "timeout_keep_alive": 5,
-                       "limit_concurrency": 1024, "http": minicb.serving.server.DeadlineH11Protocol}]
+    assert served == [{"host": "127.0.0.1", "port": 8123, "log_level": "info",
+                       "timeout_keep_alive": 5, "limit_concurrency": 1024,
+                       "http": minicb.serving.server.DeadlineH11Protocol}]
 
 
 def test_env_check_runs_and_gives_a_verdict(capsys):
@@ -78,14 +81,16 @@ def test_demo_shows_progress_and_deterministic_evidence_beside_ratios_to_naive(c
     assert main(["demo", "--num-prompts", "8", "--max-num-seqs", "4"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("machine: ") and "load average" in out.splitlines()[0]
-    for number, system in enumerate(["naive+paged", "static+paged", "continuous+contiguous", "continuous+paged"], 1):
+    for number, system in enumerate(
+        ["naive+paged", "static+paged", "continuous+contiguous", "continuous+paged"], 1):
         assert f"[{number}/4] {system}" in out, f"no progress line for {system}"
-    table = {line.split()[0]: line.split() for line in out.splitlines()
-             if line.split() and line.split()[0] in ("naive+paged", "static+paged", "continuous+paged")}
+    table = {line.split()[0]: line.split() for line in out.splitlines() if line.split()
+             and line.split()[0] in ("naive+paged", "static+paged", "continuous+paged")}
     steps = {name: int(row[1]) for name, row in table.items()}
     assert steps["naive+paged"] > steps["static+paged"] > steps["continuous+paged"], steps
     assert table["naive+paged"][6] == "1.0x", "naive serving is the baseline"
-    assert all(row[-1] == "True" for row in table.values()), "every system must give the same tokens"
+    assert all(row[-1] == "True" for row in table.values()), ("every system must give the same "
+                                                              "tokens")
 
 
 def test_the_readme_quick_start_prints_labelled_results():
@@ -95,7 +100,8 @@ def test_the_readme_quick_start_prints_labelled_results():
     from pathlib import Path
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    snippet = re.search(r"```python\n(from minicb import LLM, SamplingParams\n.*?)```", readme, re.S).group(1)
+    snippet = re.search(r"```python\n(from minicb import LLM, SamplingParams\n.*?)```", readme,
+                        re.S).group(1)
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         exec(compile(snippet, "README.md", "exec"), {})

@@ -1,4 +1,5 @@
-"""The CPU attention kernel (kernels/cpu_attention.c) and the "cpu" backend against the torch reference.
+"""The CPU attention kernel (kernels/cpu_attention.c) and the "cpu" backend against the torch
+reference.
 
 The kernel is compiled with the machine's C compiler on first use; these tests need one (CI has
 gcc), and one test checks what happens where there is none.
@@ -31,19 +32,23 @@ def test_kernel_matches_reference(config, kind):
     batch = cpu_batch(config, kind, "cpu")
     meta = wide_table_meta(batch, extra=2)
     out = torch.full_like(batch.q, float("nan"))   # an element the kernel skips stays NaN
-    result = cpu.paged_attention_cpu(batch.q, batch.k_cache, batch.v_cache, meta.cu_seqlens_q, meta.seq_lens,
-                                     meta.block_tables, batch.q.shape[-1] ** -0.5, out=out)
+    result = cpu.paged_attention_cpu(batch.q, batch.k_cache, batch.v_cache, meta.cu_seqlens_q,
+                                     meta.seq_lens, meta.block_tables, batch.q.shape[-1] ** -0.5,
+                                     out=out)
     assert result is out
     assert torch.isfinite(result).all(), "some output elements were never written"
-    torch.testing.assert_close(result, paged_attention_reference(*batch.args()), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(result, paged_attention_reference(*batch.args()), atol=1e-5,
+                               rtol=1e-5)
 
 
-@pytest.mark.parametrize("config", [CONFIGS[0], CONFIGS[3], (96, 16, 3, 1)], ids=lambda c: f"d{c[0]}-g{c[2]}")
+@pytest.mark.parametrize("config", [CONFIGS[0], CONFIGS[3], (96, 16, 3, 1)],
+                         ids=lambda c: f"d{c[0]}-g{c[2]}")
 def test_decodes_only_writes_exactly_the_decode_rows(config):
     batch = cpu_batch(config, "mixed", "decodes-only")
     out = torch.full_like(batch.q, float("nan"))
-    cpu.paged_attention_cpu(batch.q, batch.k_cache, batch.v_cache, batch.cu_seqlens_q, batch.seq_lens,
-                            batch.block_tables, batch.q.shape[-1] ** -0.5, decodes_only=True, out=out)
+    cpu.paged_attention_cpu(batch.q, batch.k_cache, batch.v_cache, batch.cu_seqlens_q,
+                            batch.seq_lens, batch.block_tables, batch.q.shape[-1] ** -0.5,
+                            decodes_only=True, out=out)
     q_lens = (batch.cu_seqlens_q[1:] - batch.cu_seqlens_q[:-1]).tolist()
     decode_rows = [int(batch.cu_seqlens_q[i]) for i, n in enumerate(q_lens) if n == 1]
     others = [t for t in range(len(batch.q)) if t not in decode_rows]
@@ -63,13 +68,15 @@ def test_cpu_backend_matches_reference(kind):
     scale = batch.q.shape[-1] ** -0.5
     first = paged_attention_cpu(batch.q, batch.k_cache, batch.v_cache, meta, scale)
     again = paged_attention_cpu(batch.q, batch.k_cache, batch.v_cache, meta, scale)
-    torch.testing.assert_close(first, paged_attention_reference(*batch.args()), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(first, paged_attention_reference(*batch.args()), atol=1e-5,
+                               rtol=1e-5)
     torch.testing.assert_close(again, first, atol=0, rtol=0)
 
 
 def test_bad_arguments_are_refused_with_the_fix():
     batch = cpu_batch(CONFIGS[0], "decode", "bad")
-    args = (batch.q, batch.k_cache, batch.v_cache, batch.cu_seqlens_q, batch.seq_lens, batch.block_tables, 0.125)
+    args = (batch.q, batch.k_cache, batch.v_cache, batch.cu_seqlens_q, batch.seq_lens,
+            batch.block_tables, 0.125)
     with pytest.raises(ValueError, match="attention='torch'"):
         cpu.paged_attention_cpu(batch.q.double(), *args[1:])
     with pytest.raises(ValueError, match="int32"):
@@ -95,7 +102,8 @@ def test_auto_picks_the_kernel_where_it_runs():
         resolve_backend("cpu", "cpu", "float16")
 
 
-def test_without_a_compiler_auto_falls_back_and_cpu_says_why(monkeypatch, tmp_path, reload_cpu_kernel):
+def test_without_a_compiler_auto_falls_back_and_cpu_says_why(
+    monkeypatch, tmp_path, reload_cpu_kernel):
     monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
     monkeypatch.setenv("MINICB_CACHE", str(tmp_path / "cache"))
     ok, why = cpu.available()
@@ -128,10 +136,12 @@ def _plant(path, marker, tmp_path):
 
     source = tmp_path / "planted.c"
     source.write_text(PLANTED)
-    subprocess.run(["cc", f'-DMARKER="{marker}"', "-shared", "-fPIC", str(source), "-o", str(path)], check=True)
+    subprocess.run(["cc", f'-DMARKER="{marker}"', "-shared", "-fPIC", str(source), "-o", str(path)],
+                   check=True)
 
 
-@pytest.mark.skipif(not cpu.available()[0], reason="needs a C compiler (the kernel cache is not used without one)")
+@pytest.mark.skipif(not cpu.available()[0],
+                    reason="needs a C compiler (the kernel cache is not used without one)")
 def test_a_library_planted_in_the_cache_is_never_loaded(monkeypatch, tmp_path, reload_cpu_kernel):
     monkeypatch.setenv("MINICB_CACHE", str(tmp_path / "cache"))
     assert cpu.available()[0]
@@ -141,11 +151,13 @@ def test_a_library_planted_in_the_cache_is_never_loaded(monkeypatch, tmp_path, r
     cpu._library.cache_clear()
     ok, _ = cpu.available()
     assert ok and not marker.exists(), "the planted library was loaded: its constructor ran"
-    assert built.with_suffix(".sha256").read_text() == cpu._digest(built), "the real kernel was rebuilt in its place"
+    assert built.with_suffix(".sha256").read_text() == cpu._digest(built), ("the real kernel was "
+                                                                            "rebuilt in its place")
     assert cpu._private(built.parent), "the cache directory is private to its user"
 
 
-@pytest.mark.skipif(not cpu.available()[0], reason="needs a C compiler (the kernel cache is not used without one)")
+@pytest.mark.skipif(not cpu.available()[0],
+                    reason="needs a C compiler (the kernel cache is not used without one)")
 def test_a_cache_others_can_write_to_is_not_used(monkeypatch, tmp_path, reload_cpu_kernel):
     shared = tmp_path / "shared" / "kernels"
     monkeypatch.setenv("MINICB_CACHE", str(tmp_path / "shared"))

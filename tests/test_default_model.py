@@ -104,7 +104,8 @@ def test_architecture_is_a_small_gqa_llama(model):
     assert cfg.model_type == "llama"
     assert cfg.num_key_value_heads < cfg.num_attention_heads
     assert cfg.tie_word_embeddings
-    assert model.get_input_embeddings().weight.data_ptr() == model.get_output_embeddings().weight.data_ptr()
+    assert (model.get_input_embeddings().weight.data_ptr()
+            == model.get_output_embeddings().weight.data_ptr())
     assert all(p.dtype == torch.float32 for p in model.parameters())
     assert sum(p.numel() for p in model.parameters()) < 6_000_000
 
@@ -128,7 +129,8 @@ def test_greedy_generation_writes_lines_and_stops_by_itself(tokenizer, model):
             stopped += 1
         else:
             assert tokenizer.decode(ids).strip(), f"{prompt!r} produced only whitespace"
-    assert stopped >= len(PROMPTS) // 2, f"only {stopped} of {len(PROMPTS)} completions ended by themselves"
+    assert stopped >= len(PROMPTS) // 2, (f"only {stopped} of {len(PROMPTS)} completions ended by "
+                                          "themselves")
 
 
 def test_natural_output_lengths_vary():

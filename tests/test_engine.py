@@ -20,18 +20,20 @@ def token_ids(outputs) -> list[list[int]]:
 
 
 def test_seeded_sample_is_the_same_alone_and_in_a_busy_batch(tiny_llama):
-    params = SamplingParams(max_tokens=24, temperature=0.9, top_p=0.9, top_k=50, seed=1234, ignore_eos=True)
+    params = SamplingParams(max_tokens=24, temperature=0.9, top_p=0.9, top_k=50, seed=1234,
+                            ignore_eos=True)
     prompt = random_prompts(1, seed=7)[0]
     alone = LLM(tiny_llama, max_num_seqs=8).generate([prompt], params, use_tqdm=False)
     others = random_prompts(12, seed=8)
-    busy_params = [SamplingParams(max_tokens=30, temperature=1.0, ignore_eos=True)] * 6 + [params] + \
+    busy = SamplingParams(max_tokens=30, temperature=1.0, ignore_eos=True)
+    busy_params = [busy] * 6 + [params] + \
                   [SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)] * 6
     busy = LLM(tiny_llama, max_num_seqs=8, max_num_batched_tokens=64).generate(
         others[:6] + [prompt] + others[6:], busy_params, use_tqdm=False)
     assert busy[6].outputs[0].token_ids == alone[0].outputs[0].token_ids
     # and sampling really samples: another seed gives another continuation
-    other_seed = LLM(tiny_llama).generate([prompt], SamplingParams(max_tokens=24, temperature=0.9, top_p=0.9,
-                                                                   top_k=50, seed=99, ignore_eos=True),
+    other_seed = LLM(tiny_llama).generate([prompt], SamplingParams(
+        max_tokens=24, temperature=0.9, top_p=0.9, top_k=50, seed=99, ignore_eos=True),
                                           use_tqdm=False)
     assert other_seed[0].outputs[0].token_ids != alone[0].outputs[0].token_ids
 
@@ -39,9 +41,11 @@ def test_seeded_sample_is_the_same_alone_and_in_a_busy_batch(tiny_llama):
 def test_top_k_one_is_greedy(tiny_llama):
     prompts = random_prompts(4, seed=2)
     llm = LLM(tiny_llama)
-    greedy = llm.generate(prompts, SamplingParams(max_tokens=12, temperature=0, ignore_eos=True), use_tqdm=False)
-    top1 = llm.generate(prompts, SamplingParams(max_tokens=12, temperature=1.5, top_k=1, seed=3, ignore_eos=True),
-                        use_tqdm=False)
+    greedy = llm.generate(prompts, SamplingParams(max_tokens=12, temperature=0, ignore_eos=True),
+                          use_tqdm=False)
+    top1 = llm.generate(
+        prompts, SamplingParams(max_tokens=12, temperature=1.5, top_k=1, seed=3, ignore_eos=True),
+        use_tqdm=False)
     assert token_ids(top1) == token_ids(greedy)
 
 
@@ -49,7 +53,8 @@ def test_top_k_one_is_greedy(tiny_llama):
 def test_small_pool_preempts_and_outputs_do_not_change(tiny_llama, kv_cache):
     prompts = random_prompts(10, seed=4, low=20, high=60)
     params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
-    roomy = LLM(tiny_llama, max_num_seqs=8, max_model_len=128).generate(prompts, params, use_tqdm=False)
+    roomy = LLM(tiny_llama, max_num_seqs=8, max_model_len=128).generate(
+        prompts, params, use_tqdm=False)
     # paged: 14 blocks of 16 cannot hold 8 sequences of up to 100 tokens → preemption;
     # contiguous: room for 2 reservations → fewer requests run at once, none preempted
     tight = LLM(tiny_llama, max_num_seqs=8, max_model_len=128, kv_cache=kv_cache,
@@ -66,7 +71,8 @@ def test_small_pool_preempts_and_outputs_do_not_change(tiny_llama, kv_cache):
 def test_stop_token_ids_and_max_tokens(tiny_llama):
     prompt = random_prompts(1, seed=5)[0]
     llm = LLM(tiny_llama)
-    free = llm.generate([prompt], SamplingParams(max_tokens=20, temperature=0, ignore_eos=True), use_tqdm=False)
+    free = llm.generate([prompt], SamplingParams(max_tokens=20, temperature=0, ignore_eos=True),
+                        use_tqdm=False)
     tokens = free[0].outputs[0].token_ids
     assert len(tokens) == 20 and free[0].outputs[0].finish_reason == "length"
     stop_at = tokens[5]
@@ -86,7 +92,8 @@ def test_eos_stops_unless_ignored(tiny_llama):
     outputs = llm.generate(prompts, SamplingParams(max_tokens=64, temperature=1.0), use_tqdm=False)
     eos = 2
     ended = [o for o in outputs if o.outputs[0].finish_reason == "stop"]
-    assert ended, "with 40 sampled requests of 64 tokens some should meet EOS (id 2) in a 512 vocabulary"
+    assert ended, ("with 40 sampled requests of 64 tokens some should meet EOS (id 2) in a 512 "
+                   "vocabulary")
     for o in ended:
         assert o.outputs[0].token_ids[-1] == eos and eos not in o.outputs[0].token_ids[:-1]
 
@@ -96,7 +103,8 @@ def test_abort_frees_blocks_and_others_finish(tiny_llama):
     engine = llm.llm_engine
     prompts = random_prompts(6, seed=9)
     for i, prompt in enumerate(prompts):
-        engine.add_request(str(i), prompt, SamplingParams(max_tokens=30, temperature=0, ignore_eos=True))
+        engine.add_request(str(i), prompt,
+                           SamplingParams(max_tokens=30, temperature=0, ignore_eos=True))
     for _ in range(3):
         engine.step()
     engine.abort("1")       # running
@@ -134,20 +142,20 @@ def test_a_bad_request_mid_run_is_rejected_alone(tiny_llama):
     assert engine.kv.num_free_blocks() == engine.kv.num_blocks
 
 
-@pytest.mark.parametrize("kwargs,field", [
-    (dict(max_tokens=0), "max_tokens"), (dict(temperature=-0.1), "temperature"),
-    (dict(top_p=0.0), "top_p"), (dict(top_p=1.5), "top_p"), (dict(top_k=0), "top_k"), (dict(n=0), "n"),
-])
+@pytest.mark.parametrize("kwargs,field", [(dict(max_tokens=0), "max_tokens"),
+                                          (dict(temperature=-0.1), "temperature"),
+                                          (dict(top_p=0.0), "top_p"), (dict(top_p=1.5), "top_p"),
+                                          (dict(top_k=0), "top_k"), (dict(n=0), "n"),])
 def test_bad_sampling_params_name_the_field(kwargs, field):
     with pytest.raises(ValueError, match=field):
         SamplingParams(**kwargs)
 
 
 @pytest.mark.parametrize("kwargs,field", [
-    (dict(block_size=0), "block_size"), (dict(max_num_seqs=8, max_num_batched_tokens=4), "max_num_batched_tokens"),
-    (dict(scheduler="magic"), "scheduler"), (dict(kv_cache="ring"), "kv_cache"), (dict(policy="lifo"), "policy"),
-    (dict(max_num_seqs=0), "max_num_seqs"),
-])
+    (dict(block_size=0), "block_size"),
+    (dict(max_num_seqs=8, max_num_batched_tokens=4), "max_num_batched_tokens"),
+    (dict(scheduler="magic"), "scheduler"), (dict(kv_cache="ring"), "kv_cache"),
+    (dict(policy="lifo"), "policy"), (dict(max_num_seqs=0), "max_num_seqs"),])
 def test_inconsistent_knobs_name_the_field(kwargs, field):
     with pytest.raises(ValueError, match=field):
         EngineConfig(**kwargs)
@@ -156,8 +164,8 @@ def test_inconsistent_knobs_name_the_field(kwargs, field):
 def test_bad_prompts_name_the_problem(tiny_llama):
     llm = LLM(tiny_llama, max_model_len=64)
     params = SamplingParams(max_tokens=4)
-    cases = [([], "empty"), ([1] * 64, "max_model_len"), ([3, 512], "vocabulary"), ([-1], "vocabulary"),
-             ("text", "no tokenizer"), ([1.5], "token ids")]
+    cases = [([], "empty"), ([1] * 64, "max_model_len"), ([3, 512], "vocabulary"),
+             ([-1], "vocabulary"), ("text", "no tokenizer"), ([1.5], "token ids")]
     for prompt, message in cases:
         with pytest.raises(ValueError, match=message):
             llm.generate([[5, 6], prompt], params, use_tqdm=False)
@@ -168,13 +176,15 @@ def test_bad_prompts_name_the_problem(tiny_llama):
 
 
 def test_unsupported_architecture_names_the_supported_ones(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"], "vocab_size": 10}))
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"],
+                                                      "vocab_size": 10}))
     with pytest.raises(ValueError, match="LlamaForCausalLM, Qwen2ForCausalLM"):
         LLM(str(tmp_path))
 
 
 def test_contiguous_reserves_max_model_len_and_paged_grows(tiny_llama):
-    """Same requests, same pool: contiguous reserves whole max_model_len runs, paged one block at a time."""
+    """Same requests, same pool: contiguous reserves whole max_model_len runs, paged one block at
+    a time."""
     prompt = random_prompts(1, seed=11, low=10, high=10)[0]
     for kv_cache, expected_slots in (("contiguous", 256), ("paged", 16)):
         llm = LLM(tiny_llama, kv_cache=kv_cache, max_model_len=256, num_kv_blocks=64)

@@ -17,7 +17,8 @@ CONFIGS = [("naive", "paged", "cpu"), ("static", "paged", "cpu"), ("static", "co
 
 def make_workload(num_requests: int = 32, seed: int = 0, vocab: int = 512):
     rng = random.Random(seed)
-    prompts = [[rng.randrange(3, vocab) for _ in range(rng.randint(1, 200))] for _ in range(num_requests)]
+    prompts = [[rng.randrange(3, vocab) for _ in range(rng.randint(1, 200))]
+               for _ in range(num_requests)]
     max_tokens = [rng.randint(1, 64) for _ in range(num_requests)]
     max_tokens[:3] = [1, 64, 2]                       # the edges on purpose
     prompts[0], prompts[1] = prompts[0][:1], prompts[1][:200]
@@ -37,17 +38,20 @@ def references(tiny_model, workload):
 
 
 @pytest.mark.parametrize("scheduler,kv_cache,attention", CONFIGS)
-def test_greedy_equals_transformers(tiny_model, workload, references, scheduler, kv_cache, attention):
+def test_greedy_equals_transformers(tiny_model, workload, references, scheduler, kv_cache,
+                                    attention):
     prompts, max_tokens, arrival_steps = workload
-    llm = LLM(tiny_model, scheduler=scheduler, kv_cache=kv_cache, attention=attention, max_num_seqs=8,
-              max_num_batched_tokens=256, max_model_len=320, block_size=16)
+    llm = LLM(tiny_model, scheduler=scheduler, kv_cache=kv_cache, attention=attention,
+              max_num_seqs=8, max_num_batched_tokens=256, max_model_len=320, block_size=16)
     outputs = run_with_arrivals(llm, prompts, max_tokens, arrival_steps)
     verdicts = [compare(ref, out.outputs[0].token_ids, out.outputs[0].logprobs, f"request {i}")
                 for i, (ref, out) in enumerate(zip(references, outputs))]
     assert len(verdicts) == len(prompts)
-    assert verdicts.count("equal") >= len(prompts) - 2, f"too many near-ties to be chance: {verdicts}"
+    assert verdicts.count("equal") >= len(prompts) - 2, ("too many near-ties to be chance: "
+                                                         f"{verdicts}")
     engine = llm.llm_engine
-    assert engine.kv.num_free_blocks() == engine.kv.num_blocks, "KV blocks leaked after every request ended"
+    assert engine.kv.num_free_blocks() == engine.kv.num_blocks, ("KV blocks leaked after every "
+                                                                 "request ended")
 
 
 def test_chunked_prefill_equals_transformers(tiny_llama):
@@ -68,13 +72,16 @@ def test_default_model_greedy_equals_transformers():
     path = default_model_path()
     heads = ["def add(a, b):\n", "import os\n\n\ndef list_python_files(root):\n", "class Stack:\n",
              "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
-             "    for line in lines:\n", "def parse_args(argv=None):\n    parser = ", "x = [", "# Helpers\n"]
-    llm = LLM(path, scheduler="continuous", kv_cache="paged", max_num_seqs=4, max_num_batched_tokens=64)
+             "    for line in lines:\n", "def parse_args(argv=None):\n    parser = ", "x = [",
+             "# Helpers\n"]
+    llm = LLM(path, scheduler="continuous", kv_cache="paged", max_num_seqs=4,
+              max_num_batched_tokens=64)
     prompts = [llm.tokenizer.encode(h, add_special_tokens=False) for h in heads]
     max_tokens = [48, 32, 40, 48, 24, 32, 16, 40]
     references = hf_greedy(path, prompts, max_tokens)
-    outputs = llm.generate(prompts, [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True, logprobs=5)
-                                     for n in max_tokens], use_tqdm=False)
+    outputs = llm.generate(prompts, [
+        SamplingParams(max_tokens=n, temperature=0, ignore_eos=True, logprobs=5)
+        for n in max_tokens], use_tqdm=False)
     verdicts = [compare(r, o.outputs[0].token_ids, o.outputs[0].logprobs, f"prompt {i}")
                 for i, (r, o) in enumerate(zip(references, outputs))]
     assert verdicts.count("equal") >= len(heads) - 1, verdicts

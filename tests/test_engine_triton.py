@@ -10,14 +10,16 @@ import torch
 
 from minicb import LLM, SamplingParams
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1",
-                                reason="without CUDA, Triton runs only with TRITON_INTERPRET=1 (make test sets it)")
+pytestmark = pytest.mark.skipif(
+    not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1",
+    reason="without CUDA, Triton runs only with TRITON_INTERPRET=1 (make test sets it)")
 
 
 @pytest.mark.parametrize("scheduler", ["static", "continuous"])
 def test_triton_attention_gives_the_same_greedy_tokens(tiny_qwen2, scheduler):
     rng = random.Random(5)
-    # mixed lengths: decodes beside prefill chunks (budget 40), left padding (static), a 1-token prompt
+    # mixed lengths: decodes beside prefill chunks (budget 40), left padding (static), a 1-token
+    # prompt
     prompts = [[rng.randrange(3, 512) for _ in range(n)] for n in (1, 15, 16, 17, 70)]
     params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in (6, 3, 8, 5, 4)]
     knobs = dict(scheduler=scheduler, max_num_seqs=4, max_num_batched_tokens=40, max_model_len=128)
@@ -27,8 +29,9 @@ def test_triton_attention_gives_the_same_greedy_tokens(tiny_qwen2, scheduler):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1",
-                    reason="needs CUDA with compiled Triton (run: pytest -m gpu without TRITON_INTERPRET)")
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1",
+    reason="needs CUDA with compiled Triton (run: pytest -m gpu without TRITON_INTERPRET)")
 @pytest.mark.parametrize("attention", ["torch", "triton"])
 def test_cuda_engine_equals_transformers_on_the_parity_workload(tiny_llama, attention):
     from reference import compare, hf_greedy, run_with_arrivals

@@ -21,7 +21,8 @@ STUB_RUN_TIMEOUT_S = 420     # the stubs fail fast; this bounds a hang (it would
 
 
 def _generator():
-    spec = importlib.util.spec_from_file_location("make_exercises", ROOT / "scripts" / "make_exercises.py")
+    spec = importlib.util.spec_from_file_location("make_exercises",
+                                                  ROOT / "scripts" / "make_exercises.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -29,8 +30,8 @@ def _generator():
 
 def test_exercises_are_generated_from_solutions():
     stale = _generator().out_of_step()
-    assert not stale, (f"exercises/{', exercises/'.join(stale)} differ from what solutions/ generates; "
-                       "edit solutions/ and run `python scripts/make_exercises.py`.")
+    assert not stale, (f"exercises/{', exercises/'.join(stale)} differ from what solutions/ "
+                       "generates; edit solutions/ and run `python scripts/make_exercises.py`.")
 
 
 def test_every_chapter_has_a_solution_with_stubs():
@@ -42,10 +43,13 @@ def test_every_chapter_has_a_solution_with_stubs():
         sys.path.pop(0)
     modules = {path.stem for path in (ROOT / "solutions").glob("ch*.py")}
     assert modules == set(CHAPTERS.values()), \
-        f"tests/exercises/adapter.py names {sorted(CHAPTERS.values())}, solutions/ has {sorted(modules)}"
+        f"tests/exercises/adapter.py names {sorted(CHAPTERS.values())}, solutions/ has " \
+        f"{sorted(modules)}"
     for name in modules:
-        exercise = generator.strip_solutions((ROOT / "solutions" / f"{name}.py").read_text(), f"{name}.py")
-        assert "raise NotImplementedError(" in exercise, f"solutions/{name}.py marks no solution region"
+        exercise = generator.strip_solutions((ROOT / "solutions" / f"{name}.py").read_text(),
+                                             f"{name}.py")
+        assert "raise NotImplementedError(" in exercise, (f"solutions/{name}.py marks no solution "
+                                                          "region")
 
 
 def test_stripping_keeps_the_contract_and_names_the_function():
@@ -69,7 +73,8 @@ def test_stripping_keeps_the_contract_and_names_the_function():
     ("def f():\n    # BEGIN SOLUTION: x\n    return 1\n", "never closed"),
     ("def f():\n    return 1\n    # END SOLUTION\n", "without a BEGIN"),
     ("def f():\n    # BEGIN SOLUTION\n    return 1\n    # END SOLUTION\n", "what to implement"),
-    ("def f():\n    # BEGIN SOLUTION: a\n    # BEGIN SOLUTION: b\n    # END SOLUTION\n", "inside the region"),
+    ("def f():\n    # BEGIN SOLUTION: a\n    # BEGIN SOLUTION: b\n    # END SOLUTION\n",
+     "inside the region"),
     ("# BEGIN SOLUTION: a\nX = 1\n# END SOLUTION\n", "inside a function"),
 ])
 def test_malformed_markers_are_refused(source, problem):
@@ -86,19 +91,25 @@ def test_every_exercise_test_fails_on_the_stubs_with_not_implemented(tmp_path):
              f"--junitxml={report}"],
             cwd=ROOT, env=env, capture_output=True, text=True, timeout=STUB_RUN_TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        pytest.fail(f"grading the stubs took over {STUB_RUN_TIMEOUT_S} s; a stub should fail at once")
-    assert report.exists(), f"the stub run wrote no report:\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
+        pytest.fail(f"grading the stubs took over {STUB_RUN_TIMEOUT_S} s; a stub should fail at "
+                    "once")
+    assert report.exists(), ("the stub run wrote no "
+                             f"report:\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}")
     cases = ElementTree.parse(report).getroot().iter("testcase")
     outcomes = {}
     for case in cases:
         name = f"{case.get('classname')}::{case.get('name')}"
         failure = case.find("failure")
         outcomes[name] = "passed" if len(case) == 0 else \
-            "NotImplementedError" if failure is not None and "NotImplementedError" in (failure.get("message") or "") \
+            "NotImplementedError" if failure is not None and "NotImplementedError" in (
+                failure.get("message") or "") \
             else f"{case[0].tag}: {(case[0].get('message') or '')[:200]}"
-    chapters = {tag for tag in (f"ch0{n}" for n in range(1, 7)) if any(tag in name for name in outcomes)}
+    chapters = {tag for tag in (f"ch0{n}" for n in range(1, 7))
+                if any(tag in name for name in outcomes)}
     assert chapters == {f"ch0{n}" for n in range(1, 7)}, \
         f"the stub run graded chapters {sorted(chapters)} only:\n{run.stdout[-3000:]}"
-    wrong = {name: outcome for name, outcome in outcomes.items() if outcome != "NotImplementedError"}
-    assert not wrong, ("against the stubs every exercise test must fail with NotImplementedError; these did not:\n"
-                       + "\n".join(f"  {name}: {outcome}" for name, outcome in sorted(wrong.items())))
+    wrong = {name: outcome for name, outcome in outcomes.items()
+             if outcome != "NotImplementedError"}
+    assert not wrong, (
+        "against the stubs every exercise test must fail with NotImplementedError; these did not:\n"
+        + "\n".join(f"  {name}: {outcome}" for name, outcome in sorted(wrong.items())))

@@ -27,18 +27,22 @@ def llm(tiny_llama):
 
 def assert_whole(llm: LLM) -> None:
     engine = llm.llm_engine
-    assert not engine.has_unfinished_requests() and not engine.request_ids(), "requests were left behind"
+    assert not engine.has_unfinished_requests() and not engine.request_ids(), ("requests were left "
+                                                                               "behind")
     assert engine.kv.num_free_blocks() == engine.kv.num_blocks, "KV blocks leaked"
 
 
-@pytest.mark.parametrize("field, value", [
-    ("temperature", float("nan")), ("temperature", float("inf")), ("temperature", 10**400),
-    ("temperature", True), ("temperature", -1.0), ("top_p", float("nan")), ("top_p", 0.0), ("top_p", 1.5),
-    ("top_k", True), ("top_k", 0), ("n", True), ("n", 10**6), ("seed", True), ("seed", 2**64),
-    ("seed", -1), ("logprobs", 10**6), ("logprobs", True), ("max_tokens", 0), ("ignore_eos", "false"),
-    ("stop", 123), ("stop", ["a\ud800b"]), ("stop", ["x"] * 1000), ("stop_token_ids", "abc"),
-    ("stop_token_ids", [True]), ("stop_token_ids", [-3]),
-])
+@pytest.mark.parametrize("field, value", [("temperature", float("nan")),
+                                          ("temperature", float("inf")), ("temperature", 10**400),
+                                          ("temperature", True), ("temperature", -1.0),
+                                          ("top_p", float("nan")), ("top_p", 0.0), ("top_p", 1.5),
+                                          ("top_k", True), ("top_k", 0), ("n", True), ("n", 10**6),
+                                          ("seed", True), ("seed", 2**64), ("seed", -1),
+                                          ("logprobs", 10**6), ("logprobs", True),
+                                          ("max_tokens", 0), ("ignore_eos", "false"), ("stop", 123),
+                                          ("stop", ["a\ud800b"]), ("stop", ["x"] * 1000),
+                                          ("stop_token_ids", "abc"), ("stop_token_ids", [True]),
+                                          ("stop_token_ids", [-3]),])
 def test_bad_sampling_params_are_refused_naming_the_field(field, value):
     with pytest.raises(ValueError, match=field):
         SamplingParams(**{field: value})
@@ -66,7 +70,8 @@ def test_bad_prompts_are_refused_and_the_llm_stays_usable(llm, prompts, message)
     with pytest.raises(ValueError, match=message):
         llm.generate(prompts, SamplingParams(max_tokens=2), use_tqdm=False)
     assert_whole(llm)
-    assert llm.generate([[5, 6, 7]], SamplingParams(max_tokens=3, **GREEDY), use_tqdm=False)[0].outputs[0].token_ids
+    again = llm.generate([[5, 6, 7]], SamplingParams(max_tokens=3, **GREEDY), use_tqdm=False)
+    assert again[0].outputs[0].token_ids
 
 
 def test_add_request_without_params_names_the_fix(llm):
@@ -79,8 +84,8 @@ def test_a_request_whose_sampling_fails_ends_alone(llm, monkeypatch):
     """A fault in one row's sampling ends that request with finish_reason 'error'; the others
     finish with the same tokens as when they run without it."""
     prompts = [[5, 6, 7], [8, 9, 10, 11], [12, 13]]
-    params = [SamplingParams(max_tokens=6, **GREEDY), SamplingParams(max_tokens=6, temperature=0.9, seed=7,
-                                                                    ignore_eos=True),
+    params = [SamplingParams(max_tokens=6, **GREEDY),
+              SamplingParams(max_tokens=6, temperature=0.9, seed=7, ignore_eos=True),
               SamplingParams(max_tokens=6, **GREEDY)]
     alone = llm.generate([prompts[0], prompts[2]], [params[0], params[2]], use_tqdm=False)
     original = Sampler._sample
@@ -118,9 +123,9 @@ def test_after_a_step_fails_for_everyone_the_llm_is_whole_again(llm, monkeypatch
 
 
 @pytest.mark.parametrize("knobs, names", [
-    (dict(block_size=2**20), "block_size"), (dict(max_num_seqs=10**6, max_num_batched_tokens=10**6), "max_num_seqs"),
-    (dict(num_kv_blocks=10**9), "num_kv_blocks"),
-])
+    (dict(block_size=2**20), "block_size"),
+    (dict(max_num_seqs=10**6, max_num_batched_tokens=10**6), "max_num_seqs"),
+    (dict(num_kv_blocks=10**9), "num_kv_blocks"),])
 def test_a_kv_pool_the_machine_cannot_hold_is_refused_before_allocating(knobs, names):
     with pytest.raises(ValueError, match=f"{names}.*GiB of cpu memory is free"):
         LLM(**knobs)         # the shipped model: each of these asks for more than 100 GiB
@@ -156,11 +161,13 @@ def _nan(target: Path) -> None:
 @pytest.mark.parametrize("config_change, weights, message", [
     (lambda c: c.pop("hidden_size"), None, "lacks hidden_size"),
     (lambda c: c.update(num_attention_heads=0), None, "positive integers"),
-    (lambda c: c.update(intermediate_size=c["intermediate_size"] * 2), None, "does not match its config"),
+    (lambda c: c.update(intermediate_size=c["intermediate_size"] * 2), None,
+     "does not match its config"),
     (None, _corrupt, "cannot read the weights in .*safetensors"),
     (None, _nan, "NaN or infinite weights"),
 ])
-def test_a_broken_checkpoint_is_refused_naming_what_is_wrong(tiny_llama, tmp_path, config_change, weights, message):
+def test_a_broken_checkpoint_is_refused_naming_what_is_wrong(
+    tiny_llama, tmp_path, config_change, weights, message):
     with pytest.raises(ValueError, match=message):
         LLM(_broken_copy(tiny_llama, tmp_path, config_change, weights))
 

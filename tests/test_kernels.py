@@ -39,7 +39,8 @@ _needs_compiled_cuda = pytest.mark.skipif(
 
 
 def gpu(test):
-    """Marks a test `gpu` (so ``-m gpu`` selects it) and skips it without CUDA or under the interpreter."""
+    """Marks a test `gpu` (so ``-m gpu`` selects it) and skips it without CUDA or under the
+    interpreter."""
     return pytest.mark.gpu(_needs_compiled_cuda(test))
 
 
@@ -76,8 +77,8 @@ class Batch:
 
     def args(self) -> tuple:
         head_dim = self.q.shape[-1]
-        return (self.q, self.k_cache, self.v_cache, self.cu_seqlens_q, self.seq_lens, self.block_tables,
-                head_dim**-0.5, self.max_seqlen_q, self.max_seqlen_k)
+        return (self.q, self.k_cache, self.v_cache, self.cu_seqlens_q, self.seq_lens,
+                self.block_tables, head_dim**-0.5, self.max_seqlen_q, self.max_seqlen_k)
 
 
 def make_batch(q_lens, seq_lens, head_dim, block_size, group, num_kv_heads, seed,
@@ -122,14 +123,16 @@ def batch_shapes(block_size: int) -> dict[str, tuple[list[int], list[int]]]:
 
 def wide_table_meta(batch: Batch, extra: int):
     """The batch as AttentionMetadata, its block tables `extra` entries wider than the keys need (as
-    the contiguous KV manager makes them), the extra entries naming a spare block no row may read."""
+    the contiguous KV manager makes them), the extra entries naming a spare block no row may
+    read."""
     from minicb.model.attention import AttentionMetadata
 
     spare = batch.k_cache.shape[0] - 1
     tables = batch.block_tables.cpu()
     wide = torch.cat([tables, torch.full((len(tables), extra), spare, dtype=torch.int32)], dim=1)
-    return AttentionMetadata(slot_mapping=torch.full((len(batch.q),), -1), cu_seqlens_q=batch.cu_seqlens_q,
-                             seq_lens=batch.seq_lens, block_tables=wide, max_seqlen_q=batch.max_seqlen_q,
+    return AttentionMetadata(slot_mapping=torch.full((len(batch.q),), -1),
+                             cu_seqlens_q=batch.cu_seqlens_q, seq_lens=batch.seq_lens,
+                             block_tables=wide, max_seqlen_q=batch.max_seqlen_q,
                              max_seqlen_k=batch.max_seqlen_k)
 
 
@@ -143,9 +146,11 @@ def run_and_check(batch: Batch, num_splits, atol=1e-4, rtol=1e-4) -> None:
 
 
 CASES = [
-    pytest.param(config, kind, splits, id=f"d{config[0]}-bs{config[1]}-g{config[2]}-{kind}-split{splits}")
+    pytest.param(config, kind, splits,
+                 id=f"d{config[0]}-bs{config[1]}-g{config[2]}-{kind}-split{splits}")
     for config in CONFIGS
-    for kind, splits in [("decode", 1), ("decode", 3), ("prefill", 1), ("mixed", 1), ("left_padded", 1)]
+    for kind, splits in [("decode", 1), ("decode", 3), ("prefill", 1), ("mixed", 1),
+                         ("left_padded", 1)]
 ] + [
     # forcing splits also works on prefill chunks (the automatic choice only splits decodes)
     pytest.param(CONFIGS[1], "mixed", 2, id="d128-bs32-g2-mixed-split2"),
@@ -168,7 +173,8 @@ def test_paged_attention_matches_reference(config, kind, num_splits):
 def test_automatic_splits_and_fresh_output():
     batch = make_batch([1, 1], [LONG, 5], 64, 16, 2, 1, seed=seed_of("auto"))
     result = paged_attention(*batch.args())  # out=None allocates, num_splits=None chooses
-    torch.testing.assert_close(result, paged_attention_reference(*batch.args()), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(result, paged_attention_reference(*batch.args()), atol=1e-4,
+                               rtol=1e-4)
 
 
 def test_write_then_attend_matches_dense_causal_attention():
@@ -188,13 +194,15 @@ def test_write_then_attend_matches_dense_causal_attention():
     done = [0, 0]
     for step in steps:
         rows = [range(done[i], done[i] + n) for i, n in enumerate(step)]
-        slots = [int(tables[i, p // block_size]) * block_size + p % block_size for i, r in enumerate(rows) for p in r]
-        k, v, q = (torch.cat([xs[i][r.start : r.stop] for i, r in enumerate(rows)]) for xs in (k_all, v_all, q_all))
+        slots = [int(tables[i, p // block_size]) * block_size + p % block_size
+                 for i, r in enumerate(rows) for p in r]
+        k, v, q = (torch.cat([xs[i][r.start : r.stop] for i, r in enumerate(rows)])
+                   for xs in (k_all, v_all, q_all))
         write_kv(k, v, k_cache, v_cache, torch.tensor(slots))
         done = [d + n for d, n in zip(done, step)]
         cu = torch.tensor([0, step[0], sum(step)], dtype=torch.int32)
-        out = paged_attention(q, k_cache, v_cache, cu, torch.tensor(done, dtype=torch.int32), tables,
-                              head_dim**-0.5, max(step), max(done))
+        out = paged_attention(q, k_cache, v_cache, cu, torch.tensor(done, dtype=torch.int32),
+                              tables, head_dim**-0.5, max(step), max(done))
         for i, r in enumerate(rows):
             # Dense attention over everything up to this step, keeping this step's query rows.
             qi = q_all[i][: r.stop].transpose(0, 1)
@@ -202,13 +210,15 @@ def test_write_then_attend_matches_dense_causal_attention():
             vi = v_all[i][: r.stop].repeat_interleave(group, 1).transpose(0, 1)
             dense = torch.nn.functional.scaled_dot_product_attention(qi, ki, vi, is_causal=True)
             got = out[cu[i] : cu[i + 1]]
-            torch.testing.assert_close(got, dense.transpose(0, 1)[r.start : r.stop], atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(got, dense.transpose(0, 1)[r.start : r.stop], atol=1e-4,
+                                       rtol=1e-4)
 
 
 @pytest.mark.parametrize("config", CONFIGS[:4], ids=lambda c: f"d{c[0]}-bs{c[1]}-g{c[2]}")
 @pytest.mark.parametrize("kind", ["decode", "prefill", "mixed", "left_padded"])
 def test_torch_backend_matches_reference(config, kind):
-    """The torch backend (whole-block gather, index tensors built once per step) on the same batches,
+    """The torch backend (whole-block gather, index tensors built once per step) on the same
+    batches,
     with block tables wider than the keys need (as the contiguous KV manager makes them), called as
     every layer calls it: twice on one metadata object."""
     from minicb.model.attention import paged_attention_torch
@@ -260,14 +270,15 @@ def test_write_kv_rejects_bad_arguments():
     with pytest.raises(ValueError, match="int64"):
         write_kv(k, k, cache, cache.clone(), torch.tensor([0, 1, 2], dtype=torch.int32))
     with pytest.raises(ValueError, match="num_kv_heads"):
-        write_kv(torch.randn(3, 2, 64), torch.randn(3, 2, 64), cache, cache.clone(), torch.arange(3))
+        write_kv(torch.randn(3, 2, 64), torch.randn(3, 2, 64), cache, cache.clone(),
+                 torch.arange(3))
 
 
 def test_paged_attention_rejects_bad_arguments():
     batch = make_batch([1], [5], 64, 16, 2, 1, seed=0)
     with pytest.raises(ValueError, match="int32"):
-        paged_attention(batch.q, batch.k_cache, batch.v_cache, batch.cu_seqlens_q, batch.seq_lens.long(),
-                        batch.block_tables, 0.125, 1, 5)
+        paged_attention(batch.q, batch.k_cache, batch.v_cache, batch.cu_seqlens_q,
+                        batch.seq_lens.long(), batch.block_tables, 0.125, 1, 5)
     with pytest.raises(ValueError, match="multiple of num_kv_heads"):
         paged_attention(torch.randn(1, 3, 64), batch.k_cache.expand(-1, -1, 2, -1).contiguous(),
                         batch.v_cache.expand(-1, -1, 2, -1).contiguous(), batch.cu_seqlens_q,
@@ -299,7 +310,8 @@ def test_choose_num_splits_bounds(num_seqs, num_kv_heads, max_seqlen_k, num_sms)
 
 # ---------------------------------------------------------------- GPU: real kernels, half types
 
-HALF_TOLERANCES = {torch.float16: dict(atol=4e-3, rtol=4e-3), torch.bfloat16: dict(atol=3e-2, rtol=3e-2)}
+HALF_TOLERANCES = {torch.float16: dict(atol=4e-3, rtol=4e-3),
+                   torch.bfloat16: dict(atol=3e-2, rtol=3e-2)}
 
 
 def as_float64(batch: Batch) -> Batch:
@@ -329,7 +341,8 @@ def test_paged_attention_half_precision_on_gpu(dtype, config, kind, num_splits):
 def test_long_decode_batch_on_gpu(dtype):
     """Llama-3-8B-shaped heads (32 query / 8 KV, head_dim 128), long mixed-length contexts."""
     seq_lens = [4096, 1, 3000, 17, 8191]
-    batch = make_batch([1] * 5, seq_lens, 128, 16, 4, 8, seed=seed_of("long", dtype), dtype=dtype, device="cuda")
+    batch = make_batch([1] * 5, seq_lens, 128, 16, 4, 8, seed=seed_of("long", dtype), dtype=dtype,
+                       device="cuda")
     expected = paged_attention_reference(*as_float64(batch).args())
     for num_splits in (1, None, 16):
         out = paged_attention(*batch.args(), num_splits=num_splits)

@@ -1,4 +1,5 @@
-"""Property tests: random workloads, random aborts and tight pools never double-book or leak a block."""
+"""Property tests: random workloads, random aborts and tight pools never double-book or leak a
+block."""
 
 from __future__ import annotations
 
@@ -36,8 +37,9 @@ class FakeRequest:
 
 @settings(max_examples=60, deadline=None)
 @given(kind=st.sampled_from(["paged", "contiguous"]),
-       operations=st.lists(st.tuples(st.sampled_from(["grow", "free"]), st.integers(0, 7), st.integers(1, 40)),
-                           max_size=60))
+       operations=st.lists(
+           st.tuples(st.sampled_from(["grow", "free"]), st.integers(0, 7), st.integers(1, 40)),
+           max_size=60))
 def test_allocate_grow_free_sequences(kind, operations):
     kv = make_kv_manager(kind, num_blocks=24, block_size=4, max_model_len=32)
     requests = {i: FakeRequest(str(i)) for i in range(8)}
@@ -67,13 +69,15 @@ def test_allocate_grow_free_sequences(kind, operations):
        num_blocks=st.integers(13, 30))
 def test_scheduler_with_aborts_never_leaks(kind, scheduler, lengths, aborts, num_blocks):
     """Drive the real scheduler (no model) with a tight pool, random lengths and random aborts."""
-    config = EngineConfig(scheduler=scheduler, kv_cache=kind, max_num_seqs=4, max_num_batched_tokens=16,
-                          max_model_len=50, block_size=4, num_kv_blocks=num_blocks)
+    config = EngineConfig(scheduler=scheduler, kv_cache=kind, max_num_seqs=4,
+                          max_num_batched_tokens=16, max_model_len=50, block_size=4,
+                          num_kv_blocks=num_blocks)
     config.finalize(50)
     kv = make_kv_manager(kind, config.num_kv_blocks, 4, 50)
 
     def stop(request):
-        return RequestStatus.FINISHED_LENGTH if request.num_output_tokens >= request.params.max_tokens else None
+        return (RequestStatus.FINISHED_LENGTH
+                if request.num_output_tokens >= request.params.max_tokens else None)
 
     sched = make_scheduler(config, kv, stop, lambda: 0.0)
     requests = [Request(str(i), [7] * p, SamplingParams(max_tokens=o, ignore_eos=True))
@@ -108,7 +112,8 @@ def test_scheduler_with_aborts_never_leaks(kind, scheduler, lengths, aborts, num
 def test_contiguous_reserves_the_tail_paged_reuses_freed_blocks_first():
     """Contiguous holds max_model_len slots for a 4-token request; paged holds one block, and hands
     the blocks a finished request freed to the very next request."""
-    contiguous = ContiguousKVManager(num_blocks=10, block_size=4, max_model_len=16)   # 4 blocks each
+    # 4 blocks each
+    contiguous = ContiguousKVManager(num_blocks=10, block_size=4, max_model_len=16)
     a, b, c, d = (FakeRequest(x) for x in "abcd")
     contiguous.allocate(a, 4)
     contiguous.allocate(b, 4)
@@ -122,4 +127,5 @@ def test_contiguous_reserves_the_tail_paged_reuses_freed_blocks_first():
     freed = list(paged.block_table(b))
     paged.free(b)
     paged.allocate(d, 12)
-    assert paged.block_table(d) == freed, "a finished request's blocks are reused first, in its order"
+    assert paged.block_table(d) == freed, ("a finished request's blocks are reused first, in its "
+                                           "order")

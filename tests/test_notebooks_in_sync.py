@@ -10,15 +10,18 @@ import nbformat
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location("build_notebooks", ROOT / "scripts" / "build_notebooks.py")
+spec = importlib.util.spec_from_file_location("build_notebooks",
+                                              ROOT / "scripts" / "build_notebooks.py")
 build_notebooks = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(build_notebooks)
 
-SOURCES = sorted(build_notebooks.CHAPTERS.glob("ch[0-9][0-9]_*.py")) + [build_notebooks.CHAPTERS / "interview.py"]
+SOURCES = sorted(build_notebooks.CHAPTERS.glob("ch[0-9][0-9]_*.py")) + [
+    build_notebooks.CHAPTERS / "interview.py"]
 
 
 def notebook_for(source: Path) -> Path:
-    return ROOT / "notebooks" / f"{source.stem[2:] if source.stem.startswith('ch') else source.stem}.ipynb"
+    return (ROOT / "notebooks"
+            / f"{source.stem[2:] if source.stem.startswith('ch') else source.stem}.ipynb")
 
 
 def test_every_notebook_has_a_source_and_every_source_a_notebook():
@@ -31,8 +34,10 @@ def test_every_notebook_has_a_source_and_every_source_a_notebook():
 def test_notebook_cells_equal_its_source_and_every_code_cell_ran(source):
     expected = build_notebooks.build(build_notebooks.load_chapter(source))
     committed = nbformat.read(notebook_for(source), as_version=4)
-    assert [(c.cell_type, c.source) for c in committed.cells] == [(c.cell_type, c.source) for c in expected.cells], \
-        f"{notebook_for(source).name} differs from {source.name}: run scripts/build_notebooks.py {source.stem[2:4]}"
-    not_run = [i for i, c in enumerate(committed.cells) if c.cell_type == "code" and c.source.strip()
-               and c.execution_count is None]
+    assert [(c.cell_type, c.source) for c in committed.cells] == [
+        (c.cell_type, c.source) for c in expected.cells], \
+        f"{notebook_for(source).name} differs from {source.name}: run scripts/build_notebooks.py " \
+        f"{source.stem[2:4]}"
+    not_run = [i for i, c in enumerate(committed.cells) if c.cell_type == "code"
+               and c.source.strip() and c.execution_count is None]
     assert not not_run, f"cells {not_run} of {notebook_for(source).name} were never executed"

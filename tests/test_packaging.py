@@ -21,7 +21,8 @@ def _name(requirement: str) -> str:
 
 def pyproject_packages() -> set[str]:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    requirements = project["dependencies"] + [r for extra in project["optional-dependencies"].values()
+    requirements = project["dependencies"] + [r
+                                              for extra in project["optional-dependencies"].values()
                                               for r in extra]
     return {_name(r) for r in requirements}
 
@@ -39,8 +40,10 @@ def environment_packages(text: str | None = None) -> set[str]:
 
 def test_environment_yml_and_pyproject_list_the_same_packages():
     in_pyproject, in_environment = pyproject_packages(), environment_packages()
-    assert in_pyproject - in_environment == set(), "in pyproject.toml but missing from environment.yml"
-    assert in_environment - in_pyproject == set(), "in environment.yml but missing from pyproject.toml"
+    assert in_pyproject - in_environment == set(), ("in pyproject.toml but missing from "
+                                                    "environment.yml")
+    assert in_environment - in_pyproject == set(), ("in environment.yml but missing from "
+                                                    "pyproject.toml")
 
 
 def test_the_check_notices_a_removed_package():
@@ -65,11 +68,14 @@ def test_kernels_is_reached_as_minicb_kernels_never_as_top_level():
 def test_env_check_lists_every_declared_package_and_runs_a_kernel():
     import subprocess
 
-    done = subprocess.run([sys.executable, "-m", "minicb", "env-check"], capture_output=True, text=True,
-                          timeout=300, env={**__import__("os").environ, "TRITON_INTERPRET": ""})
+    done = subprocess.run([sys.executable, "-m", "minicb", "env-check"], capture_output=True,
+                          text=True, timeout=300,
+                          env={**__import__("os").environ, "TRITON_INTERPRET": ""})
     assert done.returncode == 0, done.stdout + done.stderr
-    checked = {line.split()[1].rstrip(":").lower() for line in done.stdout.splitlines() if line[:4] in ("OK  ", "WARN")}
-    assert pyproject_packages() <= checked, f"env-check does not check {pyproject_packages() - checked}"
+    checked = {line.split()[1].rstrip(":").lower() for line in done.stdout.splitlines() if line[:4]
+               in ("OK  ", "WARN")}
+    assert pyproject_packages() <= checked, ("env-check does not check "
+                                             f"{pyproject_packages() - checked}")
     assert re.search(r"^OK   triton: (interpreter|compiled)", done.stdout, re.M), done.stdout
     assert re.search(r"^OK   cpu attention kernel: compiled \(-O3", done.stdout, re.M), done.stdout
     assert done.stdout.rstrip().endswith("verdict: ready")
@@ -81,7 +87,8 @@ def test_env_check_warns_but_passes_without_a_c_compiler(monkeypatch, tmp_path, 
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
     monkeypatch.setenv("MINICB_CACHE", str(tmp_path))
     line = env_check.cpu_kernel_line()
-    assert line.startswith("WARN cpu attention kernel:") and "no-such-cc" in line and "attention='torch'" in line
+    assert (line.startswith("WARN cpu attention kernel:") and "no-such-cc" in line
+            and "attention='torch'" in line)
 
 
 def test_env_check_fails_on_a_missing_package_and_a_broken_kernel(monkeypatch):
@@ -104,11 +111,11 @@ def test_env_check_fails_on_a_missing_package_and_a_broken_kernel(monkeypatch):
 def test_demo_runs_every_system_and_they_agree():
     import subprocess
 
-    done = subprocess.run([sys.executable, "-m", "minicb", "demo", "--num-prompts", "6", "--max-num-seqs", "3",
-                           "--workload", "seed-example"], capture_output=True, text=True, timeout=600)
+    done = subprocess.run([sys.executable, "-m", "minicb", "demo", "--num-prompts", "6",
+                           "--max-num-seqs", "3", "--workload",
+                           "seed-example"], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
-    rows = [line.split() for line in done.stdout.splitlines()
-            if line.split() and line.split()[0] in {"naive+paged", "static+paged", "continuous+contiguous",
-                                                    "continuous+paged"}]
+    rows = [line.split() for line in done.stdout.splitlines() if line.split() and line.split()[0]
+            in {"naive+paged", "static+paged", "continuous+contiguous", "continuous+paged"}]
     assert len(rows) == 4, done.stdout
     assert all(row[-1] == "True" for row in rows), done.stdout

@@ -36,7 +36,8 @@ ONE_STEP = CostModel(step_overhead=1.0, prefill_token=0.0, decode_seq=0.0)   # t
     ({"watermark_blocks": True}, "watermark_blocks"),
     ({"scheduler": "static", "policy": "priority"}, "only apply to scheduler='continuous'"),
     ({"scheduler": "naive", "watermark_blocks": 2}, "only apply to scheduler='continuous'"),
-    ({"scheduler": "static", "enable_prefix_caching": True}, "enable_prefix_caching=True only apply to"),
+    ({"scheduler": "static", "enable_prefix_caching": True},
+     "enable_prefix_caching=True only apply to"),
 ])
 def test_bad_policy_knobs_raise_a_clear_error(knobs, names):
     with pytest.raises(ValueError, match=names):
@@ -78,7 +79,8 @@ def check_promises(result: SimResult, workload: Workload) -> None:
         admitted = set(rows) - running
         if config.step_order == "decode_first":
             for rid in decoding - set(record.preempted):
-                assert rows.get(rid) == ("decode", 1), f"step {step}: running request {rid} got no token"
+                assert rows.get(rid) == ("decode", 1), (f"step {step}: running request {rid} got "
+                                                        "no token")
             if admitted and config.watermark_blocks:
                 assert record.num_free_blocks >= config.watermark_blocks
         if config.max_wait_steps is not None:
@@ -87,9 +89,11 @@ def check_promises(result: SimResult, workload: Workload) -> None:
                                (r.times.finished_step is None or r.times.finished_step >= step) and
                                r.request_id not in admitted]
             for waiter in overdue_waiting:
-                overtakers = [rid for rid in admitted if by_id[rid].arrival_index > waiter.arrival_index]
+                overtakers = [rid for rid in admitted
+                              if by_id[rid].arrival_index > waiter.arrival_index]
                 assert not overtakers, \
-                    f"step {step}: {overtakers} admitted ahead of overdue request {waiter.request_id}"
+                    f"step {step}: {overtakers} admitted ahead of overdue request " \
+                    f"{waiter.request_id}"
         running = (running | set(rows)) - set(record.preempted)
         for rid in rows:
             request = by_id[rid]
@@ -130,8 +134,9 @@ def runs(draw):
     knobs = dict(policy=draw(st.sampled_from(["fcfs", "priority", "shortest_prompt_first"])),
                  step_order=draw(st.sampled_from(["decode_first", "prefill_first"])),
                  max_wait_steps=draw(st.one_of(st.none(), st.integers(1, 10))),
-                 max_prefill_tokens_per_step=cap, watermark_blocks=watermark, max_num_seqs=max_num_seqs,
-                 max_num_batched_tokens=budget, block_size=block_size, num_kv_blocks=num_kv_blocks)
+                 max_prefill_tokens_per_step=cap, watermark_blocks=watermark,
+                 max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, block_size=block_size,
+                 num_kv_blocks=num_kv_blocks)
     return workload, knobs
 
 
@@ -156,13 +161,15 @@ def stream_with_one_long_request() -> Workload:
 
 def serve_stream(policy: str, max_wait_steps: int | None) -> SimResult:
     return simulate(stream_with_one_long_request(), cost=ONE_STEP, policy=policy,
-                    max_wait_steps=max_wait_steps, max_num_seqs=2, max_num_batched_tokens=64, block_size=4)
+                    max_wait_steps=max_wait_steps, max_num_seqs=2, max_num_batched_tokens=64,
+                    block_size=4)
 
 
 @pytest.mark.parametrize("policy", ["fcfs", "priority", "shortest_prompt_first"])
 def test_a_long_request_finishes_within_the_ageing_bound(policy):
     """The bound follows from the continuous scheduler's ageing promise. The long request is
-    overdue from step arrival + W + 1; from then on nobody younger is admitted, and the requests already running
+    overdue from step arrival + W + 1; from then on nobody younger is admitted, and the requests
+    already running
     (shorts, each holding its slot for SHORT.output_len steps: prefill plus decodes) free a slot
     by step arrival + W + SHORT.output_len. Its prompt fits one step's budget and, decode-first,
     it then gets a token every step: LONG.output_len - 1 more steps."""
@@ -170,7 +177,8 @@ def test_a_long_request_finishes_within_the_ageing_bound(policy):
     long_one = result.requests[2]
     arrival = long_one.times.arrival_step
     assert long_one.times.first_scheduled_step <= arrival + MAX_WAIT + SHORT.output_len
-    assert long_one.times.finished_step <= arrival + MAX_WAIT + SHORT.output_len + LONG.output_len - 1
+    assert (long_one.times.finished_step <= arrival + MAX_WAIT + SHORT.output_len + LONG.output_len
+            - 1)
     check_promises(result, stream_with_one_long_request())
 
 
@@ -179,8 +187,8 @@ def test_without_ageing_the_long_request_starves_until_the_stream_ends(policy):
     result = serve_stream(policy, None)
     long_one = result.requests[2]
     assert long_one.times.finished_step == result.num_steps, "it should be served last of all"
-    assert long_one.times.finished_step > long_one.times.arrival_step + MAX_WAIT + SHORT.output_len \
-        + LONG.output_len - 1
+    assert long_one.times.finished_step > \
+        long_one.times.arrival_step + MAX_WAIT + SHORT.output_len + LONG.output_len - 1
 
 
 # --- preemption victims ---------------------------------------------------------------------
@@ -195,9 +203,11 @@ def test_the_preemption_victim_follows_the_policy(policy, priorities, max_wait_s
     """Three requests fill a 6-block pool (2 blocks each by their 5th token); the first to need a
     third block forces a preemption."""
     prompts = [4, 8, 4] if policy == "shortest_prompt_first" else [4, 4, 4]
-    workload = Workload("full", [WorkloadRequest(p, 16 - p, 0.0, q) for p, q in zip(prompts, priorities)])
+    workload = Workload("full",
+                        [WorkloadRequest(p, 16 - p, 0.0, q) for p, q in zip(prompts, priorities)])
     result = simulate(workload, cost=ONE_STEP, policy=policy, max_wait_steps=max_wait_steps,
-                      max_num_seqs=3, block_size=4, num_kv_blocks=7 if policy == "shortest_prompt_first" else 6)
+                      max_num_seqs=3, block_size=4,
+                      num_kv_blocks=7 if policy == "shortest_prompt_first" else 6)
     first = next(record.preempted for record in result.steps if record.preempted)
     assert first == [victim]
     check_promises(result, workload)
@@ -210,13 +220,15 @@ POLICY_CONFIGS = {
     "shortest-prompt-first": {"policy": "shortest_prompt_first"},
     "prefill-first+cap": {"step_order": "prefill_first", "max_prefill_tokens_per_step": 12},
     "cap+small-pool": {"max_prefill_tokens_per_step": 8, "num_kv_blocks": 20},
-    "priority+watermark+small-pool": {"policy": "priority", "watermark_blocks": 4, "num_kv_blocks": 18},
+    "priority+watermark+small-pool": {"policy": "priority", "watermark_blocks": 4,
+                                      "num_kv_blocks": 18},
 }
 
 
 def engine_workload(seed: int = 1, num_requests: int = 10, vocab: int = 512):
     rng = random.Random(seed)
-    prompts = [[rng.randrange(3, vocab) for _ in range(rng.randint(1, 48))] for _ in range(num_requests)]
+    prompts = [[rng.randrange(3, vocab) for _ in range(rng.randint(1, 48))]
+               for _ in range(num_requests)]
     max_tokens = [rng.randint(1, 24) for _ in range(num_requests)]
     priorities = [rng.randint(0, 2) for _ in range(num_requests)]
     arrival_steps = sorted(rng.randint(0, 12) for _ in range(num_requests))
@@ -230,13 +242,15 @@ def serve(llm: LLM, prompts, max_tokens, priorities, arrival_steps):
     while len(requests) < len(prompts) or engine.has_unfinished_requests():
         while len(requests) < len(prompts) and arrival_steps[len(requests)] <= step:
             i = len(requests)
-            params = SamplingParams(max_tokens=max_tokens[i], temperature=0, ignore_eos=True, logprobs=5)
+            params = SamplingParams(max_tokens=max_tokens[i], temperature=0, ignore_eos=True,
+                                    logprobs=5)
             requests.extend(engine.add_request(str(i), prompts[i], params, priority=priorities[i]))
         for output in engine.step():
             if output.finished:
                 finished[int(output.request_id)] = output.outputs[0]
         step += 1
-    return [finished[i] for i in range(len(prompts))], tuple(r.times.first_token_step for r in requests)
+    return [finished[i] for i in range(len(prompts))], tuple(
+        r.times.first_token_step for r in requests)
 
 
 def test_greedy_outputs_do_not_depend_on_the_policy(tiny_model):
@@ -244,15 +258,18 @@ def test_greedy_outputs_do_not_depend_on_the_policy(tiny_model):
     references = hf_greedy(tiny_model, prompts, max_tokens)
     schedules, outputs_by_config = {}, {}
     for name, knobs in POLICY_CONFIGS.items():
-        llm = LLM(tiny_model, max_num_seqs=3, max_num_batched_tokens=32, max_model_len=80, block_size=4, **knobs)
+        llm = LLM(tiny_model, max_num_seqs=3, max_num_batched_tokens=32, max_model_len=80,
+                  block_size=4, **knobs)
         outputs, schedules[name] = serve(llm, *workload)
         verdicts = [compare(ref, out.token_ids, out.logprobs, f"{name}, request {i}")
                     for i, (ref, out) in enumerate(zip(references, outputs))]
-        outputs_by_config[name] = [out.token_ids if v == "equal" else None for out, v in zip(outputs, verdicts)]
+        outputs_by_config[name] = [out.token_ids if v == "equal" else None for out, v
+                                   in zip(outputs, verdicts)]
         engine = llm.llm_engine
         assert engine.kv.num_free_blocks() == engine.kv.num_blocks, f"{name}: KV blocks leaked"
         if "small-pool" in name:
-            assert engine.scheduler.num_preemptions > 0, f"{name}: the pool was meant to force preemptions"
+            assert engine.scheduler.num_preemptions > 0, (f"{name}: the pool was meant to force "
+                                                          "preemptions")
     # the same tokens everywhere (a near-tie with transformers is the only excuse)...
     for i in range(len(prompts)):
         seen = {tuple(out[i]) for out in outputs_by_config.values() if out[i] is not None}
@@ -263,7 +280,8 @@ def test_greedy_outputs_do_not_depend_on_the_policy(tiny_model):
 
 def test_llm_generate_serves_priorities_in_order(tiny_llama):
     """One slot: the requests run one after another, lowest priority value first."""
-    llm = LLM(tiny_llama, max_num_seqs=1, max_num_batched_tokens=16, max_model_len=64, policy="priority")
+    llm = LLM(tiny_llama, max_num_seqs=1, max_num_batched_tokens=16, max_model_len=64,
+              policy="priority")
     prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13]]
     outputs = llm.generate(prompts, SamplingParams(max_tokens=3, temperature=0, ignore_eos=True),
                            use_tqdm=False, priority=[2, 0, 1])
@@ -295,7 +313,8 @@ def test_the_engine_runner_queues_requests_from_their_arrival_time(tiny_llama):
     from minicb.bench.policies import ENGINE, run_engine
 
     setup = replace(ENGINE, knobs={**ENGINE.knobs, "num_kv_blocks": 16})
-    workload = Workload("few", [WorkloadRequest(5 + 3 * i, 2 + i, 0.02 * i, i % 2) for i in range(6)])
+    workload = Workload("few",
+                        [WorkloadRequest(5 + 3 * i, 2 + i, 0.02 * i, i % 2) for i in range(6)])
     requests = run_engine(setup, workload, {"policy": "priority"}, tiny_llama)
     assert [r.num_output_tokens for r in sorted(requests, key=lambda r: int(r.request_id))] == \
         workload.output_lens

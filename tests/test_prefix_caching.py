@@ -1,4 +1,5 @@
-"""Prefix caching and shared blocks: same outputs, fewer blocks, no block ever lost or double-booked."""
+"""Prefix caching and shared blocks: same outputs, fewer blocks, no block ever lost or
+double-booked."""
 
 from __future__ import annotations
 
@@ -32,8 +33,10 @@ def shared_prefix_workload(seed: int = 0):
         return [rng.randrange(3, 512) for _ in range(n)]
 
     prompts = [system[:k] + fresh(rng.randint(1, 12))
-               for k in (0, 1, BLOCK - 1, BLOCK, BLOCK + 1, 2 * BLOCK, 3 * BLOCK + 5, 4 * BLOCK) * 2]
-    prompts += [list(prompts[6]), list(prompts[7]), system[:2 * BLOCK], system[:2 * BLOCK], system[:1]]
+               for k in (0, 1, BLOCK - 1, BLOCK, BLOCK + 1, 2 * BLOCK, 3 * BLOCK + 5, 4 * BLOCK)
+               * 2]
+    prompts += [list(prompts[6]), list(prompts[7]), system[:2 * BLOCK], system[:2 * BLOCK],
+                system[:1]]
     max_tokens = [rng.randint(1, 20) for _ in prompts]
     arrival_steps = sorted(rng.randint(0, 30) for _ in prompts)
     return prompts, max_tokens, arrival_steps
@@ -59,13 +62,15 @@ def test_greedy_outputs_equal_without_caching_and_transformers(tiny_model, workl
     for i, (ref, off, on) in enumerate(zip(references, plain, cached)):
         tokens, logprobs = on.outputs[0].token_ids, on.outputs[0].logprobs
         if on.outputs[0].finish_reason == "abort":
-            assert tokens == ref.token_ids[:len(tokens)], f"aborted request {i} went wrong before its abort"
+            assert tokens == ref.token_ids[:len(tokens)], (f"aborted request {i} went wrong before "
+                                                           "its abort")
             continue
         assert off.outputs[0].finish_reason == "length"
         verdicts.append(compare(ref, tokens, logprobs, f"request {i} vs transformers"))
         compare(Reference(off.outputs[0].token_ids, off.outputs[0].logprobs), tokens, logprobs,
                 f"request {i} with vs without caching")
-    assert verdicts.count("equal") >= len(verdicts) - 2, f"too many near-ties to be chance: {verdicts}"
+    assert verdicts.count("equal") >= len(verdicts) - 2, ("too many near-ties to be chance: "
+                                                          f"{verdicts}")
 
     engine = cached_llm.llm_engine
     stats = engine.kv.prefix_stats()
@@ -73,7 +78,8 @@ def test_greedy_outputs_equal_without_caching_and_transformers(tiny_model, workl
     assert stats.evictions > 0 and stats.hit_tokens > 0
     assert [o.outputs[0].finish_reason for o in cached].count("abort") == len(aborts)
     assert sum(o.metrics.num_cached_tokens > 0 for o in cached) >= len(prompts) // 2
-    assert engine.kv.num_free_blocks() == engine.kv.num_blocks, "KV blocks leaked after every request ended"
+    assert engine.kv.num_free_blocks() == engine.kv.num_blocks, ("KV blocks leaked after every "
+                                                                 "request ended")
     assert all(count == 0 for count in engine.kv.allocator.ref_counts)
 
 
@@ -87,8 +93,8 @@ def test_hash_collisions_never_return_wrong_kv(tiny_llama, workload, monkeypatch
     llm = LLM(tiny_llama, enable_prefix_caching=True, **knobs)
     cached = run_with_arrivals(llm, prompts, max_tokens, arrival_steps)
     for i, (off, on) in enumerate(zip(plain, cached)):
-        compare(Reference(off.outputs[0].token_ids, off.outputs[0].logprobs), on.outputs[0].token_ids,
-                on.outputs[0].logprobs, f"request {i}")
+        compare(Reference(off.outputs[0].token_ids, off.outputs[0].logprobs),
+                on.outputs[0].token_ids, on.outputs[0].logprobs, f"request {i}")
     assert llm.llm_engine.kv.prefix_stats().queries == len(prompts)
 
 
@@ -109,7 +115,8 @@ def test_collision_is_a_miss_in_the_cache(monkeypatch):
     assert cache.insert(None, (3, 4), block=1) is None, "a colliding block must not be cached"
     assert cache.lookup(None, (3, 4)) is None
     assert cache.lookup(None, (1, 2)) is first
-    assert cache.lookup(first, (1, 2)) is None, "same tokens after another parent are another prefix"
+    assert cache.lookup(first, (1, 2)) is None, ("same tokens after another parent are another "
+                                                 "prefix")
 
 
 def test_counters_and_lru_eviction():
@@ -167,23 +174,27 @@ def test_each_sample_equals_its_seed_alone(tiny_llama, knobs):
     assert len({tuple(c.token_ids) for c in together.outputs}) > 1, "samples should differ"
     engine = llm.llm_engine
     if "num_kv_blocks" in knobs:
-        assert engine.scheduler.num_preemptions > 0, "the pool was meant to be tight enough to preempt"
+        assert engine.scheduler.num_preemptions > 0, ("the pool was meant to be tight enough to "
+                                                      "preempt")
     assert engine.kv.num_free_blocks() == engine.kv.num_blocks
 
 
 @pytest.mark.parametrize("share", [True, False])
 def test_samples_store_the_prompt_blocks_once(tiny_llama, share):
-    """A 40-token prompt in 16-token blocks: tokens 0-31 fill two blocks, the third is partly filled.
+    """A 40-token prompt in 16-token blocks: tokens 0-31 fill two blocks, the third is partly
+    filled.
     Shared: the two full blocks once, a third block per sample (three of them copies) = 2 + 4.
     Not shared: 3 blocks per sample = 12."""
     engine = LLM(tiny_llama, block_size=BLOCK, max_model_len=128).llm_engine
     prompt = sample_prompt(40)
     if share:      # one request with four samples: sample i draws from seed 3 + i
-        requests = engine.add_request("0", prompt, SamplingParams(n=4, temperature=1.0, seed=3, max_tokens=6,
-                                                                  ignore_eos=True))
+        requests = engine.add_request(
+            "0", prompt,
+            SamplingParams(n=4, temperature=1.0, seed=3, max_tokens=6, ignore_eos=True))
     else:          # four requests, the same seeds
         requests = [request for i in range(4) for request in engine.add_request(
-            str(i), prompt, SamplingParams(temperature=1.0, seed=3 + i, max_tokens=6, ignore_eos=True))]
+            str(i), prompt,
+            SamplingParams(temperature=1.0, seed=3 + i, max_tokens=6, ignore_eos=True))]
     while not all(r.num_output_tokens >= 1 for r in requests):
         engine.step()
     tables = [list(engine.kv.block_table(r)) for r in requests]
@@ -191,7 +202,8 @@ def test_samples_store_the_prompt_blocks_once(tiny_llama, share):
         assert engine.kv.num_used_blocks() == 2 + 4
         assert all(t[:2] == tables[0][:2] for t in tables)
         assert all(engine.kv.allocator.ref_counts[b] == 4 for b in tables[0][:2])
-        assert len({t[2] for t in tables}) == 4, "each sample writes its own copy of the partial block"
+        assert len({t[2] for t in tables}) == 4, ("each sample writes its own copy of the partial "
+                                                  "block")
         assert [r.num_cached_tokens for r in requests] == [0, 39, 39, 39]
     else:
         assert engine.kv.num_used_blocks() == 4 * 3
@@ -206,7 +218,8 @@ def test_samples_store_the_prompt_blocks_once(tiny_llama, share):
 # own sequence from its block table, so any block handed out, evicted or overwritten while a
 # request still reads it shows up as a wrong read.
 def next_token(tokens: list[int], seed: int) -> int:
-    return 3 + hash((tuple(tokens), seed)) % 3     # a tiny vocabulary: outputs repeat and get cached
+    # a tiny vocabulary: outputs repeat and get cached
+    return 3 + hash((tuple(tokens), seed)) % 3
 
 
 def expected_output(prompt: list[int], seed: int, max_tokens: int) -> list[int]:
@@ -221,7 +234,8 @@ def check_blocks(kv: PagedKVManager, running: list[Request], waiting: list[Reque
     assert all(not kv.block_table(r) for r in waiting), "a waiting request holds blocks"
     refs = kv.allocator.ref_counts
     assert min(refs) >= 0
-    assert all(refs[b] == counts[b] for b in range(kv.num_blocks)), "a count differs from the holders"
+    assert all(refs[b] == counts[b] for b in range(kv.num_blocks)), ("a count differs from the "
+                                                                     "holders")
     free = kv.allocator.free_blocks
     evictable = set(kv.cache.evictable) if kv.cache else set()
     assert len(set(free)) == len(free)
@@ -242,8 +256,9 @@ PREFIXES = [0, 1, 3, 4, 5, 8, 12]       # block_size 4: 0, 1, B-1, B, B+1, sever
 def test_blocks_are_never_lost_or_double_booked(specs, aborts, num_blocks, caching, step_order):
     """Random prompts sharing prefixes, parallel samples, aborts and a tight pool."""
     block, system = 4, [7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18]
-    config = EngineConfig(max_num_seqs=4, max_num_batched_tokens=8, max_model_len=40, block_size=block,
-                          num_kv_blocks=num_blocks, enable_prefix_caching=caching, step_order=step_order)
+    config = EngineConfig(max_num_seqs=4, max_num_batched_tokens=8, max_model_len=40,
+                          block_size=block, num_kv_blocks=num_blocks, enable_prefix_caching=caching,
+                          step_order=step_order)
     config.finalize(40)
     kv = make_kv_manager("paged", num_blocks, block, 40, caching)
 
@@ -256,7 +271,8 @@ def test_blocks_are_never_lost_or_double_booked(specs, aborts, num_blocks, cachi
     seeds: dict[str, int] = {}
     for index, (prefix, suffix, max_tokens, n, arrival) in enumerate(specs):
         prompt = system[:prefix] + [20 + index] * suffix or [20 + index]
-        group = [Request(f"{index}.{s}", prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True),
+        group = [Request(f"{index}.{s}", prompt,
+                         SamplingParams(max_tokens=max_tokens, ignore_eos=True),
                          arrival_index=10 * index + s) for s in range(n)]
         seeds.update({r.request_id: s for s, r in enumerate(group)})
         arrivals.setdefault(arrival, []).append(group)
@@ -267,7 +283,8 @@ def test_blocks_are_never_lost_or_double_booked(specs, aborts, num_blocks, cachi
     for step in range(3000):
         for group in arrivals.get(step, []):
             for request in group:
-                scheduler.add_request(request, fork_of=group[0] if request is not group[0] else None)
+                scheduler.add_request(request,
+                                      fork_of=group[0] if request is not group[0] else None)
         if step in abort_at:
             scheduler.abort(abort_at[step])       # None when it is not here (yet, or any more)
         if not scheduler.has_unfinished() and step > max(arrivals):
@@ -291,7 +308,8 @@ def test_blocks_are_never_lost_or_double_booked(specs, aborts, num_blocks, cachi
             request, table = seq.request, kv.block_table(seq.request)
             for position in range(request.num_computed_tokens + seq.num_tokens):
                 assert store.get((table[position // block], position % block)) == \
-                    tuple(request.all_token_ids[:position + 1]), f"{request} reads wrong KV at {position}"
+                    tuple(request.all_token_ids[:position
+                                                + 1]), f"{request} reads wrong KV at {position}"
         check_blocks(kv, scheduler.running, scheduler.waiting)
         scheduler.update(plan, [next_token(s.request.all_token_ids, seeds[s.request.request_id])
                                 for s in plan.seqs if s.needs_logits])

@@ -16,7 +16,8 @@ LOGITS = torch.tensor([2.0, 1.5, 1.0, 0.5, 0.0, -0.5, -1.0, -3.0])
 ROWS, ROUNDS = 1000, 20   # 20,000 draws per setting
 
 
-def draw(params: SamplingParams, rows: int = ROWS, rounds: int = ROUNDS, logits: torch.Tensor = LOGITS) -> torch.Tensor:
+def draw(params: SamplingParams, rows: int = ROWS, rounds: int = ROUNDS,
+         logits: torch.Tensor = LOGITS) -> torch.Tensor:
     """How often each token was drawn: `rows` requests with their own generators, `rounds` steps."""
     generators = [torch.Generator().manual_seed(1000 + i) for i in range(rows)]
     counts = torch.zeros(len(logits))
@@ -35,7 +36,8 @@ def assert_frequencies(counts: torch.Tensor, expected: torch.Tensor) -> None:
             continue
         sd = math.sqrt(total * p * (1 - p))
         assert abs(count - total * p) <= 5 * sd, \
-            f"token {token}: drawn {count:.0f} times of {total:.0f}, expected {total * p:.0f} ± {5 * sd:.0f}"
+            f"token {token}: drawn {count:.0f} times of {total:.0f}, expected {total * p:.0f} ± " \
+            f"{5 * sd:.0f}"
 
 
 def renormalised(probs: torch.Tensor, keep: list[int]) -> torch.Tensor:
@@ -46,7 +48,8 @@ def renormalised(probs: torch.Tensor, keep: list[int]) -> torch.Tensor:
 
 @pytest.mark.parametrize("temperature", [1.0, 0.5, 2.0])
 def test_temperature_samples_the_softmax_of_logits_over_temperature(temperature):
-    assert_frequencies(draw(SamplingParams(temperature=temperature)), (LOGITS / temperature).softmax(-1))
+    assert_frequencies(draw(SamplingParams(temperature=temperature)),
+                       (LOGITS / temperature).softmax(-1))
 
 
 def test_top_k_keeps_the_k_most_likely_tokens_in_proportion():
@@ -59,7 +62,8 @@ def test_top_p_keeps_the_smallest_set_whose_mass_reaches_p():
     # the three most likely hold 0.84 of the mass at temperature 0.7 and the two most likely 0.70
     # (< 0.8), so top_p=0.8 keeps exactly three
     assert probs[:2].sum() < 0.8 < probs[:3].sum()
-    assert_frequencies(draw(SamplingParams(temperature=0.7, top_p=0.8)), renormalised(probs, [0, 1, 2]))
+    assert_frequencies(draw(SamplingParams(temperature=0.7, top_p=0.8)),
+                       renormalised(probs, [0, 1, 2]))
 
 
 def test_top_p_is_applied_to_the_top_k_renormalised():
@@ -75,7 +79,8 @@ def test_tokens_in_a_shuffled_vocabulary_keep_their_probabilities():
     order = torch.tensor([5, 7, 0, 3, 6, 1, 4, 2])
     shuffled = LOGITS[order]
     assert_frequencies(draw(SamplingParams(), logits=shuffled), shuffled.softmax(-1))
-    assert_frequencies(draw(SamplingParams(top_k=2), logits=shuffled), renormalised(shuffled.softmax(-1), [2, 5]))
+    assert_frequencies(draw(SamplingParams(top_k=2), logits=shuffled),
+                       renormalised(shuffled.softmax(-1), [2, 5]))
 
 
 def test_a_mixed_batch_gives_each_row_its_own_distribution():

@@ -12,17 +12,22 @@ from minicb.scheduler.queue import WaitingQueue
 
 
 def make(request_id: str, prompt_len: int = 4, priority: int = 0) -> Request:
-    return Request(request_id, list(range(1, prompt_len + 1)), SamplingParams(max_tokens=4), priority=priority)
+    return Request(request_id, list(range(1, prompt_len + 1)), SamplingParams(max_tokens=4),
+                   priority=priority)
 
 
 def test_in_order_is_the_keys_order_with_ties_to_the_queue_position():
     rng = random.Random(0)
     for _ in range(50):
-        queue = WaitingQueue(make(str(i), priority=rng.randint(0, 3)) for i in range(rng.randint(1, 12)))
+        queue = WaitingQueue(make(str(i), priority=rng.randint(0, 3))
+                             for i in range(rng.randint(1, 12)))
         walked = [r.request_id for r in queue.in_order(lambda r: (r.priority,))]
-        expected = [r.request_id for _, r in sorted(enumerate(queue), key=lambda pair: (pair[1].priority, pair[0]))]
+        expected = [
+            r.request_id
+            for _, r in sorted(enumerate(queue), key=lambda pair: (pair[1].priority, pair[0]))]
         assert walked == expected
-        assert [r.request_id for r in queue] == [str(i) for i in range(len(queue))], "walking must not reorder"
+        assert ([r.request_id for r in queue]
+                       == [str(i) for i in range(len(queue))]), ("walking must not reorder")
 
 
 def test_the_first_pick_is_one_scan_and_the_heap_is_built_only_for_a_second():

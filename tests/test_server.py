@@ -34,7 +34,8 @@ def chat_model(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def server(chat_model):
-    app = build_app(chat_model, served_model_name="tiny", max_model_len=MAX_MODEL_LEN, max_num_seqs=16)
+    app = build_app(chat_model, served_model_name="tiny", max_model_len=MAX_MODEL_LEN,
+                    max_num_seqs=16)
     with ServerThread(app) as running:
         yield running
 
@@ -88,19 +89,23 @@ def test_greedy_completion_equals_llm_generate(client, chat_model):
 
 @pytest.mark.parametrize("prompt", ["for index in range(10):", "# café 中文 😀\n", [5, 6, 7, 8]])
 def test_streamed_text_equals_non_streamed_for_the_same_seed(client, prompt):
-    options = dict(model="tiny", prompt=prompt, max_tokens=24, temperature=0.9, top_p=0.95, seed=1234)
+    options = dict(model="tiny", prompt=prompt, max_tokens=24, temperature=0.9, top_p=0.95,
+                   seed=1234)
     whole = client.completions.create(**options)
-    chunks = list(client.completions.create(**options, stream=True, stream_options={"include_usage": True}))
+    chunks = list(client.completions.create(**options, stream=True,
+                                            stream_options={"include_usage": True}))
     streamed = "".join(c.choices[0].text for c in chunks if c.choices)
     assert streamed == whole.choices[0].text
-    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == whole.choices[0].finish_reason
+    assert ([c.choices[0].finish_reason for c in chunks if c.choices][-1]
+            == whole.choices[0].finish_reason)
     assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
 
 
 def test_a_stop_string_cuts_streamed_and_plain_text_alike(client):
     options = dict(model="tiny", prompt="class Point:", max_tokens=30, temperature=0)
     full = client.completions.create(**options).choices[0].text
-    clean = [i for i in range(4, len(full) - 2) if "\ufffd" not in full[i:i + 2] and full[i:i + 2].strip()]
+    clean = [i for i in range(4, len(full) - 2) if "\ufffd" not in full[i:i + 2]
+             and full[i:i + 2].strip()]
     assert clean, f"no usable stop string in {full!r}"
     stop = full[clean[0]:clean[0] + 2]
     expected = full[:full.index(stop)]
@@ -113,14 +118,17 @@ def test_a_stop_string_cuts_streamed_and_plain_text_alike(client):
 
 def test_chat_completion_uses_the_chat_template(client, chat_model):
     messages = [{"role": "user", "content": "write add"}]
-    whole = client.chat.completions.create(model="tiny", messages=messages, max_tokens=10, temperature=0)
+    whole = client.chat.completions.create(model="tiny", messages=messages, max_tokens=10,
+                                           temperature=0)
     chunks = list(client.chat.completions.create(model="tiny", messages=messages, max_tokens=10,
                                                  temperature=0, stream=True))
     assert chunks[0].choices[0].delta.role == "assistant"
-    assert "".join(c.choices[0].delta.content or "" for c in chunks) == whole.choices[0].message.content
+    assert ("".join(c.choices[0].delta.content or "" for c in chunks)
+            == whole.choices[0].message.content)
     llm = LLM(chat_model, max_model_len=MAX_MODEL_LEN)
     rendered = "<|user|>write add\n<|assistant|>"
-    expected = llm.generate(rendered, SamplingParams(max_tokens=10, temperature=0), use_tqdm=False)[0]
+    greedy = SamplingParams(max_tokens=10, temperature=0)
+    expected = llm.generate(rendered, greedy, use_tqdm=False)[0]
     assert whole.choices[0].message.content == expected.outputs[0].text
     assert whole.usage.prompt_tokens == len(expected.prompt_token_ids)
 
@@ -145,8 +153,10 @@ def test_n_samples_each_equal_the_request_run_alone_with_seed_plus_i(server, cli
         assert got.token_ids == want.outputs[0].token_ids
         assert got.text == want.outputs[0].text
         assert got.finish_reason == want.outputs[0].finish_reason
-    assert len({tuple(c.token_ids) for c in reply.choices}) == 3, "three seeds, three different samples"
-    assert reply.usage.prompt_tokens == len(expected[0].prompt_token_ids)          # once, not three times
+    assert len({tuple(c.token_ids) for c in reply.choices}) == 3, ("three seeds, three different "
+                                                                   "samples")
+    # once, not three times
+    assert reply.usage.prompt_tokens == len(expected[0].prompt_token_ids)
     assert reply.usage.completion_tokens == sum(len(e.outputs[0].token_ids) for e in expected)
     assert reply.usage.total_tokens == reply.usage.prompt_tokens + reply.usage.completion_tokens
     wait_until_idle(server)
@@ -155,8 +165,8 @@ def test_n_samples_each_equal_the_request_run_alone_with_seed_plus_i(server, cli
 
 def test_streamed_n_samples_deliver_every_choice_with_its_index(server, client, reference):
     prompt = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22]   # past one block
-    chunks = list(client.completions.create(model="tiny", prompt=prompt, n=2, **SAMPLED, stream=True,
-                                            stream_options={"include_usage": True},
+    chunks = list(client.completions.create(model="tiny", prompt=prompt, n=2, **SAMPLED,
+                                            stream=True, stream_options={"include_usage": True},
                                             extra_body={"return_token_ids": True}))
     text, token_ids, finish = {}, {}, {}
     for chunk in chunks[:-1]:
@@ -189,7 +199,8 @@ def test_chat_with_n_samples_streamed_and_plain_agree(client):
     content, roles = {0: "", 1: ""}, {}
     for chunk in client.chat.completions.create(**options, stream=True):
         for entry in chunk.choices:
-            roles.setdefault(entry.index, entry.delta.role)    # each choice's first delta has the role
+            # each choice's first delta has the role
+            roles.setdefault(entry.index, entry.delta.role)
             content[entry.index] += entry.delta.content or ""
     assert roles == {0: "assistant", 1: "assistant"}
     assert [content[0], content[1]] == [c.message.content for c in whole.choices]
@@ -210,7 +221,8 @@ def test_64_concurrent_streaming_clients_all_complete(server):
         return token_ids, usage.completion_tokens, finish
 
     async def everyone():
-        async with openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0) as client:
+        async with openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="unused",
+                                      max_retries=0) as client:
             return await asyncio.gather(*(one(client, i) for i in range(64)))
 
     results = run(everyone())
@@ -224,7 +236,8 @@ def test_64_concurrent_streaming_clients_all_complete(server):
 def test_a_client_that_hangs_up_mid_stream_is_aborted_and_frees_its_blocks(server):
     engine = engine_of(server)
     aborted_before = engine.stats.finished["abort"]
-    body = {"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 200, "stream": True, "ignore_eos": True}
+    body = {"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 200, "stream": True,
+            "ignore_eos": True}
     with httpx.stream("POST", server.url + "/v1/completions", json=body) as response:
         lines = response.iter_lines()
         assert next(line for line in lines if line.startswith("data:"))
@@ -238,7 +251,8 @@ def test_a_client_that_hangs_up_mid_stream_is_aborted_and_frees_its_blocks(serve
 def test_hanging_up_on_n_samples_aborts_every_one_and_frees_their_blocks(server):
     engine = engine_of(server)
     aborted_before = engine.stats.finished["abort"]
-    body = {"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 200, "n": 3, "stream": True, "ignore_eos": True}
+    body = {"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 200, "n": 3, "stream": True,
+            "ignore_eos": True}
     with httpx.stream("POST", server.url + "/v1/completions", json=body) as response:
         lines = response.iter_lines()
         assert next(line for line in lines if line.startswith("data:"))
@@ -285,7 +299,8 @@ BAD_REQUESTS = [
     ({"model": "tiny", "prompt": "hi", "best_of": 3}, "best_of"),
     ({"model": "tiny", "prompt": "hi", "suffix": "return x"}, "suffix"),
     ({"model": "tiny", "prompt": "hi", "tools": [{"type": "function"}]}, "tools"),
-    ({"model": "tiny", "prompt": "hi", "response_format": {"type": "json_object"}}, "response_format"),
+    ({"model": "tiny", "prompt": "hi", "response_format": {"type": "json_object"}},
+     "response_format"),
     ({"model": "tiny", "prompt": "hi", "no_such_field": 1}, "no_such_field"),
     ({"model": "tiny", "prompt": "hi", "stream": "false"}, "stream"),
     ({"model": "tiny", "prompt": "hi", "ignore_eos": "false"}, "ignore_eos"),
@@ -296,7 +311,8 @@ BAD_REQUESTS = [
     ({"model": "tiny", "prompt": "hi", "stop": 123}, "stop"),
     ({"model": "tiny", "prompt": "hi", "stop_token_ids": "abc"}, "stop_token_ids"),
     ({"model": "tiny", "prompt": "hi", "temperature": 10**400}, "temperature"),
-    ({"model": "tiny", "prompt": "hi", "stream_options": {"include_usage": "yes"}}, "include_usage"),
+    ({"model": "tiny", "prompt": "hi", "stream_options": {"include_usage": "yes"}},
+     "include_usage"),
     ({"model": "tiny", "prompt": "hi", "n": 0}, "n"),
     ({"model": "tiny", "prompt": "hi", "n": MAX_N + 1}, "n"),
     ({"model": "tiny", "prompt": "hi", "n": 2.5}, "n"),
@@ -312,12 +328,14 @@ def test_a_bad_request_gets_400_and_the_next_one_succeeds(server, body, param):
     assert response.status_code == 400
     error = response.json()["error"]
     assert error["type"] == "invalid_request_error" and error["param"] == param and error["message"]
-    good = httpx.post(server.url + "/v1/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 2})
+    good = httpx.post(server.url + "/v1/completions",
+                      json={"model": "tiny", "prompt": "hi", "max_tokens": 2})
     assert good.status_code == 200 and good.json()["usage"]["completion_tokens"] >= 1
 
 
 def test_too_many_samples_get_400_naming_the_limit_and_the_fix(server):
-    response = httpx.post(server.url + "/v1/completions", json={"model": "tiny", "prompt": "hi", "n": 1000})
+    response = httpx.post(server.url + "/v1/completions",
+                          json={"model": "tiny", "prompt": "hi", "n": 1000})
     assert response.status_code == 400
     error = response.json()["error"]
     assert error["param"] == "n"
@@ -327,7 +345,8 @@ def test_too_many_samples_get_400_naming_the_limit_and_the_fix(server):
 
 
 @pytest.mark.parametrize("endpoint, body", [
-    ("completions", {"prompt": "hi"}), ("chat/completions", {"messages": [{"role": "user", "content": "hi"}]})])
+    ("completions", {"prompt": "hi"}),
+    ("chat/completions", {"messages": [{"role": "user", "content": "hi"}]})])
 def test_priority_must_be_an_integer_and_needs_the_priority_policy(server, endpoint, body):
     url, body = f"{server.url}/v1/{endpoint}", {"model": "tiny", "max_tokens": 2, **body}
     for bad in ("1", 0.5, [1]):
@@ -335,7 +354,8 @@ def test_priority_must_be_an_integer_and_needs_the_priority_policy(server, endpo
         assert response.status_code == 400
         error = response.json()["error"]
         assert error["param"] == "priority" and "'priority' must be an integer" in error["message"]
-    # this server schedules first come, first served: a priority it would ignore is refused, 0 is fine
+    # this server schedules first come, first served: a priority it would ignore is refused, 0 is
+    # fine
     response = httpx.post(url, json={**body, "priority": 3})
     assert response.status_code == 400
     error = response.json()["error"]
@@ -390,8 +410,8 @@ def test_prefix_cache_metrics_read_0_with_caching_off(server):
 
 
 def test_prefix_cache_metrics_count_hits_with_caching_on(chat_model):
-    app = build_app(chat_model, served_model_name="tiny", max_model_len=MAX_MODEL_LEN, max_num_seqs=4,
-                    block_size=16, enable_prefix_caching=True)
+    app = build_app(chat_model, served_model_name="tiny", max_model_len=MAX_MODEL_LEN,
+                    max_num_seqs=4, block_size=16, enable_prefix_caching=True)
     with ServerThread(app) as server:
         text = httpx.get(server.url + "/metrics").text
         for name in PREFIX_METRICS:
@@ -404,10 +424,11 @@ def test_prefix_cache_metrics_count_hits_with_caching_on(chat_model):
         assert metrics["minicb_prefix_cache_hits_total"] == 64
         assert metrics["minicb_prefix_cache_hit_rate"] == pytest.approx(64 / 144)
         assert metrics["minicb_prefix_cache_evictions_total"] == 0
-        # parallel samples with caching on: the third request finds the prefix too, its forks share it
+        # parallel samples with caching on: the third request finds the prefix too, its forks share
+        # it
         reply = httpx.post(server.url + "/v1/completions", json={
-            "model": "tiny", "prompt": PREFIX + [30, 31], "n": 3, "max_tokens": 4, "temperature": 1.0,
-            "seed": 1, "ignore_eos": True}).json()
+            "model": "tiny", "prompt": PREFIX + [30, 31], "n": 3, "max_tokens": 4,
+            "temperature": 1.0, "seed": 1, "ignore_eos": True}).json()
         assert [c["index"] for c in reply["choices"]] == [0, 1, 2]
         assert reply["usage"] == {"prompt_tokens": 66, "completion_tokens": 12, "total_tokens": 78}
         assert scrape(server)["minicb_prefix_cache_hits_total"] == 64 + 64
@@ -419,30 +440,35 @@ def test_prefix_cache_metrics_count_hits_with_caching_on(chat_model):
 
 def test_the_command_line_passes_enable_prefix_caching_to_the_engine(monkeypatch):
     served = []
-    monkeypatch.setattr(minicb.serving.server.uvicorn, "run", lambda app, **options: served.append(app))
+    monkeypatch.setattr(minicb.serving.server.uvicorn, "run", lambda app,
+                        **options: served.append(app))
     common = ["--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", "2"]
     assert minicb.serving.server.main(common) == 0
     assert minicb.serving.server.main([*common, "--enable-prefix-caching"]) == 0
     caching = [app.state.engine.engine.config.enable_prefix_caching for app in served]
     assert caching == [False, True]
     assert served[1].state.engine.engine.kv.cache is not None
-    with pytest.raises(SystemExit):     # a contiguous cache cannot share blocks: a clear usage error
+    # a contiguous cache cannot share blocks: a clear usage error
+    with pytest.raises(SystemExit):
         minicb.serving.server.main([*common, "--enable-prefix-caching", "--kv-cache", "contiguous"])
 
 
 def test_the_command_line_passes_the_policy_knobs_to_the_engine(monkeypatch):
-    flags = ["--policy", "priority", "--step-order", "prefill_first", "--max-prefill-tokens-per-step", "64",
-             "--max-wait-steps", "8", "--watermark-blocks", "2"]
-    expected = {"policy": "priority", "step_order": "prefill_first", "max_prefill_tokens_per_step": 64,
-                "max_wait_steps": 8, "watermark_blocks": 2}
+    flags = ["--policy", "priority", "--step-order", "prefill_first",
+             "--max-prefill-tokens-per-step", "64", "--max-wait-steps", "8", "--watermark-blocks",
+             "2"]
+    expected = {"policy": "priority", "step_order": "prefill_first",
+                "max_prefill_tokens_per_step": 64, "max_wait_steps": 8, "watermark_blocks": 2}
     config = EngineConfig(**EngineConfig.knobs_from_cli(build_parser().parse_args(flags)))
     assert {name: getattr(config, name) for name in POLICY_KNOBS} == expected
     defaults = EngineConfig(**EngineConfig.knobs_from_cli(build_parser().parse_args([])))
     assert {name: getattr(defaults, name) for name in POLICY_KNOBS} == \
         {name: getattr(EngineConfig(), name) for name in POLICY_KNOBS}
     served = []
-    monkeypatch.setattr(minicb.serving.server.uvicorn, "run", lambda app, **options: served.append(app))
-    assert minicb.serving.server.main(["--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", "2", *flags]) == 0
+    monkeypatch.setattr(minicb.serving.server.uvicorn, "run", lambda app,
+                        **options: served.append(app))
+    assert minicb.serving.server.main(["--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", "2",
+                                       *flags]) == 0
     engine = served[0].state.engine.engine
     assert {name: getattr(engine.config, name) for name in POLICY_KNOBS} == expected
     assert engine.scheduler.config.policy == "priority"
@@ -451,17 +477,23 @@ def test_the_command_line_passes_the_policy_knobs_to_the_engine(monkeypatch):
 @pytest.mark.parametrize("flags, message", [
     (["--policy", "priority", "--scheduler", "static"],
      "policy='priority' only apply to scheduler='continuous' (got scheduler='static')"),
-    (["--scheduler", "naive", "--max-wait-steps", "4"], "max_wait_steps=4 only apply to scheduler='continuous'"),
+    (["--scheduler", "naive", "--max-wait-steps", "4"],
+     "max_wait_steps=4 only apply to scheduler='continuous'"),
     (["--policy", "lifo"], "argument --policy: invalid choice: 'lifo'"),
     (["--step-order", "random"], "argument --step-order: invalid choice: 'random'"),
-    (["--max-prefill-tokens-per-step", "0"], "max_prefill_tokens_per_step must be None or an integer from 1"),
+    (["--max-prefill-tokens-per-step", "0"],
+     "max_prefill_tokens_per_step must be None or an integer from 1"),
     (["--max-wait-steps", "two"], "argument --max-wait-steps: invalid int value: 'two'"),
-    (["--max-wait-steps", "0"], "max_wait_steps must be None (no ageing) or an integer >= 1 (got 0)"),
+    (["--max-wait-steps", "0"],
+     "max_wait_steps must be None (no ageing) or an integer >= 1 (got 0)"),
     (["--watermark-blocks", "-1"], "watermark_blocks must be an integer >= 0 (got -1)"),
-    (["--max-prefill-tokens-per-step", "4096"], "max_prefill_tokens_per_step must be None or an integer from 1"),
+    (["--max-prefill-tokens-per-step", "4096"],
+     "max_prefill_tokens_per_step must be None or an integer from 1"),
 ])
-def test_the_command_line_refuses_bad_policy_knobs_with_a_usage_error(monkeypatch, capsys, flags, message):
-    monkeypatch.setattr(minicb.serving.server.uvicorn, "run", lambda app, **options: pytest.fail("it served"))
+def test_the_command_line_refuses_bad_policy_knobs_with_a_usage_error(
+    monkeypatch, capsys, flags, message):
+    monkeypatch.setattr(minicb.serving.server.uvicorn, "run", lambda app,
+                        **options: pytest.fail("it served"))
     with pytest.raises(SystemExit) as exit_:
         minicb.serving.server.main(flags)
     assert exit_.value.code == 2
@@ -472,7 +504,8 @@ def test_the_command_line_refuses_bad_policy_knobs_with_a_usage_error(monkeypatc
 def test_a_priority_server_serves_a_higher_priority_request_first(chat_model):
     """One slot: while a long request holds it, a low-priority (5) and then a high-priority (-1)
     request queue up; once the slot frees, the one sent second is served first."""
-    app = build_app(chat_model, served_model_name="tiny", max_model_len=512, max_num_seqs=1, policy="priority")
+    app = build_app(chat_model, served_model_name="tiny", max_model_len=512, max_num_seqs=1,
+                    policy="priority")
     engine = app.state.engine.engine
     finished = []          # the priority of each request, in the order the engine finished them
     engine_step = engine.step
@@ -484,18 +517,20 @@ def test_a_priority_server_serves_a_higher_priority_request_first(chat_model):
         return outputs
 
     engine.step = step
-    long_body = {"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 500, "stream": True, "ignore_eos": True}
+    long_body = {"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 500, "stream": True,
+                 "ignore_eos": True}
     queued = {
         "low": ("completions", {"prompt": [8, 9], "priority": 5}),
-        "high": ("chat/completions", {"messages": [{"role": "user", "content": "hi"}], "priority": -1}),
+        "high": ("chat/completions",
+                 {"messages": [{"role": "user", "content": "hi"}], "priority": -1}),
     }
     responses = {}
 
     def send(name: str) -> threading.Thread:
         endpoint, body = queued[name]
         thread = threading.Thread(target=lambda: responses.update({name: httpx.post(
-            f"{server.url}/v1/{endpoint}", json={"model": "tiny", "max_tokens": 8, "ignore_eos": True, **body},
-            timeout=120)}))
+            f"{server.url}/v1/{endpoint}",
+            json={"model": "tiny", "max_tokens": 8, "ignore_eos": True, **body}, timeout=120)}))
         thread.start()
         return thread
 
@@ -514,7 +549,8 @@ def test_a_priority_server_serves_a_higher_priority_request_first(chat_model):
         wait_for_waiting(1)
         threads.append(send("high"))
         metrics = wait_for_waiting(2)
-        assert metrics["minicb_num_requests_running"] == 1 and metrics["minicb_num_requests_waiting"] == 2
+        assert metrics["minicb_num_requests_running"] == 1
+        assert metrics["minicb_num_requests_waiting"] == 2
         assert not finished            # the hog is still running: nobody was admitted yet
         hog.close()                    # the hog hangs up: the slot frees
         for thread in threads:
@@ -525,9 +561,10 @@ def test_a_priority_server_serves_a_higher_priority_request_first(chat_model):
 
 
 def test_overload_gets_503_with_retry_after_and_chat_without_template_gets_400(tiny_llama):
-    app = build_app(tiny_llama, served_model_name="tiny", scheduler="naive", max_num_seqs=1, max_queue_len=1,
-                    max_model_len=MAX_MODEL_LEN)
-    long_body = {"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 200, "stream": True, "ignore_eos": True}
+    app = build_app(tiny_llama, served_model_name="tiny", scheduler="naive", max_num_seqs=1,
+                    max_queue_len=1, max_model_len=MAX_MODEL_LEN)
+    long_body = {"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 200, "stream": True,
+                 "ignore_eos": True}
     short_body = {"model": "tiny", "prompt": [8, 9], "max_tokens": 2}
     with ServerThread(app) as server, \
             httpx.stream("POST", server.url + "/v1/completions", json=long_body) as hog:
@@ -555,8 +592,9 @@ def test_overload_gets_503_with_retry_after_and_chat_without_template_gets_400(t
 
 
 def test_the_fields_that_ask_for_nothing_are_accepted(server):
-    body = {"model": "tiny", "prompt": "hi", "max_tokens": 2, "presence_penalty": 0, "frequency_penalty": 0.0,
-            "logit_bias": {}, "best_of": 1, "echo": False, "logprobs": 0, "user": "someone"}
+    body = {"model": "tiny", "prompt": "hi", "max_tokens": 2, "presence_penalty": 0,
+            "frequency_penalty": 0.0, "logit_bias": {}, "best_of": 1, "echo": False, "logprobs": 0,
+            "user": "someone"}
     response = httpx.post(server.url + "/v1/completions", json=body)
     assert response.status_code == 200, response.text
 
@@ -565,11 +603,13 @@ def test_an_unknown_model_is_404_in_openais_shape(server):
     response = httpx.post(server.url + "/v1/completions", json={"model": "gpt-4", "prompt": "hi"})
     assert response.status_code == 404
     error = response.json()["error"]
-    assert error["code"] == "model_not_found" and error["param"] == "model" and "tiny" in error["message"]
+    assert error["code"] == "model_not_found" and error["param"] == "model"
+    assert "tiny" in error["message"]
 
 
-@pytest.mark.parametrize("method, path, status", [("GET", "/v1/nothing", 404), ("GET", "/v1/completions", 405),
-                                                  ("DELETE", "/v1/models", 405)])
+@pytest.mark.parametrize(
+    "method, path, status",
+    [("GET", "/v1/nothing", 404), ("GET", "/v1/completions", 405), ("DELETE", "/v1/models", 405)])
 def test_every_error_is_in_openais_shape(server, method, path, status):
     response = httpx.request(method, server.url + path)
     assert response.status_code == status
@@ -582,16 +622,20 @@ def test_nested_or_broken_json_is_a_400_not_a_500(server):
     for raw in (nested, '{"prompt": "hi"', b"\xff\xfe"):
         response = httpx.post(server.url + "/v1/completions", content=raw,
                               headers={"content-type": "application/json"})
-        assert response.status_code == 400 and "not valid JSON" in response.json()["error"]["message"]
+        assert response.status_code == 400
+        assert "not valid JSON" in response.json()["error"]["message"]
 
 
 def test_a_body_over_the_limit_is_413_and_never_stalls_a_running_stream(chat_model):
-    app = build_app(chat_model, served_model_name="tiny", max_model_len=MAX_MODEL_LEN, max_body_bytes=10_000)
+    app = build_app(chat_model, served_model_name="tiny", max_model_len=MAX_MODEL_LEN,
+                    max_body_bytes=10_000)
     with ServerThread(app) as small:
-        body = {"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 40, "ignore_eos": True, "stream": True}
+        body = {"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 40, "ignore_eos": True,
+                "stream": True}
         with httpx.stream("POST", small.url + "/v1/completions", json=body) as stream:
             started = time.perf_counter()
-            big = httpx.post(small.url + "/v1/completions", json={"model": "tiny", "prompt": "x" * 50_000})
+            big = httpx.post(small.url + "/v1/completions",
+                             json={"model": "tiny", "prompt": "x" * 50_000})
             assert big.status_code == 413 and big.json()["error"]["code"] == "request_too_large"
             assert time.perf_counter() - started < 5, "the 413 waited for something"
             chunks = [line for line in stream.iter_lines() if line.startswith("data: {")]
@@ -602,12 +646,15 @@ def test_poison_requests_among_live_streams_leave_the_others_correct(server, ref
     """Requests that used to fail a step for everyone, sent while others stream: each bad one is
     refused alone and the streams finish with the same text as alone."""
     prompt = [5, 6, 7, 8]
-    alone = reference.generate([prompt], SamplingParams(max_tokens=24, temperature=0, ignore_eos=True),
+    alone = reference.generate([prompt],
+                               SamplingParams(max_tokens=24, temperature=0, ignore_eos=True),
                                use_tqdm=False)[0].outputs[0].token_ids
-    body = {"model": "tiny", "prompt": prompt, "max_tokens": 24, "temperature": 0, "ignore_eos": True,
-            "return_token_ids": True}
-    poisons = ['{"model": "tiny", "prompt": "a\\ud800b"}',      # a lone surrogate, as JSON can carry it
-               json.dumps({"model": "tiny", "prompt": "hi", "top_k": 2**63, "temperature": 1.0, "max_tokens": 3}),
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": 24, "temperature": 0,
+            "ignore_eos": True, "return_token_ids": True}
+    # a lone surrogate, as JSON can carry it
+    poisons = ['{"model": "tiny", "prompt": "a\\ud800b"}',
+               json.dumps({"model": "tiny", "prompt": "hi", "top_k": 2**63, "temperature": 1.0,
+                           "max_tokens": 3}),
                json.dumps({"model": "tiny", "prompt": "hi", "temperature": 10**400})]
     results = {}
 
@@ -629,11 +676,13 @@ def test_poison_requests_among_live_streams_leave_the_others_correct(server, ref
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--port", "99999"], "is not a TCP port"), (["--max-queue-len", "0"], "--max-queue-len 0 would refuse"),
-    (["--max-body-bytes", "0"], "--max-body-bytes 0"),
-])
-def test_the_servers_own_flags_are_checked_before_the_model_loads(monkeypatch, capsys, flags, message):
-    monkeypatch.setattr(minicb.serving.server, "build_app", lambda **kw: pytest.fail("the model was loaded"))
+    (["--port", "99999"], "is not a TCP port"),
+    (["--max-queue-len", "0"], "--max-queue-len 0 would refuse"),
+    (["--max-body-bytes", "0"], "--max-body-bytes 0"),])
+def test_the_servers_own_flags_are_checked_before_the_model_loads(
+    monkeypatch, capsys, flags, message):
+    monkeypatch.setattr(minicb.serving.server, "build_app",
+                        lambda **kw: pytest.fail("the model was loaded"))
     with pytest.raises(SystemExit):
         minicb.serving.server.main(flags)
     assert message in capsys.readouterr().err
@@ -642,8 +691,9 @@ def test_the_servers_own_flags_are_checked_before_the_model_loads(monkeypatch, c
 def test_chat_works_out_of_the_box_with_the_shipped_model():
     with ServerThread(build_app(None, served_model_name="minicb", max_model_len=256)) as shipped:
         client = openai.OpenAI(base_url=shipped.url + "/v1", api_key="none")
-        reply = client.chat.completions.create(model="minicb", max_tokens=8, temperature=0,
-                                               messages=[{"role": "user", "content": "Write a Python add."}])
+        reply = client.chat.completions.create(
+            model="minicb", max_tokens=8, temperature=0,
+            messages=[{"role": "user", "content": "Write a Python add."}])
         assert reply.choices[0].message.role == "assistant" and reply.usage.completion_tokens >= 1
 
 
@@ -671,7 +721,8 @@ def test_a_huge_prompt_is_tokenised_off_the_engine_thread_without_stalling_a_str
     """A prompt of 900,000 characters (under the body limit, far over max_model_len) is refused
     with 400 after tokenising; a stream running meanwhile keeps its pace: its longest gap
     between tokens stays within twice (plus scheduling noise) its longest gap when alone."""
-    body = {"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 60, "ignore_eos": True, "stream": True}
+    body = {"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 60, "ignore_eos": True,
+            "stream": True}
 
     def longest_gap(during=None) -> float:
         times = []
@@ -686,9 +737,10 @@ def test_a_huge_prompt_is_tokenised_off_the_engine_thread_without_stalling_a_str
     alone = longest_gap()
     refused = {}
     big = threading.Thread(target=lambda: refused.update(response=httpx.post(
-        server.url + "/v1/completions", json={"model": "tiny", "prompt": "def f(x): return x\n" * 45_000},
-        timeout=120)))
+        server.url + "/v1/completions",
+        json={"model": "tiny", "prompt": "def f(x): return x\n" * 45_000}, timeout=120)))
     together = longest_gap(during=big)
     big.join()
     assert refused["response"].status_code == 400 and "max_model_len" in refused["response"].text
-    assert together <= 2 * alone + 0.25, f"the stream stalled: longest gap {together:.3f} s, alone {alone:.3f} s"
+    assert together <= 2 * alone + 0.25, (f"the stream stalled: longest gap {together:.3f} s, "
+                                          f"alone {alone:.3f} s")

@@ -18,8 +18,8 @@ from minicb.serving.server import ServerThread, build_app
 CASES = 120          # per endpoint and kind (valid / broken): about a minute in all on 2 cores
 SCALARS = st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=True) | \
     st.text(max_size=20)
-JSON = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8),
-                                                                                          inner, max_size=4),
+JSON = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(
+    st.text(max_size=8), inner, max_size=4),
                     max_leaves=8)
 
 
@@ -35,7 +35,8 @@ def from_schema(schema: dict) -> st.SearchStrategy:
     if kind == "object":
         properties = schema.get("properties", {})
         required = {name: from_schema(properties[name]) for name in schema.get("required", [])}
-        optional = {name: from_schema(spec) for name, spec in properties.items() if name not in required}
+        optional = {name: from_schema(spec) for name, spec in properties.items() if name
+                    not in required}
         return st.fixed_dictionaries(required, optional=optional)
     if kind == "array":
         return st.lists(from_schema(schema.get("items", {})), min_size=schema.get("minItems", 0),
@@ -55,14 +56,16 @@ def from_schema(schema: dict) -> st.SearchStrategy:
 
 @pytest.fixture(scope="module")
 def served():
-    app = build_app(None, served_model_name="tiny", max_model_len=256, max_num_seqs=4)   # the shipped model
+    # the shipped model
+    app = build_app(None, served_model_name="tiny", max_model_len=256, max_num_seqs=4)
     with ServerThread(app) as server:
         schema = httpx.get(server.url + "/openapi.json").json()
         yield server, schema, app.state.engine
 
 
 def body_schema(openapi: dict, path: str) -> dict:
-    schema = dict(openapi["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"])
+    body = openapi["paths"][path]["post"]["requestBody"]
+    schema = dict(body["content"]["application/json"]["schema"])
     properties = dict(schema["properties"])
     # keep each case quick: short generations, few samples, small prompts
     properties["max_tokens"] = {"type": "integer", "minimum": 1, "maximum": 24}
@@ -76,7 +79,8 @@ def check(server, engine, path: str, body) -> None:
     assert response.status_code < 500, f"{response.status_code} for {body!r}: {response.text[:300]}"
     if response.status_code >= 400:
         error = response.json()["error"]
-        assert error["message"] and error["type"], f"not OpenAI's error shape: {response.text[:300]}"
+        assert error["message"] and error["type"], ("not OpenAI's error shape: "
+                                                    f"{response.text[:300]}")
 
 
 ENDPOINTS = ["/v1/completions", "/v1/chat/completions"]

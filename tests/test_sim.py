@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 
 from minicb.sim import CostModel, simulate
-from minicb.workload import Workload, WorkloadRequest, chat, gamma_arrivals, seed_example, three_answers
+from minicb.workload import (
+    Workload,
+    WorkloadRequest,
+    chat,
+    gamma_arrivals,
+    seed_example,
+    three_answers,
+)
 
 
 def test_seed_example_static_14_continuous_10():
@@ -36,7 +43,8 @@ def test_naive_runs_one_at_a_time():
 @pytest.mark.parametrize("kv_cache", ["paged", "contiguous"])
 def test_continuous_beats_static_on_a_busy_chat_trace(kv_cache):
     workload = chat(200, seed=1)
-    workload = workload.with_arrivals(gamma_arrivals(len(workload), rate=0.5, burstiness=0.5, seed=2))
+    workload = workload.with_arrivals(gamma_arrivals(len(workload), rate=0.5, burstiness=0.5,
+                                                     seed=2))
     knobs = dict(max_num_seqs=16, max_num_batched_tokens=512, kv_cache=kv_cache)
     static = simulate(workload, scheduler="static", **knobs).summary(virtual=False)
     continuous = simulate(workload, scheduler="continuous", **knobs).summary(virtual=False)
@@ -46,6 +54,7 @@ def test_continuous_beats_static_on_a_busy_chat_trace(kv_cache):
 
 def test_prefill_costs_time_and_idle_gaps_are_skipped():
     workload = Workload("two", [WorkloadRequest(64, 2, 0.0), WorkloadRequest(64, 2, 100.0)])
-    result = simulate(workload, cost=CostModel(step_overhead=1.0, prefill_token=0.5), scheduler="continuous")
+    result = simulate(workload, cost=CostModel(step_overhead=1.0, prefill_token=0.5),
+                      scheduler="continuous")
     assert result.steps[0].end - result.steps[0].start == pytest.approx(1.0 + 32.0)
     assert result.steps[2].start == pytest.approx(100.0)

@@ -45,7 +45,8 @@ STATIC = dict(scheduler="static", max_num_seqs=3, block_size=4, max_model_len=32
     ("paged", (5, 8, 8), 4 + 3, 129 / 200),
     ("contiguous", (8, 8, 8), 4, 144 / 480),
 ])
-def test_static_batch_ghost_rows_and_padding(tiny_llama, kv_cache, prompt_lens, pad, kv_utilisation):
+def test_static_batch_ghost_rows_and_padding(tiny_llama, kv_cache, prompt_lens, pad,
+                                             kv_utilisation):
     llm = serve(tiny_llama, prompt_lens, [2, 6, 6], kv_cache=kv_cache, **STATIC)
     steps = list(llm.llm_engine.step_stats.recent)
     assert [s.num_rows for s in steps] == [3] * 6
@@ -67,8 +68,8 @@ def test_static_batch_ghost_rows_and_padding(tiny_llama, kv_cache, prompt_lens, 
 # 2 blocks with 5 (10 of 16); after step 3 both are gone (0 of 0); C then 4 of 4, 5 of 8, 0 of 0.
 # 27 / 36 = 0.75.
 def test_continuous_slot_and_kv_utilisation(tiny_llama):
-    llm = serve(tiny_llama, [4, 4, 4], [3, 3, 3], scheduler="continuous", kv_cache="paged", max_num_seqs=2,
-                block_size=4, max_model_len=16)
+    llm = serve(tiny_llama, [4, 4, 4], [3, 3, 3], scheduler="continuous", kv_cache="paged",
+                max_num_seqs=2, block_size=4, max_model_len=16)
     steps = list(llm.llm_engine.step_stats.recent)
     assert [s.num_useful_rows for s in steps] == [2, 2, 2, 1, 1, 1]
     assert [s.num_reserved_slots for s in steps] == [8, 16, 0, 4, 8, 0]
@@ -84,8 +85,10 @@ def test_continuous_slot_and_kv_utilisation(tiny_llama):
 
 def test_summarize_takes_the_step_stats_and_keeps_its_old_signature(tiny_llama):
     llm = LLM(tiny_llama, scheduler="static", max_num_seqs=2)
-    outputs = llm.generate([[5] * 6, [6] * 6], [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True)
-                                                for n in (1, 3)], use_tqdm=False)
+    outputs = llm.generate(
+        [[5] * 6, [6] * 6],
+        [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in (1, 3)],
+        use_tqdm=False)
     metrics = [o.metrics for o in outputs]
     assert summarize(metrics, virtual=True).steps is None
     summary = summarize(metrics, virtual=True, steps=llm.step_stats)
@@ -120,7 +123,8 @@ WORKLOAD = [(12, 5), (30, 2), (7, 9), (21, 4), (9, 1), (16, 7), (25, 3)]   # (pr
     dict(scheduler="naive", kv_cache="paged", max_num_seqs=2),
     dict(scheduler="continuous", kv_cache="contiguous", max_num_seqs=3, max_num_batched_tokens=16),
     # chunked prefill (16-token budget) and a pool too small for everyone → preemption
-    dict(scheduler="continuous", kv_cache="paged", max_num_seqs=4, max_num_batched_tokens=16, num_kv_blocks=7),
+    dict(scheduler="continuous", kv_cache="paged", max_num_seqs=4, max_num_batched_tokens=16,
+         num_kv_blocks=7),
 ], ids=["static", "naive", "continuous-contiguous", "continuous-paged-preempting"])
 def test_engine_counts_what_the_simulator_counts(tiny_llama, knobs):
     knobs = dict(knobs, block_size=8, max_model_len=40)

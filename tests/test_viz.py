@@ -45,7 +45,8 @@ def test_static_batch_keeps_finished_rows_idle_until_the_longest_ends():
     # A ran steps 1-4, then idled in its row through step 10; E got the slot at step 11
     assert [cell[1] for cell in grid[0][4:10]] == ["idle"] * 6
     assert grid[0][10] == ("4", "prefill")
-    assert all(cell is None for cell in grid[2][10:])            # slots 2 and 3 sit empty at the end
+    # slots 2 and 3 sit empty at the end
+    assert all(cell is None for cell in grid[2][10:])
 
 
 def test_every_row_of_every_step_lands_in_exactly_one_slot():
@@ -96,7 +97,8 @@ def test_kv_usage_counts_prompt_then_one_token_per_decode():
 
 def test_paged_wastes_under_a_block_per_request_contiguous_reserves_max_model_len():
     workload = chat(24, seed=1)
-    paged = simulate(workload, scheduler="continuous", max_num_seqs=8, block_size=16, record_blocks=True)
+    paged = simulate(workload, scheduler="continuous", max_num_seqs=8, block_size=16,
+                     record_blocks=True)
     for step, (used, reserved) in zip(paged.steps, viz.kv_usage(paged)):
         assert 0 <= reserved - used < 16 * len(step.rows)
     contiguous = simulate(workload, scheduler="continuous", kv_cache="contiguous", max_num_seqs=8,
@@ -160,8 +162,8 @@ def test_request_timelines_and_curves_render():
     assert "TTFT 5 steps" in texts and "E2E 8 steps" in texts and "ITL 1 step" in texts
     with pytest.raises(ValueError):
         viz.request_timelines([])
-    rendered(viz.tradeoff_curve([{"x": 1, "y": 2, "n": 1, "g": 0}, {"x": 2, "y": 1, "n": 2, "g": 0}],
-                                "x", "y", label="n", group="g", logy=True))
+    points = [{"x": 1, "y": 2, "n": 1, "g": 0}, {"x": 2, "y": 1, "n": 2, "g": 0}]
+    rendered(viz.tradeoff_curve(points, "x", "y", label="n", group="g", logy=True))
     rendered(viz.line_plot([1, 2, 4], {"a": [1, 2, 3], "b": [3, 2, 1]}, "x", "y", logx=True))
     rendered(viz.bar_chart(["a", "b"], [1.0, 2.0], "y"))
     fig = rendered(viz.length_histogram([1, 2, 3, 4, 100]))
@@ -194,7 +196,8 @@ def test_knob_sweep_skips_invalid_pairs_and_more_slots_finish_sooner():
         [(1, 4), (4, 4), (1, 64), (4, 64), (8, 64)]
     steps = {(r["max_num_seqs"], r["max_num_batched_tokens"]): r["steps"] for r in rows}
     assert steps[(1, 64)] == 36 and steps[(4, 64)] == 10
-    assert steps[(4, 4)] > steps[(4, 64)]                         # 4-token budget chunks the prefills
+    # 4-token budget chunks the prefills
+    assert steps[(4, 4)] > steps[(4, 64)]
     table = viz.format_table(rows, ["max_num_seqs", "steps", "busy_slots"])
     assert table.splitlines()[0].split() == ["max_num_seqs", "steps", "busy_slots"]
     assert len(table.splitlines()) == len(rows) + 1
@@ -226,12 +229,14 @@ def test_show_source_is_the_installed_code_with_its_real_path_and_line_numbers()
 
     shown = viz.show_source(ContinuousScheduler.schedule)
     assert shown.path == "minicb/scheduler/continuous.py"
-    file_lines = (Path(__file__).resolve().parents[1] / shown.path).read_text().splitlines(keepends=True)
+    source = Path(__file__).resolve().parents[1] / shown.path
+    file_lines = source.read_text().splitlines(keepends=True)
     assert file_lines[shown.first_line - 1:shown.last_line] == shown.lines
     assert shown.lines[0].lstrip().startswith("def schedule(")
     assert f"{shown.first_line}  " in shown._repr_markdown_()
     part = viz.show_source(ContinuousScheduler.schedule, start="step_count", stop="return")
-    assert part.first_line > shown.first_line and "step_count" in part.lines[0] and "return" in part.lines[-1]
+    assert (part.first_line > shown.first_line and "step_count" in part.lines[0] and "return"
+            in part.lines[-1])
     with pytest.raises(ValueError, match="not in the source"):
         viz.show_source(ContinuousScheduler.schedule, start="no such line")
 

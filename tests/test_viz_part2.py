@@ -34,8 +34,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def worked_example_blocks():
-    """The worked example with 2-token blocks: A and B (0, 1) finish at step 4, E and F (4, 5) enter at 5."""
-    return simulate(seed_example(), max_num_seqs=4, block_size=2, num_kv_blocks=24, record_blocks=True)
+    """The worked example with 2-token blocks: A and B (0, 1) finish at step 4, E and F (4, 5)
+    enter at 5."""
+    return simulate(seed_example(), max_num_seqs=4, block_size=2, num_kv_blocks=24,
+                    record_blocks=True)
 
 
 # --- the block map ------------------------------------------------------------------------------
@@ -82,8 +84,10 @@ def test_block_map_renders_private_and_shared_blocks():
 
 
 def test_free_blocks_timeline_marks_every_preempting_step():
-    tight = simulate(chat(24, seed=0), max_num_seqs=16, block_size=16, max_model_len=512, num_kv_blocks=40)
-    roomy = simulate(chat(24, seed=0), max_num_seqs=16, block_size=16, max_model_len=512, num_kv_blocks=512)
+    tight = simulate(chat(24, seed=0), max_num_seqs=16, block_size=16, max_model_len=512,
+                     num_kv_blocks=40)
+    roomy = simulate(chat(24, seed=0), max_num_seqs=16, block_size=16, max_model_len=512,
+                     num_kv_blocks=512)
     preempting = [s for s in tight.steps if s.preempted]
     assert preempting and not any(s.preempted for s in roomy.steps)
     fig = rendered(free_blocks_timeline({"tight": tight, "roomy": roomy}))
@@ -110,8 +114,10 @@ def test_paged_lookup_rejects_inconsistent_arguments(table, seq_len, position, m
 
 def test_recorded_kernel_results_keeps_gpu_runs_only(tmp_path):
     assert recorded_kernel_results(tmp_path) == []
-    (tmp_path / "kernels-nvidia-h100.json").write_text(json.dumps({"device": "NVIDIA H100", "dry_run": False}))
-    (tmp_path / "kernels-cpu-triton-interpreter-dry-run.json").write_text(json.dumps({"dry_run": True}))
+    (tmp_path / "kernels-nvidia-h100.json").write_text(json.dumps({
+        "device": "NVIDIA H100", "dry_run": False}))
+    dry_run = tmp_path / "kernels-cpu-triton-interpreter-dry-run.json"
+    dry_run.write_text(json.dumps({"dry_run": True}))
     (tmp_path / "memory-chat.json").write_text("{}")
     runs = recorded_kernel_results(tmp_path)
     assert [r["device"] for r in runs] == ["NVIDIA H100"]
@@ -126,7 +132,8 @@ def test_serve_at_rates_goodput_follows_the_slos():
     assert offline["time_units"] == simulate(traffic, cost=cost, max_num_seqs=8).total_time
     assert offline["goodput"] is None and offline["slo_share"] is None
     loose, = serve_at_rates(traffic, [0.05], cost=cost, slo_ttft=1e9, slo_tpot=1e9, max_num_seqs=8)
-    assert loose["slo_share"] == 1.0 and loose["goodput"] == pytest.approx(loose["requests_per_unit"])
+    assert loose["slo_share"] == 1.0
+    assert loose["goodput"] == pytest.approx(loose["requests_per_unit"])
     # no first token can come sooner than one step (1 unit) after arrival
     strict, = serve_at_rates(traffic, [0.05], cost=cost, slo_ttft=0.5, max_num_seqs=8)
     assert strict["goodput"] == 0.0
@@ -141,7 +148,8 @@ def test_step_costs_shows_the_long_prefill_step():
     whole = simulate(traffic, max_num_batched_tokens=1024)
     chunked = simulate(traffic, max_num_batched_tokens=1024, max_prefill_tokens_per_step=64)
     fig = rendered(step_costs({"whole": whole, "chunked": chunked}))
-    # default cost model: 1 unit per step + 1/64 per prefill token: the 640-token prefill alone is 10 units
+    # default cost model: 1 unit per step + 1/64 per prefill token: the 640-token prefill alone is
+    # 10 units
     heights = [max(bar.get_height() for bar in ax.patches) for ax in fig.axes[:2]]
     assert heights[0] >= 1 + 640 / 64 and heights[1] <= 1 + 64 / 64 + 4 / 64 + 1e-9
 
@@ -173,7 +181,8 @@ To stop fragmentation.
 def test_parse_interview_reads_question_answer_and_wrong_answer():
     questions = parse_interview(SECTION, "04 · Paging")
     assert questions == [
-        InterviewQuestion("04 · Paging", "What is a block table?", "A list of physical blocks, one per logical block.",
+        InterviewQuestion("04 · Paging", "What is a block table?",
+                          "A list of physical blocks, one per logical block.",
                           '"a table of the model\'s layers."'),
         InterviewQuestion("04 · Paging", "Why page?", "To stop fragmentation.", '"speed."'),
     ]
@@ -202,11 +211,13 @@ def test_quiz_card_hides_the_answer_until_asked():
     shown = quiz_card(question, 3, 10, reveal=True)
     assert "To stop fragmentation." in shown and '"speed."' in shown
     folded = interview_markdown([question])
-    assert folded.index("<details>") < folded.index("To stop fragmentation.") < folded.index("</details>")
+    assert folded.index("<details>") < folded.index("To stop fragmentation.") \
+        < folded.index("</details>")
 
 
 def test_quiz_widget_reveals_then_moves_on_hidden():
-    questions = [InterviewQuestion("c", f"Question number {i}?", f"reply {i}", f"wrong {i}") for i in range(3)]
+    questions = [InterviewQuestion("c", f"Question number {i}?", f"reply {i}", f"wrong {i}")
+                 for i in range(3)]
     widget = quiz_widget(questions, seed=1)
     card, (show, following) = widget.children[0], widget.children[1].children
 
@@ -227,5 +238,6 @@ def test_quiz_widget_reveals_then_moves_on_hidden():
 def test_the_interview_notebook_holds_every_chapter_question():
     notebook = nbformat.read(ROOT / "notebooks" / "interview.ipynb", as_version=4)
     markdown = "\n".join(cell.source for cell in notebook.cells if cell.cell_type == "markdown")
-    missing = [q.question for q in book_interview(ROOT / "scripts" / "chapters") if q.question not in markdown]
+    missing = [q.question for q in book_interview(ROOT / "scripts" / "chapters") if q.question
+               not in markdown]
     assert not missing, f"rebuild it: scripts/build_notebooks.py interview ({missing})"

@@ -11,12 +11,17 @@ import sys
 
 # name -> (module, one line for the usage message)
 BENCHMARKS = {
-    "offline": ("minicb.bench.offline", "one workload through transformers and minicb's schedulers, side by side"),
-    "serve": ("minicb.serving.loadgen", "load-test any OpenAI-compatible server (minicb, vLLM, ...)"),
-    "load-study": ("minicb.bench.load_study", "sweep request rates against servers, one per scheduler"),
-    "kernels": ("minicb.bench.kernels", "the attention kernels against the device's copy bandwidth"),
+    "offline": ("minicb.bench.offline",
+                "one workload through transformers and minicb's schedulers, side by side"),
+    "serve": ("minicb.serving.loadgen",
+              "load-test any OpenAI-compatible server (minicb, vLLM, ...)"),
+    "load-study": ("minicb.bench.load_study",
+                   "sweep request rates against servers, one per scheduler"),
+    "kernels": ("minicb.bench.kernels",
+                "the attention kernels against the device's copy bandwidth"),
     "memory": ("minicb.bench.memory", "requests that fit one KV budget, contiguous against paged"),
-    "overhead": ("minicb.bench.overhead", "the scheduler's CPU time per step against the model's step"),
+    "overhead": ("minicb.bench.overhead",
+                 "the scheduler's CPU time per step against the model's step"),
     "policies": ("minicb.bench.policies", "admission policies and their latency trade-offs"),
     "prefix": ("minicb.bench.prefix", "prefix caching on shared-prefix traffic"),
 }

@@ -32,8 +32,10 @@ def compare_outputs(reference: list[list[int]], candidate: list[list[int]]) -> l
     for index, (want, got) in enumerate(zip(reference, candidate)):
         if want == got:
             continue
-        position = next((i for i, (a, b) in enumerate(zip(want, got)) if a != b), min(len(want), len(got)))
-        mismatches.append(Mismatch(index, position, want[position] if position < len(want) else None,
+        position = next((i for i, (a, b) in enumerate(zip(want, got)) if a != b),
+                        min(len(want), len(got)))
+        mismatches.append(Mismatch(index, position,
+                                   want[position] if position < len(want) else None,
                                    got[position] if position < len(got) else None))
     return mismatches
 
@@ -48,15 +50,16 @@ def logit_margin(model, prompt: list[int], prefix: list[int], expected: int, got
             "margin": (logits[expected] - logits[got]).item(), "top2_gap": (top[0] - top[1]).item()}
 
 
-def explain_mismatches(mismatches: list[Mismatch], prompts: list[list[int]], reference: list[list[int]],
-                       get_model: Callable[[], object], limit: int = 10) -> list[dict]:
+def explain_mismatches(mismatches: list[Mismatch], prompts: list[list[int]],
+                       reference: list[list[int]], get_model: Callable[[], object],
+                       limit: int = 10) -> list[dict]:
     """Each mismatch as a dict; the first `limit` also carry the logit margin at that position."""
     explained = []
     for number, m in enumerate(mismatches):
         entry = asdict(m)
         if number < limit and m.expected is not None and m.got is not None:
-            entry.update(logit_margin(get_model(), prompts[m.request], reference[m.request][:m.position],
-                                      m.expected, m.got))
+            entry.update(logit_margin(get_model(), prompts[m.request],
+                                      reference[m.request][:m.position], m.expected, m.got))
         explained.append(entry)
     return explained
 

@@ -21,16 +21,18 @@ RESULTS_DIR = Path("benchmarks/results")
 # Shapes of public checkpoints, built with random weights: the GPU numbers need a real model's
 # size, not its knowledge, and nothing has to be downloaded.
 RANDOM_MODELS = {
-    "qwen2-0.5b": dict(architecture="Qwen2", vocab_size=151936, hidden_size=896, intermediate_size=4864,
-                       num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
-                       max_position_embeddings=32768, rope_theta=1_000_000.0, rms_norm_eps=1e-6,
-                       tie_word_embeddings=True, bos_token_id=151643, eos_token_id=151643),
+    "qwen2-0.5b": dict(architecture="Qwen2", vocab_size=151936, hidden_size=896,
+                       intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                       num_key_value_heads=2, max_position_embeddings=32768, rope_theta=1_000_000.0,
+                       rms_norm_eps=1e-6, tie_word_embeddings=True, bos_token_id=151643,
+                       eos_token_id=151643),
 }
 
 
 # --- models -------------------------------------------------------------------------------------
 def build_random_model(name: str, directory: str | Path, dtype: str = "bfloat16") -> str:
-    """Save a checkpoint with `name`'s shape and random weights into `directory`; return its path."""
+    """Save a checkpoint with `name`'s shape and random weights into `directory`; return its
+    path."""
     if name not in RANDOM_MODELS:
         raise ValueError(f"unknown random model {name!r}; choose one of {sorted(RANDOM_MODELS)}.")
     import transformers
@@ -40,7 +42,8 @@ def build_random_model(name: str, directory: str | Path, dtype: str = "bfloat16"
     config = getattr(transformers, f"{architecture}Config")(**spec)
     torch.manual_seed(0)
     with torch.device("cpu"):
-        model = getattr(transformers, f"{architecture}ForCausalLM")(config).to(getattr(torch, dtype))
+        model_class = getattr(transformers, f"{architecture}ForCausalLM")
+        model = model_class(config).to(getattr(torch, dtype))
     model.save_pretrained(directory)
     return str(directory)
 
@@ -49,7 +52,8 @@ def resolve_model(model: str | None, random_model: str | None, dtype: str) -> tu
     """(checkpoint path, label): --random-model builds one in a temporary directory."""
     if random_model is not None:
         directory = tempfile.mkdtemp(prefix=f"minicb-{random_model}-")
-        return build_random_model(random_model, directory, dtype), f"{random_model} (random weights)"
+        return (build_random_model(random_model, directory, dtype),
+                f"{random_model} (random weights)")
     from minicb.model.loader import resolve_model_path
 
     path = resolve_model_path(model)
@@ -84,7 +88,8 @@ def load_workload(name: str, num_prompts: int | None = None) -> Workload:
         raise ValueError(f"--num-prompts must be >= 1 (got {num_prompts}).")
     from minicb.workload import WORKLOADS
 
-    if name in WORKLOADS and num_prompts is not None and "n" in inspect.signature(WORKLOADS[name]).parameters:
+    if (name in WORKLOADS and num_prompts is not None and "n"
+        in inspect.signature(WORKLOADS[name]).parameters):
         return get_workload(name, n=num_prompts)
     workload = get_workload(name)
     if num_prompts is not None:
@@ -99,17 +104,20 @@ def fit_to_context(workload: Workload, max_len: int) -> tuple[Workload, float]:
     if longest <= max_len:
         return workload, 1.0
     factor = max_len / longest
-    requests = [WorkloadRequest(max(1, int(r.prompt_len * factor)), max(1, int(r.output_len * factor)),
-                                r.arrival, r.priority) for r in workload.requests]
+    requests = [WorkloadRequest(max(1, int(r.prompt_len * factor)),
+                                max(1, int(r.output_len * factor)), r.arrival,
+                                r.priority) for r in workload.requests]
     description = f"{workload.description}, lengths scaled by {factor:.3f} to fit {max_len} tokens"
-    return Workload(workload.name, requests, description, workload.ignore_eos, dict(workload.extra)), factor
+    return (
+        Workload(workload.name, requests, description, workload.ignore_eos, dict(workload.extra)),
+        factor)
 
 
 def workload_facts(workload: Workload, scale: float = 1.0) -> dict:
-    return {"name": workload.name, "description": workload.description, "num_requests": len(workload),
-            "length_scale": scale, "prompt_tokens": sum(workload.prompt_lens),
-            "output_tokens": sum(workload.output_lens), "prompt_len_range": [min(workload.prompt_lens),
-                                                                             max(workload.prompt_lens)],
+    return {"name": workload.name, "description": workload.description,
+            "num_requests": len(workload), "length_scale": scale,
+            "prompt_tokens": sum(workload.prompt_lens), "output_tokens": sum(workload.output_lens),
+            "prompt_len_range": [min(workload.prompt_lens), max(workload.prompt_lens)],
             "output_len_range": [min(workload.output_lens), max(workload.output_lens)]}
 
 
@@ -163,7 +171,8 @@ class PeakMemory:
 
 
 # --- results ------------------------------------------------------------------------------------
-def write_results(out_dir: str | Path, stem: str, payload: dict, plot=None) -> tuple[Path, Path | None]:
+def write_results(out_dir: str | Path, stem: str, payload: dict,
+                  plot=None) -> tuple[Path, Path | None]:
     """Write `stem`.json (the payload plus the machine it ran on), then `stem`.png drawn by
     `plot(payload)` from what was written, so a failed drawing never loses a measurement."""
     out = Path(out_dir)
@@ -194,9 +203,11 @@ def format_table(rows: list[dict], columns: list[tuple[str, str, str]]) -> str:
     """A plain-text table. columns: (key, header, format spec); missing values print as '-'."""
     cells = [[header for _, header, _ in columns]]
     for row in rows:
-        cells.append(["-" if row.get(key) is None else format(row[key], spec) for key, _, spec in columns])
+        cells.append(["-" if row.get(key) is None else format(row[key], spec) for key, _, spec
+                      in columns])
     widths = [max(len(r[i]) for r in cells) for i in range(len(columns))]
-    lines = ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in cells]
+    lines = ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths)))
+             for r in cells]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
 

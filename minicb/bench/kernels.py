@@ -43,7 +43,8 @@ DRY_RUN_GRID = dict(batch_sizes=[1, 3], contexts=[48], num_q_heads=4, num_kv_hea
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m minicb bench kernels", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m minicb bench kernels",
+                                     description=__doc__.split("\n")[0])
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 64, 256])
     parser.add_argument("--contexts", type=int, nargs="+", default=[512, 4096, 32768])
     parser.add_argument("--num-q-heads", type=int, default=32)
@@ -51,11 +52,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16")
-    parser.add_argument("--num-splits", type=int, default=None, help="force split-KV (default: automatic)")
-    parser.add_argument("--rep-ms", type=int, default=100, help="time spent repeating each measurement")
+    parser.add_argument("--num-splits", type=int, default=None,
+                        help="force split-KV (default: automatic)")
+    parser.add_argument("--rep-ms", type=int, default=100,
+                        help="time spent repeating each measurement")
     parser.add_argument("--out-dir", type=Path, default=Path("benchmarks/results"))
     parser.add_argument("--dry-run", action="store_true",
-                        help="a tiny grid through the Triton interpreter on CPU: proves the code path, times nothing")
+                        help="a tiny grid through the Triton interpreter on CPU: proves the code "
+                             "path, times nothing")
     return parser.parse_args(argv)
 
 
@@ -109,8 +113,8 @@ def time_paged(args, kernels, device: str, timer, batch: int, context: int, poin
     out = torch.empty_like(q)
 
     def triton_call():
-        return kernels.paged_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, tables, scale, 1, context,
-                                       out=out, num_splits=num_splits)
+        return kernels.paged_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, tables, scale,
+                                       1, context, out=out, num_splits=num_splits)
 
     def gather_call():
         return gather_decode(q, k_cache, v_cache, tables, context, scale)
@@ -159,8 +163,8 @@ def bench_point(args, kernels, device: str, timer, batch: int, context: int) -> 
 def print_table(results: dict) -> None:
     copy = results["copy_bandwidth_gbps"]
     print(f"{results['device']}: copy bandwidth {copy:.0f} GB/s; {results['dtype']}, "
-          f"{results['num_q_heads']} query / {results['num_kv_heads']} KV heads, head_dim {results['head_dim']}, "
-          f"block_size {results['block_size']}")
+          f"{results['num_q_heads']} query / {results['num_kv_heads']} KV heads, head_dim "
+          f"{results['head_dim']}, block_size {results['block_size']}")
     header = f"{'batch':>6} {'context':>8} {'splits':>6}"
     header += "".join(f" {m + ' us':>11} {m + ' GB/s':>12}" for m in METHODS)
     print(header + f" {'triton/copy':>11}")
@@ -171,7 +175,8 @@ def print_table(results: dict) -> None:
             continue
         for m in METHODS:
             r = p["methods"][m]
-            line += f" {r['time_ms'] * 1e3:>11.1f} {r['bandwidth_gbps']:>12.0f}" if r else f" {'-':>11} {'-':>12}"
+            line += (f" {r['time_ms'] * 1e3:>11.1f} {r['bandwidth_gbps']:>12.0f}" if r
+                     else f" {'-':>11} {'-':>12}")
         triton = p["methods"]["triton"]
         print(line + (f" {triton['bandwidth_gbps'] / copy:>10.0%}" if triton else ""))
 
@@ -188,7 +193,8 @@ def plot(results: dict, path: Path) -> None:
             xs = [p["context"] for p in points if p["methods"][method]]
             ys = [p["methods"][method]["bandwidth_gbps"] for p in points if p["methods"][method]]
             ax.plot(xs, ys, marker="o", label=method)
-        ax.axhline(results["copy_bandwidth_gbps"], color="gray", linestyle="--", label="device copy")
+        ax.axhline(results["copy_bandwidth_gbps"], color="gray", linestyle="--",
+                   label="device copy")
         ax.set_xscale("log", base=2)
         ax.set_title(f"batch {batch}")
         ax.set_xlabel("context (tokens)")
@@ -212,7 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if not args.dry_run and not torch.cuda.is_available():
         print("bench kernels times GPU kernels and needs CUDA, which this machine lacks.\n"
-              "Use --dry-run to run a tiny grid through the Triton interpreter on CPU instead.", file=sys.stderr)
+              "Use --dry-run to run a tiny grid through the Triton interpreter on CPU instead.",
+              file=sys.stderr)
         return 2
     kernels = load_kernels(args.dry_run)
     interpreting = os.environ.get("TRITON_INTERPRET") == "1"

@@ -35,13 +35,16 @@ class StudyConfig:
     schedulers: tuple[str, ...] = SCHEDULERS
     request_rates: tuple[float, ...] = (1.0, 2.0, 4.0, 8.0, math.inf)
     num_prompts: int = 32
-    workload: str = "random"                  # "random" with the lengths below, or a sized minicb workload
+    # "random" with the lengths below, or a sized minicb workload
+    workload: str = "random"
     input_len: int = 32
     output_len: int = 32
-    range_ratio: float = 0.75                 # lengths vary ±75%: a static batch waits for its longest
+    # lengths vary ±75%: a static batch waits for its longest
+    range_ratio: float = 0.75
     burstiness: float = 1.0
     seed: int = 0
-    # engine knobs, the same for all; the policy knobs (policy, step_order, ...) go to continuous only
+    # engine knobs, the same for all; the policy knobs (policy, step_order, ...) go to continuous
+    # only
     knobs: dict = field(default_factory=lambda: {"max_num_seqs": 16})
 
 
@@ -52,7 +55,8 @@ def run_study(config: StudyConfig, progress: bool = False) -> list[dict]:
     """Every scheduler at every rate; one row per (scheduler, rate)."""
     rows = []
     for scheduler in config.schedulers:
-        knobs = {k: v for k, v in config.knobs.items() if scheduler == "continuous" or k not in CONTINUOUS_ONLY_KNOBS}
+        knobs = {k: v for k, v in config.knobs.items() if scheduler == "continuous" or k
+                 not in CONTINUOUS_ONLY_KNOBS}
         app = build_app(config.model, max_queue_len=None, **{**knobs, "scheduler": scheduler})
         vocab_size = app.state.engine.vocab_size
         with ServerThread(app) as server:
@@ -84,7 +88,8 @@ def _row(scheduler: str, rate: float, result: dict) -> dict:
             "failed": result["failed"], "duration_s": result["duration_s"],
             "request_throughput": result["request_throughput"],
             "output_throughput": result["output_throughput"],
-            "ttft_p50_s": ttft.get("p50", math.nan) / 1000, "ttft_p95_s": ttft.get("p95", math.nan) / 1000,
+            "ttft_p50_s": ttft.get("p50", math.nan) / 1000,
+            "ttft_p95_s": ttft.get("p95", math.nan) / 1000,
             "tpot_p50_ms": tpot.get("p50", math.nan), "tpot_p95_ms": tpot.get("p95", math.nan),
             "e2e_p95_s": e2e.get("p95", math.nan) / 1000}
 
@@ -105,8 +110,9 @@ def format_rows(rows: list[dict], header: bool = True) -> str:
 def plot(rows: list[dict], path: Path | None = None):
     """Throughput against p95 TTFT, one line per scheduler, each point labelled with its rate."""
     points = [{**r, "rate": f"{r['request_rate']:g}/s"} for r in rows]
-    fig = tradeoff_curve(points, x="ttft_p95_s", y="output_throughput", label="rate", group="scheduler",
-                         xlabel="p95 time to first token (s)", ylabel="output tokens / s",
+    fig = tradeoff_curve(points, x="ttft_p95_s", y="output_throughput", label="rate",
+                         group="scheduler", xlabel="p95 time to first token (s)",
+                         ylabel="output tokens / s",
                          title="load study: throughput vs p95 TTFT as the request rate rises")
     fig.axes[0].set_xscale("log")
     if path is not None:
@@ -122,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--schedulers", nargs="+", choices=SCHEDULERS, default=list(SCHEDULERS))
     parser.add_argument("--request-rates", nargs="+", type=float, default=None)
     parser.add_argument("--num-prompts", type=int, default=None)
-    parser.add_argument("--workload", choices=["random", *SIZED_WORKLOADS], default=defaults.workload)
+    parser.add_argument("--workload", choices=["random", *SIZED_WORKLOADS],
+                        default=defaults.workload)
     parser.add_argument("--input-len", type=int, default=None)
     parser.add_argument("--output-len", type=int, default=None)
     parser.add_argument("--range-ratio", type=float, default=defaults.range_ratio)
@@ -131,25 +138,28 @@ def main(argv: list[str] | None = None) -> int:
     EngineConfig.add_cli_args(parser, defaults={"max_num_seqs": 16, "scheduler": None})
     args = parser.parse_args(argv)
     if args.scheduler is not None:   # the study serves each of --schedulers in turn
-        parser.error(f"--scheduler {args.scheduler} has no effect here: the study serves every scheduler "
-                     f"named by --schedulers (e.g. --schedulers {args.scheduler})")
+        parser.error(f"--scheduler {args.scheduler} has no effect here: the study serves every "
+                     f"scheduler named by --schedulers (e.g. --schedulers {args.scheduler})")
     given = {"request_rates": args.request_rates and tuple(args.request_rates),
-             "num_prompts": args.num_prompts, "input_len": args.input_len, "output_len": args.output_len}
+             "num_prompts": args.num_prompts, "input_len": args.input_len,
+             "output_len": args.output_len}
     knobs = EngineConfig.knobs_from_cli(args, exclude=("model", "scheduler"))
     try:       # a knob the config refuses is a usage error, before any server starts
         EngineConfig(**knobs)
     except ValueError as error:
         parser.error(str(error))
-    config = replace(defaults, model=args.model, schedulers=tuple(args.schedulers), workload=args.workload,
-                     range_ratio=args.range_ratio, burstiness=args.burstiness, seed=args.seed, knobs=knobs,
-                     **{**(QUICK if args.quick else {}), **{k: v for k, v in given.items() if v is not None}})
+    config = replace(
+        defaults, model=args.model, schedulers=tuple(args.schedulers), workload=args.workload,
+        range_ratio=args.range_ratio, burstiness=args.burstiness, seed=args.seed, knobs=knobs,
+        **{**(QUICK if args.quick else {}), **{k: v for k, v in given.items() if v is not None}})
     print(f"machine: {machine_line()}\n")
     started = time.perf_counter()
     rows = run_study(config, progress=True)
     name = "load-study-quick" if args.quick else "load-study"
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    record = {"date": time.strftime("%Y-%m-%d"), "machine": machine_line(), "model": args.model or "default",
+    record = {"date": time.strftime("%Y-%m-%d"), "machine": machine_line(),
+              "model": args.model or "default",
               "config": {**vars(config), "request_rates": list(config.request_rates)},
               "wall_time_s": time.perf_counter() - started, "rows": rows}
     (out_dir / f"{name}.json").write_text(json.dumps(record, indent=1))

@@ -35,7 +35,8 @@ def cpu_model() -> str:
 
 
 def usable_cores() -> int:
-    """Cores this process may run on (a container or taskset can allow fewer than the machine has)."""
+    """Cores this process may run on (a container or taskset can allow fewer than the machine
+    has)."""
     if hasattr(os, "sched_getaffinity"):
         return len(os.sched_getaffinity(0))
     return os.cpu_count() or 1
@@ -70,11 +71,12 @@ def versions() -> dict[str, str | None]:
 
 
 def git_commit() -> str | None:
-    """The checkout's commit (with '+dirty' when files differ from it), or None outside a checkout."""
+    """The checkout's commit (with '+dirty' when files differ from it), or None outside a
+    checkout."""
     root = Path(__file__).resolve().parents[2]
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True,
-                                text=True, timeout=5)
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root,
+                                capture_output=True, text=True, timeout=5)
         if commit.returncode != 0:
             return None
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
@@ -92,7 +94,8 @@ def machine_info() -> dict:
     """
     import torch
 
-    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else None
+    memory = (os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf")
+              else None)
     return {
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "platform": platform.platform(),
@@ -100,7 +103,8 @@ def machine_info() -> dict:
         "cpu_cores": usable_cores(),
         "cpu_cores_machine": os.cpu_count(),
         "memory_gib": round(memory / 2**30, 1) if memory else None,
-        "load_average": [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None,
+        "load_average": ([round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg")
+                         else None),
         "torch_threads": torch.get_num_threads(),
         "gpus": gpus(),
         "cuda": torch.version.cuda,

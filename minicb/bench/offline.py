@@ -1,6 +1,7 @@
 """`python -m minicb bench offline`: one workload, seven ways to serve it, side by side in one run.
 
-    python -m minicb bench offline                                 # long-tail, default model, all systems
+    python -m minicb bench offline                                 # long-tail, default model, all
+    systems
     python -m minicb bench offline --num-prompts 64 --systems hf-generate continuous-paged
     python -m minicb bench offline --device cuda --dtype bfloat16 --random-model qwen2-0.5b
 
@@ -57,30 +58,40 @@ MINICB_KNOBS = {"naive": dict(scheduler="naive", kv_cache="contiguous"),
                 "continuous-contiguous": dict(scheduler="continuous", kv_cache="contiguous"),
                 "continuous-paged": dict(scheduler="continuous", kv_cache="paged")}
 # (system, baseline, factor): the continuous engine's targets on this benchmark
-ENGINE_FLAGS = ("attention", "device", "dtype", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
-                "block_size", "num_kv_blocks")
-TARGETS = [("continuous-paged", "hf-generate", 10.0), ("continuous-paged", "hf-generate-batch", 2.0),
-           ("continuous-paged", "static", 1.5)]
+ENGINE_FLAGS = ("attention", "device", "dtype", "max_num_seqs", "max_num_batched_tokens",
+                "max_model_len", "block_size", "num_kv_blocks")
+TARGETS = [("continuous-paged", "hf-generate", 10.0),
+           ("continuous-paged", "hf-generate-batch", 2.0), ("continuous-paged", "static", 1.5)]
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m minicb bench offline", description=__doc__.split("\n")[0])
-    p.add_argument("--model", default=None, help="checkpoint directory (default: minicb's default model)")
-    p.add_argument("--random-model", default=None, help="build a random-weight model of this shape: qwen2-0.5b")
-    p.add_argument("--workload", default="long-tail", help="a name from minicb.workload (default long-tail)")
+    p = argparse.ArgumentParser(prog="python -m minicb bench offline",
+                                description=__doc__.split("\n")[0])
+    p.add_argument("--model", default=None,
+                   help="checkpoint directory (default: minicb's default model)")
+    p.add_argument("--random-model", default=None,
+                   help="build a random-weight model of this shape: qwen2-0.5b")
+    p.add_argument("--workload", default="long-tail",
+                   help="a name from minicb.workload (default long-tail)")
     p.add_argument("--num-prompts", type=int, default=None, help="fewer requests for a quicker run")
     p.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=list(SYSTEMS))
-    p.add_argument("--hf-page-size", type=int, default=256, help="page size of transformers' paged cache")
+    p.add_argument("--hf-page-size", type=int, default=256,
+                   help="page size of transformers' paged cache")
     p.add_argument("--hf-max-batch-tokens", type=int, default=512,
-                   help="tokens per step of transformers' continuous batching: on a CPU it builds a dense "
-                        "attention mask per step, so it runs best with small steps (512 was its best of 256-18432)")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+                   help="tokens per step of transformers' continuous batching: on a CPU it builds "
+                        "a dense "
+                        "attention mask per step, so it runs best with small steps (512 was its "
+                        "best of 256-18432)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads (default: torch's choice)")
     p.add_argument("--seed", type=int, default=0, help="seed of the prompts' token ids")
     p.add_argument("--out-dir", default=str(RESULTS_DIR))
     p.add_argument("--no-progress", action="store_true")
-    # the engine knobs every minicb system shares (each system sets its own scheduler and KV layout);
+    # the engine knobs every minicb system shares (each system sets its own scheduler and KV
+    # layout);
     # the default step budget is None here: enough for a full static batch's padded prefill
-    EngineConfig.add_cli_args(p, only=ENGINE_FLAGS, defaults={"max_num_seqs": 64, "max_num_batched_tokens": None})
+    EngineConfig.add_cli_args(p, only=ENGINE_FLAGS,
+                              defaults={"max_num_seqs": 64, "max_num_batched_tokens": None})
     return p.parse_args(argv)
 
 
@@ -89,7 +100,8 @@ def run_minicb(name: str, model_path: str, args, prompts, output_lens, progress:
 
     knobs = dict(MINICB_KNOBS[name], **EngineConfig.knobs_from_cli(args, only=ENGINE_FLAGS))
     llm = LLM(model_path, **knobs)
-    llm.generate(prompts[:2], SamplingParams(max_tokens=2, temperature=0, ignore_eos=True), use_tqdm=False)  # warm-up
+    llm.generate(prompts[:2], SamplingParams(max_tokens=2, temperature=0, ignore_eos=True),
+                 use_tqdm=False)  # warm-up
     params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in output_lens]
     engine = llm.llm_engine
     steps = log_model_steps(engine)
@@ -98,11 +110,12 @@ def run_minicb(name: str, model_path: str, args, prompts, output_lens, progress:
         results = llm.generate(prompts, params, use_tqdm=progress)
     cpu_seconds = time.process_time() - cpu_start
     # the KV pool is allocated up front, before the probe starts: count it as memory the run needs
-    settings = dict(knobs, num_kv_blocks=engine.config.num_kv_blocks, attention=engine.config.attention,
-                    steps=len(steps),
-                    kv_pool_bytes=engine.runner.kv_cache_bytes(), peak_growth_bytes=probe.peak_bytes,
-                    time_split=time_split(steps, cpu_seconds))
-    return SystemRun([r.outputs[0].token_ids for r in results], [r.metrics for r in results], settings, cpu_seconds)
+    settings = dict(knobs, num_kv_blocks=engine.config.num_kv_blocks,
+                    attention=engine.config.attention, steps=len(steps),
+                    kv_pool_bytes=engine.runner.kv_cache_bytes(),
+                    peak_growth_bytes=probe.peak_bytes, time_split=time_split(steps, cpu_seconds))
+    return SystemRun([r.outputs[0].token_ids for r in results], [r.metrics for r in results],
+                     settings, cpu_seconds)
 
 
 def log_model_steps(engine) -> list[tuple[float, int, int]]:
@@ -122,7 +135,8 @@ def log_model_steps(engine) -> list[tuple[float, int, int]]:
 
 
 def time_split(steps: list[tuple[float, int, int]], cpu_seconds: float) -> dict:
-    """Where the CPU time went: steps with prompt tokens, pure decode steps, and the engine around them."""
+    """Where the CPU time went: steps with prompt tokens, pure decode steps, and the engine
+    around them."""
     prefill = [s for s in steps if s[1] > 0]
     decode = [s for s in steps if s[1] == 0]
     in_model = sum(s[0] for s in steps)
@@ -133,30 +147,34 @@ def time_split(steps: list[tuple[float, int, int]], cpu_seconds: float) -> dict:
             "outside_model_cpu_s": cpu_seconds - in_model}
 
 
-def run_system(name: str, model_path: str, hf_model, args, prompts: list[list[int]], output_lens: list[int],
-               progress: bool) -> tuple[SystemRun, int]:
+def run_system(name: str, model_path: str, hf_model, args, prompts: list[list[int]],
+               output_lens: list[int], progress: bool) -> tuple[SystemRun, int]:
     """Run one system; return what it produced and its peak memory beyond the weights (bytes)."""
     if name in MINICB_KNOBS:
         run = run_minicb(name, model_path, args, prompts, output_lens, progress)
         return run, run.settings["peak_growth_bytes"] + run.settings["kv_pool_bytes"]
     pad = hf_model.generation_config.pad_token_id or 0
-    with tqdm(total=len(prompts), desc="requests", disable=not progress) as bar, PeakMemory(args.device) as probe:
+    with tqdm(total=len(prompts), desc="requests", disable=not progress) as bar, \
+            PeakMemory(args.device) as probe:
         if name == "hf-generate":
             run = hf_one_at_a_time(hf_model, prompts, output_lens, pad, bar.update)
         elif name == "hf-static":
-            run = hf_static_batches(hf_model, prompts, output_lens, pad, args.max_num_seqs, bar.update)
+            run = hf_static_batches(hf_model, prompts, output_lens, pad, args.max_num_seqs,
+                                    bar.update)
         else:
-            kv_tokens = (args.num_kv_blocks or args.max_num_seqs * -(-args.max_model_len // args.block_size)) \
+            kv_tokens = (args.num_kv_blocks or args.max_num_seqs *
+                         -(-args.max_model_len // args.block_size)) \
                 * args.block_size
-            run = hf_continuous(hf_model, prompts, output_lens, pad, args.max_num_seqs, args.hf_max_batch_tokens,
-                                kv_tokens, args.hf_page_size, bar.update)
+            run = hf_continuous(hf_model, prompts, output_lens, pad, args.max_num_seqs,
+                                args.hf_max_batch_tokens, kv_tokens, args.hf_page_size, bar.update)
     return run, probe.peak_bytes
 
 
 def load_hf_model(path: str, device: str, dtype: str):
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype), attn_implementation="sdpa")
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype),
+                                                 attn_implementation="sdpa")
     model = model.to(device).eval()
     ids = torch.tensor([[5, 6, 7]], device=device)   # warm-up
     model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=2, do_sample=False,
@@ -166,11 +184,13 @@ def load_hf_model(path: str, device: str, dtype: str):
 
 def summarize_run(name: str, run: SystemRun, peak_bytes: int) -> dict:
     s = summarize(run.metrics)
-    return {"system": name, "label": SYSTEMS[name], "requests": s.num_requests, "output_tokens": s.output_tokens,
-            "duration_s": s.duration, "output_throughput": s.output_throughput, "cpu_seconds": run.cpu_seconds,
+    return {"system": name, "label": SYSTEMS[name], "requests": s.num_requests,
+            "output_tokens": s.output_tokens, "duration_s": s.duration,
+            "output_throughput": s.output_throughput, "cpu_seconds": run.cpu_seconds,
             "output_per_cpu_second": s.output_tokens / max(run.cpu_seconds, 1e-9),
-            "ttft_p50_s": s.ttft["p50"], "ttft_p95_s": s.ttft["p95"], "tpot_p50_ms": s.tpot["p50"] * 1e3,
-            "tpot_p95_ms": s.tpot["p95"] * 1e3, "peak_memory_mb": peak_bytes / 2**20, "settings": run.settings}
+            "ttft_p50_s": s.ttft["p50"], "ttft_p95_s": s.ttft["p95"],
+            "tpot_p50_ms": s.tpot["p50"] * 1e3, "tpot_p95_ms": s.tpot["p95"] * 1e3,
+            "peak_memory_mb": peak_bytes / 2**20, "settings": run.settings}
 
 
 def check_targets(rows: dict[str, dict]) -> list[dict]:
@@ -194,12 +214,14 @@ def main(argv: list[str] | None = None) -> int:
     config = json.loads((Path(model_path) / "config.json").read_text())
     context = config.get("max_position_embeddings", 2048)
     args.max_model_len = args.max_model_len or min(context, 2048)
-    workload, scale = fit_to_context(load_workload(args.workload, args.num_prompts), args.max_model_len)
+    workload, scale = fit_to_context(load_workload(args.workload, args.num_prompts),
+                                     args.max_model_len)
     prompts = workload.prompt_token_ids(config["vocab_size"], seed=args.seed)
     output_lens = workload.output_lens
-    args.max_num_batched_tokens = args.max_num_batched_tokens or args.max_num_seqs * max(workload.prompt_lens)
-    print(f"{model_label}: {workload.description}; {len(workload)} requests, {sum(output_lens)} output tokens\n"
-          f"machine: {describe(machine_info())}")
+    args.max_num_batched_tokens = (args.max_num_batched_tokens
+                                   or args.max_num_seqs * max(workload.prompt_lens))
+    print(f"{model_label}: {workload.description}; {len(workload)} requests, {sum(output_lens)} "
+          f"output tokens\nmachine: {describe(machine_info())}")
 
     # loaded once for the transformers systems, or only when a disagreement needs explaining
     get_hf_model = functools.cache(lambda: load_hf_model(model_path, args.device, args.dtype))
@@ -217,17 +239,20 @@ def main(argv: list[str] | None = None) -> int:
     for name, row in rows.items():
         row["ratio_to_slowest"] = row["output_throughput"] / slowest
         row["ratio_to_slowest_cpu"] = row["output_per_cpu_second"] / slowest_cpu
-        row["agreement"] = dict(reference=reference, **agreement(runs[reference].outputs, runs[name].outputs,
-                                                                   prompts, get_hf_model))
+        row["agreement"] = dict(
+            reference=reference,
+            **agreement(runs[reference].outputs, runs[name].outputs, prompts, get_hf_model))
     targets = check_targets(rows)
     print(report(rows, targets))
-    payload = {"benchmark": "offline", "model": {"label": model_label, "path": display_path(model_path),
-                                                  "dtype": args.dtype, "device": args.device,
-                                                  "max_model_len": args.max_model_len},
+    payload = {"benchmark": "offline", "model": {"label": model_label,
+                                                 "path": display_path(model_path),
+                                                 "dtype": args.dtype, "device": args.device,
+                                                 "max_model_len": args.max_model_len},
                "workload": workload_facts(workload, scale),
-               "settings": {k: getattr(args, k) for k in ("max_num_seqs", "max_num_batched_tokens", "num_kv_blocks",
-                                                          "block_size", "hf_page_size", "hf_max_batch_tokens", "seed",
-                                                          "threads", "attention")},
+               "settings": {k: getattr(args, k) for k in ("max_num_seqs", "max_num_batched_tokens",
+                                                          "num_kv_blocks", "block_size",
+                                                          "hf_page_size", "hf_max_batch_tokens",
+                                                          "seed", "threads", "attention")},
                "systems": list(rows.values()), "targets": targets}
     from minicb.bench.plots import plot_offline
 
@@ -240,17 +265,20 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def report(rows: dict[str, dict], targets: list[dict]) -> str:
-    table = [dict(row, agree=f"{row['requests'] - row['agreement']['requests_differing']}/{row['requests']}")
+    table = [dict(
+        row, agree=f"{row['requests'] - row['agreement']['requests_differing']}/{row['requests']}")
              for row in rows.values()]
     text = format_table(table, [("system", "system", ""), ("output_throughput", "out tok/s", ".1f"),
                                 ("ratio_to_slowest", "x slowest", ".1f"),
                                 ("output_per_cpu_second", "tok/CPU-s", ".1f"),
-                                ("ratio_to_slowest_cpu", "x slowest", ".1f"), ("ttft_p50_s", "TTFT p50 s", ".2f"),
-                                ("ttft_p95_s", "TTFT p95 s", ".2f"), ("tpot_p50_ms", "TPOT p50 ms", ".1f"),
-                                ("tpot_p95_ms", "TPOT p95 ms", ".1f"), ("peak_memory_mb", "peak MB", ".0f"),
-                                ("agree", "greedy =ref", "")])
+                                ("ratio_to_slowest_cpu", "x slowest", ".1f"),
+                                ("ttft_p50_s", "TTFT p50 s", ".2f"),
+                                ("ttft_p95_s", "TTFT p95 s", ".2f"),
+                                ("tpot_p50_ms", "TPOT p50 ms", ".1f"),
+                                ("tpot_p95_ms", "TPOT p95 ms", ".1f"),
+                                ("peak_memory_mb", "peak MB", ".0f"), ("agree", "greedy =ref", "")])
     for t in targets:
-        text += (f"\n{t['system']} / {t['baseline']}: {t['ratio']:.2f}x per second, {t['ratio_cpu']:.2f}x per "
-                 f"CPU second (target >= {t['target']:g}x: {'met' if t['met'] else 'NOT met'} / "
-                 f"{'met' if t['met_cpu'] else 'NOT met'})")
+        text += (f"\n{t['system']} / {t['baseline']}: {t['ratio']:.2f}x per second, "
+                 f"{t['ratio_cpu']:.2f}x per CPU second (target >= {t['target']:g}x: "
+                 f"{'met' if t['met'] else 'NOT met'} / {'met' if t['met_cpu'] else 'NOT met'})")
     return text

@@ -40,10 +40,13 @@ TARGET_RUNNING, TARGET_SHARE = 256, 0.10
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m minicb bench overhead", description=__doc__.split("\n")[0])
-    p.add_argument("--running", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024])
+    p = argparse.ArgumentParser(prog="python -m minicb bench overhead",
+                                description=__doc__.split("\n")[0])
+    p.add_argument("--running", type=int, nargs="+",
+                   default=[1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024])
     p.add_argument("--batch-sizes", type=int, nargs="*", default=[1, 16, 64, 256],
-                   help="decode batch sizes at which the real model's step is timed (none given: skip the model)")
+                   help="decode batch sizes at which the real model's step is timed (none given: "
+                        "skip the model)")
     p.add_argument("--context", type=int, default=128, help="prompt tokens of every request")
     p.add_argument("--steps", type=int, default=20, help="decode steps measured per point")
     p.add_argument("--model", default=None)
@@ -87,18 +90,21 @@ class PhaseClock:
         setattr(owner, method, timed)
 
 
-def model_step(model_path: str, batch: int, context: int, steps: int, device: str, dtype: str) -> dict:
+def model_step(model_path: str, batch: int, context: int, steps: int, device: str,
+               dtype: str) -> dict:
     """CPU milliseconds per decode step with `batch` running requests, split into phases (on a
     GPU the forward runs asynchronously, so there the step is timed by the wall clock)."""
     from minicb import LLM, SamplingParams
 
     llm = LLM(model_path, scheduler="continuous", kv_cache="paged", max_num_seqs=batch,
-              max_num_batched_tokens=max(2048, batch), max_model_len=context + steps + 8, device=device, dtype=dtype)
+              max_num_batched_tokens=max(2048, batch), max_model_len=context + steps + 8,
+              device=device, dtype=dtype)
     engine = llm.llm_engine
     vocab = engine.vocab_size
     for index in range(batch):
         prompt = [(7 * index + 3 * j) % (vocab - 3) + 3 for j in range(context)]
-        engine.add_request(str(index), prompt, SamplingParams(max_tokens=steps + 4, temperature=0, ignore_eos=True))
+        engine.add_request(str(index), prompt,
+                           SamplingParams(max_tokens=steps + 4, temperature=0, ignore_eos=True))
     while any(r.is_prefilling for r in engine.scheduler.waiting + engine.scheduler.running):
         engine.step()
     engine.step()   # one decode step to warm up
@@ -118,8 +124,9 @@ def model_step(model_path: str, batch: int, context: int, steps: int, device: st
         wall.append(time.perf_counter() - wall_start)
     ms = {phase: 1e3 * seconds / steps for phase, seconds in clock.seconds.items()}
     mean_ms = 1e3 * sum(wall if on_gpu else cpu) / steps
-    return {"batch": batch, "step_ms": 1e3 * statistics.median(wall if on_gpu else cpu), "mean_step_ms": mean_ms,
-            "wall_step_ms": 1e3 * statistics.median(wall), "schedule_ms": ms["schedule"], "prepare_ms": ms["prepare"],
+    return {"batch": batch, "step_ms": 1e3 * statistics.median(wall if on_gpu else cpu),
+            "mean_step_ms": mean_ms, "wall_step_ms": 1e3 * statistics.median(wall),
+            "schedule_ms": ms["schedule"], "prepare_ms": ms["prepare"],
             "forward_sample_ms": ms["execute"] - ms["prepare"], "update_ms": ms["update"],
             "other_ms": mean_ms - ms["schedule"] - ms["execute"] - ms["update"]}
 
@@ -130,7 +137,8 @@ def decode_floor(model_path: str, device: str, dtype: str) -> dict:
 
     weights = weight_bytes(load_model(Path(model_path), device, dtype))
     bandwidth = copy_bandwidth_gbps(device, make_timer(device, 100))
-    return {"weight_bytes": weights, "copy_bandwidth_gbps": bandwidth, "floor_ms": weights / (bandwidth * 1e9) * 1e3}
+    return {"weight_bytes": weights, "copy_bandwidth_gbps": bandwidth,
+            "floor_ms": weights / (bandwidth * 1e9) * 1e3}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -139,32 +147,39 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     scheduler = {kv: [{"running": n, "us_per_step": scheduler_cost(n, kv, args.context, args.steps)}
                       for n in args.running] for kv in ("paged", "contiguous")}
-    print(format_table([{"running": p["running"], "paged": p["us_per_step"], "contiguous": c["us_per_step"]}
-                        for p, c in zip(scheduler["paged"], scheduler["contiguous"])],
+    print(format_table([
+        {"running": p["running"], "paged": p["us_per_step"], "contiguous": c["us_per_step"]}
+        for p, c in zip(scheduler["paged"], scheduler["contiguous"])],
                        [("running", "running requests", "d"), ("paged", "paged: us / step", ".0f"),
                         ("contiguous", "contiguous: us / step", ".0f")]))
     model_steps, floor, model = [], None, None
     if args.batch_sizes:
         model_path, label = resolve_model(args.model, args.random_model, args.dtype)
-        model = {"label": label, "path": display_path(model_path), "device": args.device, "dtype": args.dtype,
-                 "context": args.context}
+        model = {"label": label, "path": display_path(model_path), "device": args.device,
+                 "dtype": args.dtype, "context": args.context}
         for batch in args.batch_sizes:
-            model_steps.append(model_step(model_path, batch, args.context, args.steps, args.device, args.dtype))
+            model_steps.append(model_step(model_path, batch, args.context, args.steps, args.device,
+                                          args.dtype))
         floor = decode_floor(model_path, args.device, args.dtype)
         print()
-        print(format_table(model_steps, [("batch", "decode batch", "d"), ("step_ms", "step ms (median)", ".2f"),
-                                         ("schedule_ms", "schedule", ".2f"), ("prepare_ms", "prepare", ".2f"),
+        print(format_table(model_steps, [("batch", "decode batch", "d"),
+                                         ("step_ms", "step ms (median)", ".2f"),
+                                         ("schedule_ms", "schedule", ".2f"),
+                                         ("prepare_ms", "prepare", ".2f"),
                                          ("forward_sample_ms", "forward+sample", ".2f"),
-                                         ("update_ms", "update", ".2f"), ("other_ms", "rest of step()", ".2f")]))
-        print(f"floor: {floor['weight_bytes'] / 2**20:.1f} MiB of weights / {floor['copy_bandwidth_gbps']:.1f} GB/s "
-              f"copy bandwidth = {floor['floor_ms']:.3f} ms per decode step")
+                                         ("update_ms", "update", ".2f"),
+                                         ("other_ms", "rest of step()", ".2f")]))
+        print(f"floor: {floor['weight_bytes'] / 2**20:.1f} MiB of weights / "
+              f"{floor['copy_bandwidth_gbps']:.1f} GB/s copy bandwidth = {floor['floor_ms']:.3f} "
+              "ms per decode step")
     target = overhead_share(scheduler["paged"], model_steps)
     if target:
-        print(f"schedule+update at {target['running']} running: {target['scheduler_us']:.0f} us on the cost model, "
-              f"{target['in_engine_us']:.0f} us in the engine = {100 * target['share']:.1f}% of the "
-              f"{target['step_ms']:.1f} ms step (target < {100 * TARGET_SHARE:.0f}%: "
-              f"{'met' if target['met'] else 'NOT met'})")
-    payload = {"benchmark": "overhead", "runner": "minicb.sim cost model for the scheduler; the real engine for "
+        print(f"schedule+update at {target['running']} running: {target['scheduler_us']:.0f} us on "
+              f"the cost model, {target['in_engine_us']:.0f} us in the engine = "
+              f"{100 * target['share']:.1f}% of the {target['step_ms']:.1f} ms step (target < "
+              f"{100 * TARGET_SHARE:.0f}%: {'met' if target['met'] else 'NOT met'})")
+    payload = {"benchmark": "overhead", "runner": "minicb.sim cost model for the scheduler; the "
+               "real engine for "
                "the model", "context": args.context, "steps": args.steps, "scheduler": scheduler,
                "model": model, "model_steps": model_steps, "floor": floor, "target": target}
     from minicb.bench.plots import plot_overhead
@@ -185,5 +200,6 @@ def overhead_share(scheduler: list[dict], model_steps: list[dict]) -> dict | Non
     cost = min(scheduler, key=lambda p: abs(p["running"] - step["batch"]))
     in_engine_us = 1e3 * (step["schedule_ms"] + step["update_ms"])
     share = max(cost["us_per_step"], in_engine_us) / (1e3 * step["step_ms"])
-    return {"running": step["batch"], "scheduler_us": cost["us_per_step"], "in_engine_us": in_engine_us,
-            "step_ms": step["step_ms"], "share": share, "target": TARGET_SHARE, "met": share < TARGET_SHARE}
+    return {"running": step["batch"], "scheduler_us": cost["us_per_step"],
+            "in_engine_us": in_engine_us, "step_ms": step["step_ms"], "share": share,
+            "target": TARGET_SHARE, "met": share < TARGET_SHARE}

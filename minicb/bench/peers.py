@@ -38,7 +38,8 @@ class SystemRun:
     cpu_seconds: float = 0.0
 
 
-def request_metrics(arrival: float, token_times: list[float], finished: float, prompt_len: int) -> RequestMetrics:
+def request_metrics(arrival: float, token_times: list[float], finished: float,
+                    prompt_len: int) -> RequestMetrics:
     """minicb's RequestMetrics for a request served elsewhere (wall clock only, no engine steps)."""
     return RequestMetrics(arrival, arrival, token_times[0] if token_times else None,
                           token_times[-1] if token_times else None, finished, list(token_times),
@@ -57,7 +58,8 @@ class TokenClock(StoppingCriteria):
 
 
 def greedy_config(max_new_tokens: int, pad_token_id: int) -> GenerationConfig:
-    # no end-of-sequence ids: the model's end-of-text is an ordinary token, as with ignore_eos (None would
+    # no end-of-sequence ids: the model's end-of-text is an ordinary token, as with ignore_eos (None
+    # would
     # mean "unset" and bring back the checkpoint's own eos_token_id)
     return GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=[],
                             pad_token_id=pad_token_id)
@@ -65,8 +67,9 @@ def greedy_config(max_new_tokens: int, pad_token_id: int) -> GenerationConfig:
 
 def _check_length(name: str, index: int, tokens: list[int], wanted: int) -> None:
     if len(tokens) != wanted:
-        raise RuntimeError(f"{name} returned {len(tokens)} tokens for request {index}, not {wanted}: it "
-                           "stopped early, so the systems would not be doing the same work.")
+        raise RuntimeError(f"{name} returned {len(tokens)} tokens for request {index}, not "
+                           f"{wanted}: it stopped early, so the systems would not be doing the "
+                           "same work.")
 
 
 def hf_one_at_a_time(model, prompts: list[list[int]], output_lens: list[int], pad_token_id: int,
@@ -86,12 +89,14 @@ def hf_one_at_a_time(model, prompts: list[list[int]], output_lens: list[int], pa
         outputs.append(tokens)
         metrics.append(request_metrics(start, clock.times, finished, len(prompt)))
         on_done(1)
-    return SystemRun(outputs, metrics, {"api": "model.generate, batch of one", "attn_implementation":
-                                        model.config._attn_implementation}, time.process_time() - cpu_start)
+    settings = {"api": "model.generate, batch of one",
+                "attn_implementation": model.config._attn_implementation}
+    return SystemRun(outputs, metrics, settings, time.process_time() - cpu_start)
 
 
 def hf_static_batches(model, prompts: list[list[int]], output_lens: list[int], pad_token_id: int,
-                      batch_size: int, on_done: Callable[[int], None] = lambda n: None) -> SystemRun:
+                      batch_size: int,
+                      on_done: Callable[[int], None] = lambda n: None) -> SystemRun:
     """Batches of `batch_size` requests in arrival order, each run to its longest member."""
     device = model.device
     outputs: list[list[int]] = []
@@ -104,7 +109,8 @@ def hf_static_batches(model, prompts: list[list[int]], output_lens: list[int], p
         ids = torch.tensor([[pad_token_id] * (width - len(p)) + p for p in batch], device=device)
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch], device=device)
         clock = TokenClock()
-        generated = model.generate(ids, attention_mask=mask, generation_config=greedy_config(max(lens), pad_token_id),
+        generated = model.generate(ids, attention_mask=mask,
+                                   generation_config=greedy_config(max(lens), pad_token_id),
                                    stopping_criteria=StoppingCriteriaList([clock]))
         finished = time.perf_counter()   # generate hands back the whole batch at once
         computed += len(batch) * max(lens)
@@ -114,9 +120,9 @@ def hf_static_batches(model, prompts: list[list[int]], output_lens: list[int], p
             outputs.append(tokens)
             metrics.append(request_metrics(start, clock.times[:n], finished, len(prompt)))
         on_done(len(batch))
-    return SystemRun(outputs, metrics, {"api": "model.generate, left-padded batches with attention_mask",
-                                        "batch_size": batch_size, "decode_rows_computed": computed,
-                                        "attn_implementation": model.config._attn_implementation},
+    return SystemRun(outputs, metrics, {
+        "api": "model.generate, left-padded batches with attention_mask", "batch_size": batch_size,
+        "decode_rows_computed": computed, "attn_implementation": model.config._attn_implementation},
                      time.process_time() - cpu_start)
 
 
@@ -128,41 +134,48 @@ def hf_continuous(model, prompts: list[list[int]], output_lens: list[int], pad_t
     from transformers.generation.configuration_utils import ContinuousBatchingConfig
     from transformers.generation.continuous_batching.utils import WorkloadHints
 
-    config = ContinuousBatchingConfig(page_size=page_size, num_blocks=max(-(-kv_tokens // page_size), 1),
-                                      max_batch_tokens=max_batch_tokens, max_requests_per_batch=max_requests,
-                                      allow_block_sharing=False)   # minicb runs without prefix caching too
+    num_blocks = max(-(-kv_tokens // page_size), 1)
+    config = ContinuousBatchingConfig(page_size=page_size, num_blocks=num_blocks,
+                                      max_batch_tokens=max_batch_tokens,
+                                      max_requests_per_batch=max_requests,
+                                      # minicb runs without prefix caching too
+                                      allow_block_sharing=False)
     hints = WorkloadHints(max_prompt_length=max(len(p) for p in prompts),
                           max_generated_length=max(output_lens), num_requests=len(prompts))
     generation = greedy_config(max(output_lens), pad_token_id)
     generation.eos_token_id = -1   # the manager's way of saying "no end-of-sequence token"
     results = {}
-    with model.continuous_batching_context_manager(generation_config=generation, continuous_batching_config=config,
-                                                   workload_hints=hints, block=True, timeout=5) as manager:
+    with model.continuous_batching_context_manager(generation_config=generation,
+                                                   continuous_batching_config=config,
+                                                   workload_hints=hints, block=True,
+                                                   timeout=5) as manager:
         attention = model.config._attn_implementation
         start, cpu_start = time.perf_counter(), time.process_time()
         for index, (prompt, n) in enumerate(zip(prompts, output_lens)):
-            manager.add_request(prompt, request_id=str(index), max_new_tokens=n, record_timestamps=True,
-                                eos_token_id=-1)
+            manager.add_request(prompt, request_id=str(index), max_new_tokens=n,
+                                record_timestamps=True, eos_token_id=-1)
         while len(results) < len(prompts):
             result = manager.get_result(timeout=1)
             if result is not None and result.is_finished():
                 results[result.request_id] = (result, time.perf_counter())
                 on_done(1)
             elif result is None and not manager.is_running():
-                raise RuntimeError(f"transformers' continuous batching stopped with {len(results)} of "
-                                   f"{len(prompts)} requests done; see its log above.")
+                raise RuntimeError(f"transformers' continuous batching stopped with {len(results)} "
+                                   f"of {len(prompts)} requests done; see its log above.")
         cpu_seconds = time.process_time() - cpu_start
     outputs, metrics = [], []
     for index, prompt in enumerate(prompts):
         result, received = results[str(index)]
         if result.error is not None:
-            raise RuntimeError(f"transformers' continuous batching failed request {index}: {result.error}")
+            raise RuntimeError(f"transformers' continuous batching failed request {index}: "
+                               f"{result.error}")
         tokens = list(result.generated_tokens)
         _check_length("generate_batch", index, tokens, output_lens[index])
         outputs.append(tokens)
         metrics.append(request_metrics(start, list(result.timestamps), received, len(prompt)))
-    settings = {"api": "model.continuous_batching_context_manager + add_request (generate_batch's engine)",
-                "attn_implementation": attention, "page_size": page_size, "num_blocks": config.num_blocks,
-                "max_batch_tokens": max_batch_tokens, "max_requests_per_batch": max_requests,
-                "allow_block_sharing": False}
+    settings = {
+        "api": "model.continuous_batching_context_manager + add_request (generate_batch's engine)",
+        "attn_implementation": attention, "page_size": page_size, "num_blocks": config.num_blocks,
+        "max_batch_tokens": max_batch_tokens, "max_requests_per_batch": max_requests,
+        "allow_block_sharing": False}
     return SystemRun(outputs, metrics, settings, cpu_seconds)

@@ -19,23 +19,26 @@ def plot_offline(payload: dict):
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.6))
     width = 0.4
     ys = list(range(len(systems)))
-    for offset, key, ratio, label, alpha in ((-width / 2, "output_throughput", "ratio_to_slowest", "per second", 1.0),
-                                             (width / 2, "output_per_cpu_second", "ratio_to_slowest_cpu",
-                                              "per CPU second", 0.55)):
+    for offset, key, ratio, label, alpha in (
+        (-width / 2, "output_throughput", "ratio_to_slowest", "per second", 1.0),
+        (width / 2, "output_per_cpu_second", "ratio_to_slowest_cpu", "per CPU second", 0.55)):
         colors = [PEER_COLOR if n.startswith("hf-") else MINICB_COLOR for n in names]
-        bars = left.barh([y + offset for y in ys], [s[key] for s in systems], width, color=colors, alpha=alpha,
-                         label=f"output tokens {label}")
+        bars = left.barh([y + offset for y in ys], [s[key] for s in systems], width, color=colors,
+                         alpha=alpha, label=f"output tokens {label}")
         for bar, s in zip(bars, systems):
-            left.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, f" {s[ratio]:.1f}x", va="center",
-                      fontsize=8)
+            left.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, f" {s[ratio]:.1f}x",
+                      va="center", fontsize=8)
     left.set_yticks(ys, names)
     left.invert_yaxis()
-    left.set_xlim(0, 1.15 * max(max(s["output_throughput"], s["output_per_cpu_second"]) for s in systems))
+    left.set_xlim(
+        0, 1.15 * max(max(s["output_throughput"], s["output_per_cpu_second"]) for s in systems))
     left.set_xlabel("output tokens (higher is better; x = ratio to the slowest)")
     left.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, fontsize=8)
     left.set_title("throughput (grey: transformers, blue: minicb)")
-    right.barh([y - width / 2 for y in ys], [s["ttft_p50_s"] for s in systems], width, label="TTFT p50 (s)")
-    right.barh([y + width / 2 for y in ys], [s["tpot_p50_ms"] / 1e3 for s in systems], width, label="TPOT p50 (s)")
+    right.barh([y - width / 2 for y in ys], [s["ttft_p50_s"] for s in systems], width,
+               label="TTFT p50 (s)")
+    right.barh([y + width / 2 for y in ys], [s["tpot_p50_ms"] / 1e3 for s in systems], width,
+               label="TPOT p50 (s)")
     right.set_yticks(ys, names)
     right.invert_yaxis()
     right.set_xscale("log")
@@ -44,7 +47,8 @@ def plot_offline(payload: dict):
     right.set_title("latency (wall clock)")
     w = payload["workload"]
     fig.suptitle(f"{payload['model']['label']}, {w['name']} ({w['num_requests']} requests), "
-                 f"{payload['model']['device']} {payload['model']['dtype']}\n{describe(payload['machine'])}",
+                 f"{payload['model']['device']} "
+                 f"{payload['model']['dtype']}\n{describe(payload['machine'])}",
                  fontsize=10)
     fig.tight_layout()
     return fig
@@ -58,20 +62,25 @@ def plot_memory(payload: dict):
         steps = range(1, len(run["running"]) + 1)
         color = colors[run["kv_cache"]]
         axes[0].plot(steps, run["running"], color=color, label=run["kv_cache"])
-        axes[1].plot(steps, run["reserved_slots"], color=color, label=f"{run['kv_cache']}: reserved")
-        axes[1].plot(steps, run["kv_tokens"], color=color, linestyle=":", label=f"{run['kv_cache']}: holding a token")
+        axes[1].plot(steps, run["reserved_slots"], color=color,
+                     label=f"{run['kv_cache']}: reserved")
+        axes[1].plot(steps, run["kv_tokens"], color=color, linestyle=":",
+                     label=f"{run['kv_cache']}: holding a token")
     axes[0].set(title="requests running at once", xlabel="step")
     axes[1].set(title=f"KV slots (budget {payload['kv_slots']})", xlabel="step")
     waste = [100 * r["waste_fraction"] for r in runs]
-    bars = axes[2].bar([r["kv_cache"] for r in runs], waste, color=[colors[r["kv_cache"]] for r in runs])
+    bars = axes[2].bar([r["kv_cache"] for r in runs], waste,
+                       color=[colors[r["kv_cache"]] for r in runs])
     for bar, value in zip(bars, waste):
-        axes[2].text(bar.get_x() + bar.get_width() / 2, value, f"{value:.1f}%", ha="center", va="bottom")
+        axes[2].text(bar.get_x() + bar.get_width() / 2, value, f"{value:.1f}%", ha="center",
+                     va="bottom")
     axes[2].set(title="reserved KV slots holding no token", ylabel="% of reserved slot-steps",
                 ylim=(0, max(waste) * 1.15 + 1))
     for ax in axes[:2]:
         ax.legend(fontsize=8)
     fig.suptitle(f"{payload['workload']['name']} ({payload['workload']['num_requests']} requests), "
-                 f"cost-model runner, max_model_len {payload['max_model_len']}, block_size {payload['block_size']}",
+                 f"cost-model runner, max_model_len {payload['max_model_len']}, block_size "
+                 f"{payload['block_size']}",
                  fontsize=10)
     fig.tight_layout()
     return fig
@@ -84,14 +93,16 @@ def plot_overhead(payload: dict):
                 label=f"schedule + update ({kv})")
     model = payload["model_steps"]
     if model:
-        ax.plot([p["batch"] for p in model], [p["step_ms"] * 1e3 for p in model], marker="s", color="black",
-                label=f"model decode step ({payload['model']['label']})")
-        ax.plot([p["batch"] for p in model], [p["step_ms"] * 1e2 for p in model], color="black", linestyle=":",
-                label="10% of the model step")
-        ax.plot([p["batch"] for p in model], [(p["schedule_ms"] + p["update_ms"]) * 1e3 for p in model],
-                marker="^", linestyle="--", color="tab:green", label="schedule + update in the engine")
-        ax.plot([p["batch"] for p in model], [p["prepare_ms"] * 1e3 for p in model], marker="v", linestyle="--",
-                color="tab:purple", label="prepare (packing the batch) in the engine")
+        ax.plot([p["batch"] for p in model], [p["step_ms"] * 1e3 for p in model], marker="s",
+                color="black", label=f"model decode step ({payload['model']['label']})")
+        ax.plot([p["batch"] for p in model], [p["step_ms"] * 1e2 for p in model], color="black",
+                linestyle=":", label="10% of the model step")
+        ax.plot([p["batch"] for p in model],
+                [(p["schedule_ms"] + p["update_ms"]) * 1e3 for p in model], marker="^",
+                linestyle="--", color="tab:green", label="schedule + update in the engine")
+        ax.plot([p["batch"] for p in model], [p["prepare_ms"] * 1e3 for p in model], marker="v",
+                linestyle="--", color="tab:purple",
+                label="prepare (packing the batch) in the engine")
     if payload.get("floor"):
         ax.axhline(payload["floor"]["floor_ms"] * 1e3, color="gray", linestyle="-.",
                    label="floor: weight bytes / copy bandwidth")

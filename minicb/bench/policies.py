@@ -1,7 +1,8 @@
 """Scheduler policies side by side: who goes first, how a step is composed, how much KV headroom
 admission keeps — each measured at rising request rates.
 
-    python -m minicb bench policies             # cost model and real engine, several minutes on 2 cores
+    python -m minicb bench policies             # cost model and real engine, several minutes on 2
+    cores
     python -m minicb bench policies --quick     # a smaller sweep (about a minute)
 
 Every policy serves the same seeded workloads (chat-like and long-tail) at the same arrival
@@ -9,7 +10,8 @@ times, twice: with the cost-model runner (virtual time units, hundreds of reques
 real engine on the CPU (seconds, a few dozen shorter requests). The request rates are multiples
 of the throughput FCFS reaches when everything arrives at once, measured first on each runner
 (a steady stream can run somewhat faster: the all-at-once run ends with a few long requests
-alone), plus that all-at-once point itself (an offline batch job). Per point: TTFT p50/p95 (and p95 of the
+alone), plus that all-at-once point itself (an offline batch job). Per point: TTFT p50/p95 (and p95
+of the
 high-priority quarter of the requests), TPOT p95, output throughput, the longest wait in the queue
 and the number of preemptions. Ratios between policies in one run are the result; absolute
 seconds belong to the machine named in the output.
@@ -54,9 +56,10 @@ COST_MODEL = Setup("cost model", dict(max_num_seqs=32, max_num_batched_tokens=51
                                       num_kv_blocks=384, max_model_len=1024),
                    num_requests=400, length_scale=1.0, loads=(0.5, 1.0, 1.25, 1.5, 2.0),
                    max_wait_steps=128, unit="time units")
-ENGINE = Setup("engine", dict(max_num_seqs=8, max_num_batched_tokens=128, block_size=16, num_kv_blocks=40,
-                              max_model_len=256),
-               num_requests=32, length_scale=0.25, loads=(1.0, 2.0, 4.0), max_wait_steps=32, unit="s")
+ENGINE = Setup("engine", dict(max_num_seqs=8, max_num_batched_tokens=128, block_size=16,
+                              num_kv_blocks=40, max_model_len=256),
+               num_requests=32, length_scale=0.25, loads=(1.0, 2.0, 4.0), max_wait_steps=32,
+               unit="s")
 QUICK = {"cost model": dict(num_requests=150, loads=(1.0, 1.5)),
          "engine": dict(num_requests=12, loads=(2.0,))}
 
@@ -75,7 +78,8 @@ def policies(setup: Setup) -> dict[str, dict]:
         "prefill-first": {"step_order": "prefill_first"},
         "prefill-cap": {"max_prefill_tokens_per_step": budget // 4},
         "watermark": {"watermark_blocks": pool // 10},
-        "cap+watermark": {"max_prefill_tokens_per_step": budget // 4, "watermark_blocks": pool // 10},
+        "cap+watermark": {"max_prefill_tokens_per_step": budget // 4,
+                          "watermark_blocks": pool // 10},
     }
 
 
@@ -86,7 +90,8 @@ def make_workloads(setup: Setup, seed: int = 0) -> dict[str, Workload]:
     for name, make in (("chat", chat), ("long-tail", long_tail)):
         base = make(setup.num_requests, seed)
         scaled = fixed(base.name, [max(1, round(p * setup.length_scale)) for p in base.prompt_lens],
-                       [max(1, round(o * setup.length_scale)) for o in base.output_lens], base.description)
+                       [max(1, round(o * setup.length_scale)) for o in base.output_lens],
+                       base.description)
         requests = [replace(r, priority=int(q)) for r, q in zip(scaled.requests, priorities)]
         description = f"{base.description}, lengths x{setup.length_scale:g}"
         workloads[name] = Workload(base.name, requests, description)
@@ -94,7 +99,8 @@ def make_workloads(setup: Setup, seed: int = 0) -> dict[str, Workload]:
 
 
 # --- the two runners ------------------------------------------------------------------------------
-def run_cost_model(setup: Setup, workload: Workload, knobs: dict, model: str | None) -> list[Request]:
+def run_cost_model(setup: Setup, workload: Workload, knobs: dict,
+                   model: str | None) -> list[Request]:
     return simulate(workload, **setup.knobs, **knobs).requests
 
 
@@ -111,7 +117,8 @@ def run_engine(setup: Setup, workload: Workload, knobs: dict, model: str | None)
             i = order[len(requests)]
             spec = workload.requests[i]
             params = SamplingParams(max_tokens=spec.output_len, temperature=0, ignore_eos=True)
-            requests.extend(engine.add_request(str(i), prompts[i], params, arrival_time=start + spec.arrival,
+            requests.extend(engine.add_request(str(i), prompts[i], params,
+                                               arrival_time=start + spec.arrival,
                                                priority=spec.priority))
         if engine.has_unfinished_requests():
             engine.step()
@@ -128,9 +135,10 @@ def measure(requests: list[Request]) -> dict:
     summary = summarize(metrics)
     high = summarize([m for m, r in zip(metrics, requests) if r.priority == 0] or metrics)
     return {"completed": len(metrics), "duration": summary.duration,
-            "request_throughput": summary.request_throughput, "output_throughput": summary.output_throughput,
-            "ttft_p50": summary.ttft["p50"], "ttft_p95": summary.ttft["p95"],
-            "ttft_p95_high": high.ttft["p95"], "tpot_p95": summary.tpot["p95"], "itl_p99": summary.itl["p99"],
+            "request_throughput": summary.request_throughput,
+            "output_throughput": summary.output_throughput, "ttft_p50": summary.ttft["p50"],
+            "ttft_p95": summary.ttft["p95"], "ttft_p95_high": high.ttft["p95"],
+            "tpot_p95": summary.tpot["p95"], "itl_p99": summary.itl["p99"],
             "wait_max": max(m.queue_time for m in metrics),
             "preemptions": sum(r.num_preemptions for r in requests)}
 
@@ -156,13 +164,14 @@ def sweep(setup: Setup, model: str | None = None, progress: bool = True) -> list
 # --- reporting ------------------------------------------------------------------------------------
 def format_rows(rows: list[dict], header: bool = True) -> str:
     """A markdown table, the form benchmarks/policies.md quotes."""
-    lines = ["| runner | workload | load | policy | out tok/unit | TTFT p50 | TTFT p95 | TTFT p95 (high) "
+    lines = ["| runner | workload | load | policy | out tok/unit | TTFT p50 | TTFT p95 | TTFT p95 "
+             "(high) "
              "| TPOT p95 | ITL p99 | longest wait | preempt |",
              "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"] if header else []
     for r in rows:
         cells = [f"{r['runner']} ({r['unit']})", r["workload"], f"{r['load']:g}", r["policy"]]
-        cells += [f"{r[k]:.3g}" for k in ("output_throughput", "ttft_p50", "ttft_p95", "ttft_p95_high",
-                                           "tpot_p95", "itl_p99", "wait_max")]
+        cells += [f"{r[k]:.3g}" for k in ("output_throughput", "ttft_p50", "ttft_p95",
+                                          "ttft_p95_high", "tpot_p95", "itl_p99", "wait_max")]
         lines.append("| " + " | ".join(cells + [str(r["preemptions"])]) + " |")
     return "\n".join(lines)
 
@@ -170,14 +179,16 @@ def format_rows(rows: list[dict], header: bool = True) -> str:
 def plot(rows: list[dict], path: Path | None = None):
     """Throughput (x) against p95 TTFT (y, log), one curve per policy, one panel per runner and
     workload; the points of a curve are the rising loads, the all-at-once point last."""
-    panels = sorted({(r["runner"], r["workload"]) for r in rows}, key=lambda p: (p[0] != "cost model", p[1]))
+    panels = sorted({(r["runner"], r["workload"]) for r in rows},
+                    key=lambda p: (p[0] != "cost model", p[1]))
     names = list(dict.fromkeys(r["policy"] for r in rows))
-    fig, axes = new_figure(11, 4.2 * math.ceil(len(panels) / 2), rows=math.ceil(len(panels) / 2), cols=2)
+    fig, axes = new_figure(11, 4.2 * math.ceil(len(panels) / 2), rows=math.ceil(len(panels) / 2),
+                           cols=2)
     for ax, (runner, workload) in zip(axes, panels):
         unit = "s" if runner == "engine" else "time unit"
         for index, name in enumerate(names):
-            points = sorted((r for r in rows if (r["runner"], r["workload"], r["policy"]) == (runner, workload,
-                                                                                                  name)),
+            points = sorted((r for r in rows if (r["runner"], r["workload"], r["policy"])
+                             == (runner, workload, name)),
                             key=lambda r: r["load"])
             ax.plot([p["output_throughput"] for p in points], [p["ttft_p95"] for p in points],
                     "o-" if index < 5 else "s--", color=PALETTE[index], label=name, markersize=4)
@@ -197,11 +208,14 @@ def plot(rows: list[dict], path: Path | None = None):
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m minicb bench policies",
                                      description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default=None, help="checkpoint directory (default: the shipped model)")
-    parser.add_argument("--quick", action="store_true", help="a smaller sweep: fewer requests and loads")
+    parser.add_argument("--model", default=None,
+                        help="checkpoint directory (default: the shipped model)")
+    parser.add_argument("--quick", action="store_true",
+                        help="a smaller sweep: fewer requests and loads")
     parser.add_argument("--runners", nargs="+", choices=list(RUNNERS), default=list(RUNNERS))
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch CPU threads (1: a shared machine makes more threads spin and stall)")
+    parser.add_argument(
+        "--threads", type=int, default=1,
+        help="torch CPU threads (1: a shared machine makes more threads spin and stall)")
     parser.add_argument("--out-dir", default="benchmarks/results")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -218,8 +232,8 @@ def main(argv: list[str] | None = None) -> int:
     name = "policies-quick" if args.quick else "policies"
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    record = {"date": time.strftime("%Y-%m-%d"), "machine": machine_line(), "torch": torch.__version__,
-              "torch_threads": args.threads,
+    record = {"date": time.strftime("%Y-%m-%d"), "machine": machine_line(),
+              "torch": torch.__version__, "torch_threads": args.threads,
               "model": args.model or "default",
               "setups": {s.runner: {**vars(s), "policies": policies(s)}
                          for s in setups if s.runner in args.runners},

@@ -25,7 +25,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from minicb.bench.common import RESULTS_DIR, display_path, format_table, resolve_model, write_results
+from minicb.bench.common import (
+    RESULTS_DIR,
+    display_path,
+    format_table,
+    resolve_model,
+    write_results,
+)
 from minicb.bench.machine import describe, machine_info
 from minicb.metrics import summarize
 
@@ -34,8 +40,10 @@ TIMINGS = ("ttft_p50_s", "ttft_p95_s", "duration_s", "output_throughput", "total
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m minicb bench prefix", description=__doc__.split("\n")[0])
-    p.add_argument("--model", default=None, help="checkpoint directory (default: minicb's default model)")
+    p = argparse.ArgumentParser(prog="python -m minicb bench prefix",
+                                description=__doc__.split("\n")[0])
+    p.add_argument("--model", default=None,
+                   help="checkpoint directory (default: minicb's default model)")
     p.add_argument("--num-prompts", type=int, default=32, help="requests per workload")
     p.add_argument("--system-len", type=int, default=384, help="tokens of the shared system prompt")
     p.add_argument("--question-len", type=int, nargs=2, default=[16, 48], metavar=("MIN", "MAX"))
@@ -46,8 +54,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--max-num-seqs", type=int, default=16)
     p.add_argument("--max-num-batched-tokens", type=int, default=1024)
     p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--repeats", type=int, default=3, help="runs of each setting, alternating off and on")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="runs of each setting, alternating off and on")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads (default: torch's choice)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out-dir", default=str(RESULTS_DIR))
     return p.parse_args(argv)
@@ -59,10 +69,12 @@ def shared_prefix_prompts(prefix_len: int, suffix_range: list[int], n: int, voca
     rng = np.random.default_rng(seed)
     prefix = rng.integers(3, vocab, prefix_len).tolist()
     low, high = suffix_range
-    return [prefix + rng.integers(3, vocab, int(rng.integers(low, high + 1))).tolist() for _ in range(n)]
+    return [prefix + rng.integers(3, vocab, int(rng.integers(low, high + 1))).tolist()
+            for _ in range(n)]
 
 
-def run_once(model_path: str, knobs: dict, caching: bool, prompts: list[list[int]], output_len: int) -> dict:
+def run_once(model_path: str, knobs: dict, caching: bool, prompts: list[list[int]],
+             output_len: int) -> dict:
     """One run on a fresh engine (an empty cache), warmed up on prompts that share no block."""
     from minicb import LLM, SamplingParams
 
@@ -109,7 +121,8 @@ def compare_caching(model_path: str, name: str, prompts: list[list[int]], args) 
 
 
 def peak_blocks_with_samples(model_path: str, prompts: list[list[int]], args, share: bool) -> dict:
-    """Serve N_SAMPLES samples of every prompt at once; return the peak number of KV blocks in use."""
+    """Serve N_SAMPLES samples of every prompt at once; return the peak number of KV blocks in
+    use."""
     from minicb import LLM, SamplingParams
 
     engine = LLM(model_path, max_num_seqs=len(prompts) * N_SAMPLES, block_size=args.block_size,
@@ -117,19 +130,21 @@ def peak_blocks_with_samples(model_path: str, prompts: list[list[int]], args, sh
                  max_model_len=args.max_model_len).llm_engine
     for index, prompt in enumerate(prompts):
         if share:   # one request of N_SAMPLES samples: they share the prompt's blocks
-            engine.add_request(str(index), prompt, SamplingParams(n=N_SAMPLES, temperature=0.8, seed=args.seed,
-                                                                  max_tokens=args.output_len, ignore_eos=True))
+            engine.add_request(str(index), prompt, SamplingParams(
+                n=N_SAMPLES, temperature=0.8, seed=args.seed, max_tokens=args.output_len,
+                ignore_eos=True))
             continue
         for sample in range(N_SAMPLES):     # the same samples as separate requests
-            params = SamplingParams(temperature=0.8, seed=args.seed + sample, max_tokens=args.output_len,
-                                    ignore_eos=True)
+            params = SamplingParams(temperature=0.8, seed=args.seed + sample,
+                                    max_tokens=args.output_len, ignore_eos=True)
             engine.add_request(f"{index}.{sample}", prompt, params)
     peak = 0
     while engine.has_unfinished_requests():
         engine.step()
         peak = max(peak, engine.kv.num_used_blocks())
-    return {"sharing": "on" if share else "off", "prompts": len(prompts), "samples_per_prompt": N_SAMPLES,
-            "prompt_tokens": sum(len(p) for p in prompts), "peak_blocks": peak}
+    return {"sharing": "on" if share else "off", "prompts": len(prompts),
+            "samples_per_prompt": N_SAMPLES, "prompt_tokens": sum(len(p) for p in prompts),
+            "peak_blocks": peak}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -144,38 +159,43 @@ def main(argv: list[str] | None = None) -> int:
                          args.examples[0] * args.examples[1] + args.query_len[1])
     args.max_model_len = longest_prompt + args.output_len
     if args.max_model_len > model_args.max_position_embeddings:
-        raise SystemExit(f"the workloads need {args.max_model_len} tokens but the model's context is "
-                         f"{model_args.max_position_embeddings}; lower --system-len or --examples.")
+        raise SystemExit(f"the workloads need {args.max_model_len} tokens but the model's context "
+                         f"is {model_args.max_position_embeddings}; lower --system-len or "
+                         "--examples.")
     vocab = model_args.vocab_size
     workloads = {
-        "system-prompt": shared_prefix_prompts(args.system_len, args.question_len, args.num_prompts, vocab,
-                                               args.seed),
+        "system-prompt": shared_prefix_prompts(args.system_len, args.question_len, args.num_prompts,
+                                               vocab, args.seed),
         "few-shot": shared_prefix_prompts(args.examples[0] * args.examples[1], args.query_len,
                                           args.num_prompts, vocab, args.seed + 1),
     }
-    print(f"{model_label}; {args.num_prompts} requests per workload, {args.output_len} output tokens "
-          f"each\nmachine: {describe(machine_info())}")
+    print(f"{model_label}; {args.num_prompts} requests per workload, {args.output_len} output "
+          f"tokens each\nmachine: {describe(machine_info())}")
     rows = [row for name, prompts in workloads.items()
             for row in compare_caching(model_path, name, prompts, args)]
     sampling_prompts = workloads["system-prompt"][:max(1, args.max_num_seqs // N_SAMPLES)]
     sampling = [peak_blocks_with_samples(model_path, sampling_prompts, args, share)
                 for share in (False, True)]
     print(report(rows, sampling))
-    payload = {"benchmark": "prefix", "model": {"label": model_label, "path": display_path(model_path)},
-               "settings": {k: v for k, v in vars(args).items() if k != "out_dir"},
-               "caching": rows, "sampling": sampling}
+    payload = {"benchmark": "prefix",
+               "model": {"label": model_label, "path": display_path(model_path)},
+               "settings": {k: v for k, v in vars(args).items() if k != "out_dir"}, "caching": rows,
+               "sampling": sampling}
     json_path, _ = write_results(args.out_dir, "prefix-caching", payload)
     print(f"results: {json_path}")
     return 0
 
 
 def report(rows: list[dict], sampling: list[dict]) -> str:
-    table = format_table(rows, [
-        ("workload", "workload", ""), ("caching", "caching", ""), ("ttft_p50_s", "TTFT p50 s", ".3f"),
-        ("ttft_p95_s", "TTFT p95 s", ".3f"), ("output_throughput", "out tok/s", ".1f"),
-        ("total_throughput", "total tok/s", ".1f"), ("hit_rate", "hit rate", ".1%"),
-        ("ttft_p50_speedup", "TTFT p50 x", ".2f"), ("throughput_ratio", "tok/s x", ".2f"),
-        ("outputs_equal", "greedy equal", "")])
+    table = format_table(rows, [("workload", "workload", ""), ("caching", "caching", ""),
+                                ("ttft_p50_s", "TTFT p50 s", ".3f"),
+                                ("ttft_p95_s", "TTFT p95 s", ".3f"),
+                                ("output_throughput", "out tok/s", ".1f"),
+                                ("total_throughput", "total tok/s", ".1f"),
+                                ("hit_rate", "hit rate", ".1%"),
+                                ("ttft_p50_speedup", "TTFT p50 x", ".2f"),
+                                ("throughput_ratio", "tok/s x", ".2f"),
+                                ("outputs_equal", "greedy equal", "")])
     blocks = format_table(sampling, [("sharing", "n=4 sharing", ""), ("prompts", "prompts", ""),
                                      ("prompt_tokens", "prompt tokens", ""),
                                      ("peak_blocks", "peak blocks", "")])

@@ -20,4 +20,5 @@ def make_kv_manager(kind: str, num_blocks: int, block_size: int, max_model_len: 
     raise ValueError(f"kv_cache={kind!r} is not 'contiguous' or 'paged'.")
 
 
-__all__ = ["KVManager", "BlockAllocator", "ContiguousKVManager", "PagedKVManager", "make_kv_manager"]
+__all__ = ["KVManager", "BlockAllocator", "ContiguousKVManager", "PagedKVManager",
+           "make_kv_manager"]

@@ -21,7 +21,8 @@ class BlockAllocator:
 
     def allocate(self) -> int:
         if not self.free_blocks:
-            raise RuntimeError("out of KV blocks: the scheduler should have checked can_allocate first.")
+            raise RuntimeError("out of KV blocks: the scheduler should have checked can_allocate "
+                               "first.")
         block = self.free_blocks.pop()
         self.ref_counts[block] = 1
         return block

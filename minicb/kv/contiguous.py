@@ -43,7 +43,8 @@ class ContiguousKVManager(KVManager):
             return
         start = self._find_run()
         if start is None:
-            raise RuntimeError("no free contiguous run: the scheduler should have checked can_allocate.")
+            raise RuntimeError("no free contiguous run: the scheduler should have checked "
+                               "can_allocate.")
         run = range(start, start + self.blocks_per_request)
         for block in run:
             self.is_free[block] = False
@@ -60,4 +61,5 @@ class ContiguousKVManager(KVManager):
         return len(self.runs) * self.blocks_per_request * self.block_size
 
     def can_ever_fit(self, num_tokens: int) -> bool:
-        return num_tokens <= self.blocks_per_request * self.block_size <= self.num_blocks * self.block_size
+        return (num_tokens <= self.blocks_per_request * self.block_size <= self.num_blocks
+                * self.block_size)

@@ -58,7 +58,8 @@ class PagedKVManager(KVManager):
 
     def can_allocate(self, request, num_tokens: int, reserve_blocks: int = 0) -> bool:
         copies = self._shared_block_to_copy(request) is not None
-        return self._missing_blocks(request, num_tokens) + copies + reserve_blocks <= self.num_free_blocks()
+        return (self._missing_blocks(request, num_tokens) + copies
+                + reserve_blocks <= self.num_free_blocks())
 
     def allocate(self, request, num_tokens: int) -> None:
         table = self.tables.setdefault(request.request_id, [])
@@ -126,10 +127,12 @@ class PagedKVManager(KVManager):
             self.allocator.share(block)
         self.tables[child.request_id] = list(shared)
         if parent.request_id in self.chains:
-            self.chains[child.request_id] = self.chains[parent.request_id][:num_tokens // self.block_size]
+            self.chains[child.request_id] = self.chains[parent.request_id][
+                :num_tokens // self.block_size]
         if num_tokens % self.block_size:
             # the child writes its next token into the last shared block, which is partly filled.
-            # The parent never writes there first: the child's first step comes right after the fork.
+            # The parent never writes there first: the child's first step comes right after the
+            # fork.
             self.copy_before_write[child.request_id] = num_tokens // self.block_size
         return num_tokens
 
@@ -143,7 +146,8 @@ class PagedKVManager(KVManager):
         size, table = self.block_size, self.tables[request.request_id]
         for index in range(len(chain), num_full):
             entry = self.cache.insert(chain[-1] if chain else None,
-                                      tuple(request.token_ids(index * size, (index + 1) * size)), table[index])
+                                      tuple(request.token_ids(index * size, (index + 1) * size)),
+                                      table[index])
             chain.append(entry)
             if entry is None:
                 break

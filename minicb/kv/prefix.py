@@ -101,7 +101,8 @@ class PrefixCache:
         key = hash_block(parent.hash if parent else None, token_ids)
         existing = self.by_hash.get(key)
         if existing is not None:
-            return existing if existing.parent is parent and existing.token_ids == token_ids else None
+            return (existing if existing.parent is parent and existing.token_ids == token_ids
+                    else None)
         entry = CachedBlock(block, key, token_ids, parent)
         self.by_hash[key] = entry
         self.by_block[block] = entry

@@ -97,19 +97,23 @@ class TorchPlan:
         if rows and decodes:
             index = torch.tensor(rows, device=device)
             num_keys = max(seq_lens[i] for i in rows)
-            visible = torch.arange(num_keys, device=device)[None, :] < meta.seq_lens[index].long()[:, None]
+            visible = torch.arange(num_keys, device=device)[None, :] < meta.seq_lens[index].long()[
+                :, None]
             decode = DecodeBatch(tokens=meta.cu_seqlens_q[index].long(),
-                                 blocks=blocks_of(meta.block_tables[index], num_keys), num_keys=num_keys,
-                                 visible=visible[:, None, None, :])
+                                 blocks=blocks_of(meta.block_tables[index], num_keys),
+                                 num_keys=num_keys, visible=visible[:, None, None, :])
         prefills, start = [], 0
         for row, (q_len, seq_len) in enumerate(zip(q_lens, seq_lens)):
             if q_len > 1:
-                visible = None   # a whole prompt (q_len == seq_len): query i sees keys 0..i, plain causal
+                # a whole prompt (q_len == seq_len): query i sees keys 0..i, plain causal
+                visible = None
                 if q_len != seq_len:
-                    # query i sits at max(seq_len - q_len + i, 0) and sees keys up to there (0 for left padding)
+                    # query i sits at max(seq_len - q_len + i, 0) and sees keys up to there (0 for
+                    # left padding)
                     positions = (torch.arange(q_len, device=device) + seq_len - q_len).clamp(min=0)
                     visible = torch.arange(seq_len, device=device)[None, :] <= positions[:, None]
-                prefills.append(PrefillChunk(start, q_len, seq_len, blocks_of(meta.block_tables[row:row + 1], seq_len),
+                prefills.append(PrefillChunk(start, q_len, seq_len,
+                                             blocks_of(meta.block_tables[row:row + 1], seq_len),
                                              visible))
             start += q_len
         return TorchPlan(decode, prefills, has_decodes=bool(rows))
@@ -165,8 +169,8 @@ def paged_attention_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
     return out
 
 
-def attend_prefills_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: TorchPlan,
-                          scale: float, out: torch.Tensor) -> None:
+def attend_prefills_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                          plan: TorchPlan, scale: float, out: torch.Tensor) -> None:
     """Each prefill chunk on its own: gather its keys, SDPA, write its rows of `out`."""
     gqa = q.shape[1] != k_cache.shape[2]   # SDPA lets each group of query heads share a KV head
     for c in plan.prefills:
@@ -209,8 +213,8 @@ def resolve_backend(attention: str, device: str, dtype: str) -> str:
     if attention == "auto" and not fits:
         return "torch"
     if not fits:
-        raise ValueError(f"attention='cpu' runs float32 on a CPU (got dtype={dtype!r} on device={device!r}); "
-                         "use attention='torch' (or 'triton' on a GPU).")
+        raise ValueError(f"attention='cpu' runs float32 on a CPU (got dtype={dtype!r} on "
+                         f"device={device!r}); use attention='torch' (or 'triton' on a GPU).")
     from minicb.kernels.cpu import available
 
     ok, why = available()
@@ -230,7 +234,8 @@ class Attention:
 
             self._write = lambda k, v, kc, vc, m: kernels.write_kv(k, v, kc, vc, m.slot_mapping)
             self._attend = lambda q, kc, vc, m, scale: kernels.paged_attention(
-                q, kc, vc, m.cu_seqlens_q, m.seq_lens, m.block_tables, scale, m.max_seqlen_q, m.max_seqlen_k)
+                q, kc, vc, m.cu_seqlens_q, m.seq_lens, m.block_tables, scale, m.max_seqlen_q,
+                m.max_seqlen_k)
         elif backend == "torch":
             self._write = write_kv_torch
             self._attend = paged_attention_torch

@@ -2,7 +2,8 @@
 
 It ships inside the package (``minicb/assets/default_model``) so every example runs offline and
 produces real text that stops by itself at natural, varied lengths. See ``MODEL_CARD.md`` there;
-``scripts/train_default_model.py`` rebuilds it and ``scripts/evaluate_default_model.py`` measures it.
+``scripts/train_default_model.py`` rebuilds it and ``scripts/evaluate_default_model.py`` measures
+it.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ def default_model_path() -> str:
     """Absolute path of the embedded model's directory (loadable by ``from_pretrained``).
 
     Raises:
-        FileNotFoundError: the weights or tokenizer are missing; the message says how to rebuild them.
+        FileNotFoundError: the weights or tokenizer are missing; the message says how to rebuild
+        them.
     """
     needed = ("config.json", "model.safetensors", "tokenizer.json")
     missing = [name for name in needed if not (_ASSET_DIR / name).is_file()]

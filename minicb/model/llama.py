@@ -60,7 +60,8 @@ class RotaryEmbedding(nn.Module):
         super().__init__()
         self.register_buffer("inv_freq", rope_inv_freq(args), persistent=False)
 
-    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, positions: torch.Tensor,
+                dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and the signed sin of every token's angles, [num_tokens, 1, head_dim], once per step
         for all layers (see apply_rope)."""
         freqs = positions.float()[:, None] * self.inv_freq[None, :]
@@ -104,15 +105,20 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> 
 class SelfAttention(nn.Module):
     def __init__(self, args: ModelArgs, attention: Attention):
         super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim = args.num_heads, args.num_kv_heads, args.head_dim
-        self.q_proj = nn.Linear(args.hidden_size, args.num_heads * args.head_dim, bias=args.qkv_bias)
-        self.k_proj = nn.Linear(args.hidden_size, args.num_kv_heads * args.head_dim, bias=args.qkv_bias)
-        self.v_proj = nn.Linear(args.hidden_size, args.num_kv_heads * args.head_dim, bias=args.qkv_bias)
+        self.num_heads, self.num_kv_heads = args.num_heads, args.num_kv_heads
+        self.head_dim = args.head_dim
+        self.q_proj = nn.Linear(args.hidden_size, args.num_heads * args.head_dim,
+                                bias=args.qkv_bias)
+        self.k_proj = nn.Linear(args.hidden_size, args.num_kv_heads * args.head_dim,
+                                bias=args.qkv_bias)
+        self.v_proj = nn.Linear(args.hidden_size, args.num_kv_heads * args.head_dim,
+                                bias=args.qkv_bias)
         self.o_proj = nn.Linear(args.num_heads * args.head_dim, args.hidden_size, bias=False)
         self.scale = args.head_dim ** -0.5
         self.attention = attention
 
-    def forward(self, x, cos, sin, kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata):
+    def forward(self, x, cos, sin, kv_cache: tuple[torch.Tensor, torch.Tensor],
+                meta: AttentionMetadata):
         tokens = x.shape[0]
         q = apply_rope(self.q_proj(x).view(tokens, self.num_heads, self.head_dim), cos, sin)
         k = apply_rope(self.k_proj(x).view(tokens, self.num_kv_heads, self.head_dim), cos, sin)

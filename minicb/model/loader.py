@@ -23,8 +23,8 @@ def resolve_model_path(model: str | os.PathLike | None) -> Path:
 
         return Path(default_model_path())
     if not isinstance(model, (str, os.PathLike)) or not str(model).strip():
-        raise ValueError(f"model={model!r} names no checkpoint; pass a checkpoint directory or hub id, "
-                         "or model=None for the shipped default model.")
+        raise ValueError(f"model={model!r} names no checkpoint; pass a checkpoint directory or hub "
+                         "id, or model=None for the shipped default model.")
     path = Path(model).expanduser()
     if path.is_dir():
         return path
@@ -33,15 +33,18 @@ def resolve_model_path(model: str | os.PathLike | None) -> Path:
     try:
         from huggingface_hub import snapshot_download
 
-        return Path(snapshot_download(str(model), allow_patterns=["*.json", "*.safetensors", "tokenizer*",
-                                                                   "*.model", "*.txt"]))
+        return Path(snapshot_download(
+            str(model),
+            allow_patterns=["*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt"]))
     except Exception as error:  # offline, unknown id, gated repo...
-        raise ValueError(f"model={str(model)!r} is neither a local directory nor a hub id that could be "
-                         f"downloaded ({type(error).__name__}: {error}). Pass a local checkpoint directory, "
-                         "or model=None for the shipped default model.") from error
+        raise ValueError(f"model={str(model)!r} is neither a local directory nor a hub id that "
+                         f"could be downloaded ({type(error).__name__}: {error}). Pass a local "
+                         "checkpoint directory, or model=None for the shipped default "
+                         "model.") from error
 
 
-REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+            "num_attention_heads")
 
 
 def model_args_from_config(config: dict, source: str = "config.json") -> ModelArgs:
@@ -52,13 +55,15 @@ def model_args_from_config(config: dict, source: str = "config.json") -> ModelAr
     rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     if rope_type not in SUPPORTED_ROPE_TYPES:
-        raise ValueError(f"rope_type {rope_type!r} is not supported; minicb handles {SUPPORTED_ROPE_TYPES}.")
+        raise ValueError(f"rope_type {rope_type!r} is not supported; minicb handles "
+                         f"{SUPPORTED_ROPE_TYPES}.")
     missing = [name for name in REQUIRED if name not in config]
     if missing:
         raise ValueError(f"{source} lacks {', '.join(missing)}: a Llama-family config needs "
                          f"{', '.join(REQUIRED)}.")
     sizes = {name: config[name] for name in REQUIRED} | {
-        name: config[name] for name in ("num_key_value_heads", "head_dim", "max_position_embeddings")
+        name: config[name]
+        for name in ("num_key_value_heads", "head_dim", "max_position_embeddings")
         if config.get(name) is not None}
     bad = {name: value for name, value in sizes.items()
            if not isinstance(value, int) or isinstance(value, bool) or value < 1}
@@ -91,8 +96,9 @@ def model_args_from_config(config: dict, source: str = "config.json") -> ModelAr
 def load_model(path: Path, device: str = "cpu", dtype: str = "float32",
                attention: str = "torch") -> LlamaForCausalLM:
     if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"device={device!r} but this torch ({torch.__version__}) sees no CUDA GPU; use "
-                         "device='cpu', or install a CUDA build of torch (see the README, 'Using a GPU').")
+        raise ValueError(f"device={device!r} but this torch ({torch.__version__}) sees no CUDA "
+                         "GPU; use device='cpu', or install a CUDA build of torch (see the README, "
+                         "'Using a GPU').")
     config_file = path / "config.json"
     try:
         config = json.loads(config_file.read_text())
@@ -101,13 +107,15 @@ def load_model(path: Path, device: str = "cpu", dtype: str = "float32",
     args = model_args_from_config(config, str(config_file))
     files = sorted(path.glob("*.safetensors"))
     if not files:
-        raise ValueError(f"no *.safetensors weights in {path}; minicb loads safetensors checkpoints only.")
+        raise ValueError(f"no *.safetensors weights in {path}; minicb loads safetensors "
+                         "checkpoints only.")
     state: dict[str, torch.Tensor] = {}
     for file in files:
         try:
             state.update(load_file(str(file)))
         except Exception as error:     # truncated or not safetensors at all
-            raise ValueError(f"cannot read the weights in {file}: {type(error).__name__}: {error}") from None
+            raise ValueError(f"cannot read the weights in {file}: {type(error).__name__}: "
+                             f"{error}") from None
     if args.tie_word_embeddings:
         state.pop("lm_head.weight", None)
     with torch.device("meta"):
@@ -117,26 +125,31 @@ def load_model(path: Path, device: str = "cpu", dtype: str = "float32",
     model.model.rotary_emb.inv_freq = rope_inv_freq(args).to(device)
     expected = model.state_dict()
     wrong = [f"{name} {tuple(tensor.shape)} (the config implies {tuple(expected[name].shape)})"
-             for name, tensor in state.items() if name in expected and tensor.shape != expected[name].shape]
+             for name, tensor in state.items() if name in expected
+             and tensor.shape != expected[name].shape]
     if wrong:
-        raise ValueError(f"checkpoint {path} does not match its config.json: {'; '.join(wrong[:3])}.")
-    broken = [name for name, tensor in state.items() if tensor.is_floating_point() and not tensor.isfinite().all()]
+        raise ValueError(f"checkpoint {path} does not match its config.json: "
+                         f"{'; '.join(wrong[:3])}.")
+    broken = [name for name, tensor in state.items() if tensor.is_floating_point() and
+              not tensor.isfinite().all()]
     if broken:
-        raise ValueError(f"checkpoint {path} has NaN or infinite weights in {', '.join(broken[:3])}; "
-                         "the checkpoint is damaged.")
+        raise ValueError(f"checkpoint {path} has NaN or infinite weights in "
+                         f"{', '.join(broken[:3])}; the checkpoint is damaged.")
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing = [k for k in missing if not (args.tie_word_embeddings and k == "lm_head.weight")]
     if missing or unexpected:
-        raise ValueError(f"checkpoint {path} does not match the {args} decoder: missing {missing[:5]}, "
-                         f"unexpected {unexpected[:5]}.")
+        raise ValueError(f"checkpoint {path} does not match the {args} decoder: missing "
+                         f"{missing[:5]}, unexpected {unexpected[:5]}.")
     if args.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     return model.eval()
 
 
 def load_tokenizer(path: Path):
-    """The checkpoint's tokenizer, or None when the directory has none (prompts must be token ids)."""
-    if not any((path / name).exists() for name in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+    """The checkpoint's tokenizer, or None when the directory has none (prompts must be token
+    ids)."""
+    if not any((path / name).exists()
+               for name in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
         return None
     from transformers import AutoTokenizer
 

@@ -4,7 +4,8 @@ from minicb.scheduler.base import ScheduledSeq, Scheduler, SchedulerOutput
 from minicb.scheduler.continuous import ContinuousScheduler
 from minicb.scheduler.static import NaiveScheduler, StaticScheduler
 
-SCHEDULER_CLASSES = {"naive": NaiveScheduler, "static": StaticScheduler, "continuous": ContinuousScheduler}
+SCHEDULER_CLASSES = {"naive": NaiveScheduler, "static": StaticScheduler,
+                     "continuous": ContinuousScheduler}
 
 
 def make_scheduler(config, kv_manager, stop_checker, clock) -> Scheduler:

@@ -183,7 +183,8 @@ class Scheduler:
         if parent is not None and parent.status is RequestStatus.RUNNING:
             if parent.num_computed_tokens < parent.num_prompt_tokens:
                 return False
-            request.num_computed_tokens = self.kv.fork(parent, request, request.num_prompt_tokens - 1)
+            request.num_computed_tokens = self.kv.fork(parent, request,
+                                                       request.num_prompt_tokens - 1)
         else:
             request.num_computed_tokens = self.kv.claim_cached_prefix(request)
         return True

@@ -56,7 +56,8 @@ class ContinuousScheduler(Scheduler):
             self._schedule_running(output, budget)
         return output
 
-    def _take(self, output: SchedulerOutput, request: Request, num_tokens: int, budget: StepBudget) -> None:
+    def _take(self, output: SchedulerOutput, request: Request, num_tokens: int,
+              budget: StepBudget) -> None:
         seq = ScheduledSeq.plan(request, num_tokens)
         self.kv.allocate(request, request.num_computed_tokens + num_tokens)
         output.block_copies.extend(self.kv.pop_block_copies())
@@ -66,7 +67,8 @@ class ContinuousScheduler(Scheduler):
     # --- running requests --------------------------------------------------------------------
     def _schedule_running(self, output: SchedulerOutput, budget: StepBudget) -> None:
         for request in list(self.running):
-            if request.status is not RequestStatus.RUNNING or request.request_id in budget.scheduled:
+            if (request.status is not RequestStatus.RUNNING or request.request_id
+                in budget.scheduled):
                 continue
             num_tokens = budget.tokens_for(request)
             if num_tokens == 0:

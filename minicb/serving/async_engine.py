@@ -177,9 +177,11 @@ class AsyncLLMEngine:
         await self._loop_task
         self._loop_task = None
 
-    # --- requests ----------------------------------------------------------------------------------
-    async def add_request(self, prompt: Prompt, params: SamplingParams, request_id: str | None = None,
-                          priority: int = 0, require_fit: bool = False) -> RequestStream:
+    # --- requests
+    # ----------------------------------------------------------------------------------
+    async def add_request(self, prompt: Prompt, params: SamplingParams,
+                          request_id: str | None = None, priority: int = 0,
+                          require_fit: bool = False) -> RequestStream:
         """Queue a request; return its stream once the engine accepted it.
 
         Raises ValueError (bad input, from the engine's checks) or QueueFullError (overload).
@@ -195,14 +197,15 @@ class AsyncLLMEngine:
             raise ValueError(f"request id {request_id!r} is already in use; ids must be unique.")
         # tokenise and check here, off the engine's thread: a long prompt never stalls the steps
         token_ids = await asyncio.to_thread(self.engine.validate, prompt, params)
-        if self.max_queue_len is not None and self.num_waiting >= self.max_queue_len:   # filled meanwhile
+        # filled meanwhile
+        if self.max_queue_len is not None and self.num_waiting >= self.max_queue_len:
             raise QueueFullError(self.num_waiting, self.max_queue_len, self.retry_after())
         if request_id in self._streams:
             raise ValueError(f"request id {request_id!r} is already in use; ids must be unique.")
         stream = self._streams[request_id] = RequestStream(request_id, params.n)
         added = asyncio.get_running_loop().create_future()
-        self._pending_adds.append(_PendingAdd(request_id, prompt, params, priority, time.perf_counter(),
-                                              require_fit, added, token_ids))
+        self._pending_adds.append(_PendingAdd(request_id, prompt, params, priority,
+                                              time.perf_counter(), require_fit, added, token_ids))
         self._wake.set()
         try:
             await added
@@ -212,7 +215,8 @@ class AsyncLLMEngine:
         return stream
 
     def abort(self, request_id: str) -> None:
-        """Ask for the request (all its samples) to stop; its blocks are freed before the next step."""
+        """Ask for the request (all its samples) to stop; its blocks are freed before the next
+        step."""
         if request_id in self._streams and self._wake is not None:
             self._pending_aborts.add(request_id)
             self._wake.set()
@@ -232,7 +236,8 @@ class AsyncLLMEngine:
     # --- the loop (event loop side) ------------------------------------------------------------
     async def _run(self) -> None:
         while not self._stopping:
-            if not (self._pending_adds or self._pending_aborts or self.engine.has_unfinished_requests()):
+            if not (self._pending_adds or self._pending_aborts
+                    or self.engine.has_unfinished_requests()):
                 self._wake.clear()
                 await self._wake.wait()
                 continue
@@ -244,7 +249,8 @@ class AsyncLLMEngine:
             self._pending_adds = []
             try:
                 rejected, deltas = await asyncio.to_thread(self._engine_iteration, adds, aborts)
-            except Exception as error:   # a fault inside a step: fail what is in flight, keep serving
+            # a fault inside a step: fail what is in flight, keep serving
+            except Exception as error:
                 self._fail_all(f"{type(error).__name__}: {error}", adds)
                 continue
             for add in adds:
@@ -281,7 +287,8 @@ class AsyncLLMEngine:
         if delta.finished:
             self._finish_times.append(time.perf_counter())
             # a request's prompt tokens count once, however many samples it has
-            self.stats.on_finished(delta.metrics, delta.finish_reason, count_prompt=delta.index == 0)
+            self.stats.on_finished(delta.metrics, delta.finish_reason,
+                                   count_prompt=delta.index == 0)
         if stream is not None:
             stream.put(delta)
             if not stream.unfinished:
@@ -299,7 +306,8 @@ class AsyncLLMEngine:
                 add.added.set_result(None)
 
     def _fail_all(self, message: str, adds: list[_PendingAdd]) -> None:
-        self._pending_aborts.update(self._streams)   # the next iteration removes them from the engine
+        # the next iteration removes them from the engine
+        self._pending_aborts.update(self._streams)
         for request_id in list(self._streams):
             self._end_stream(request_id, "error", message)
         for add in adds:   # their callers still wait for the add: hand them the ended stream
@@ -315,7 +323,8 @@ class AsyncLLMEngine:
                 self._add_to_engine(add)
             except ValueError as error:
                 rejected[add.request_id] = error
-            except Exception as error:     # whatever else one request trips over, it alone is refused
+            # whatever else one request trips over, it alone is refused
+            except Exception as error:
                 rejected[add.request_id] = ValueError(f"the request could not be added: "
                                                       f"{type(error).__name__}: {error}")
         for request_id in aborts:
@@ -334,13 +343,14 @@ class AsyncLLMEngine:
         token_ids = add.token_ids
         limit = engine.config.max_model_len
         if add.require_fit and len(token_ids) + params.max_tokens > limit:
-            raise ValueError(f"max_tokens={params.max_tokens} plus the prompt's {len(token_ids)} tokens "
-                             f"exceeds max_model_len={limit}; ask for at most {limit - len(token_ids)} "
-                             "tokens or shorten the prompt.")
+            raise ValueError(f"max_tokens={params.max_tokens} plus the prompt's {len(token_ids)} "
+                             f"tokens exceeds max_model_len={limit}; ask for at most "
+                             f"{limit - len(token_ids)} tokens or shorten the prompt.")
         engine.add_request(add.request_id, add.prompt, params, add.arrival_time, add.priority,
                            prompt_token_ids=token_ids)
         for index in range(params.n):
-            self._detokenizers[add.request_id, index] = IncrementalDetokenizer(engine.tokenizer, params.stop)
+            self._detokenizers[add.request_id, index] = IncrementalDetokenizer(
+                engine.tokenizer, params.stop)
 
     def _to_delta(self, output: RequestOutput) -> StreamDelta:
         completion = output.outputs[0]
@@ -350,8 +360,9 @@ class AsyncLLMEngine:
         else:
             text = self._detokenizers[key].add(output.new_token_ids)
         return StreamDelta(output.request_id, list(output.new_token_ids), text, output.finished,
-                           completion.finish_reason, len(output.prompt_token_ids), len(completion.token_ids),
-                           output.metrics if output.finished else None, output.error, completion.index)
+                           completion.finish_reason, len(output.prompt_token_ids),
+                           len(completion.token_ids), output.metrics if output.finished else None,
+                           output.error, completion.index)
 
     def _abort_everything(self) -> None:
         for request_id in self.engine.request_ids():

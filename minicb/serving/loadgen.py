@@ -31,9 +31,9 @@ from minicb.viz.base import new_figure
 from minicb.workload import Workload, fixed, gamma_arrivals, get_workload, uniform_lengths
 
 # text prompts are drawn from these words (about one token each for a code-trained tokenizer)
-PROMPT_WORDS = ("def return import self for in if else class None True False while with as try except "
-                "raise yield lambda print range len list dict value key index result data name path "
-                "file line text item count total size").split()
+PROMPT_WORDS = ("def return import self for in if else class None True False while with as try "
+                "except raise yield lambda print range len list dict value key index result data "
+                "name path file line text item count total size").split()
 SIZED_WORKLOADS = ("chat", "long-tail", "mixed")   # minicb workloads that take a size
 
 
@@ -44,9 +44,11 @@ class BenchConfig:
     model: str | None = None               # None: the first model GET /v1/models lists
     num_prompts: int = 64
     request_rate: float = math.inf          # requests per second; inf sends all at once
-    burstiness: float = 1.0                 # 1 = Poisson; < 1 burstier, > 1 more regular (Gamma gaps)
+    # 1 = Poisson; < 1 burstier, > 1 more regular (Gamma gaps)
+    burstiness: float = 1.0
     max_concurrency: int | None = None
-    workload: str = "random"                # "random" (input/output lengths below) or SIZED_WORKLOADS
+    # "random" (input/output lengths below) or SIZED_WORKLOADS
+    workload: str = "random"
     input_len: int = 64
     output_len: int = 64
     range_ratio: float = 0.0                # random lengths in [len·(1−r), len·(1+r)]
@@ -74,10 +76,12 @@ class RequestResult:
         """The client's view as the engine's RequestMetrics, so minicb.metrics summarises it."""
         first = self.chunk_times[0] if self.chunk_times else None
         last = self.chunk_times[-1] if self.chunk_times else None
-        return RequestMetrics(arrival_time=self.send_time, first_scheduled_time=None, first_token_time=first,
-                              last_token_time=last, finished_time=self.end_time, token_times=list(self.chunk_times),
+        return RequestMetrics(arrival_time=self.send_time, first_scheduled_time=None,
+                              first_token_time=first, last_token_time=last,
+                              finished_time=self.end_time, token_times=list(self.chunk_times),
                               arrival_step=0, first_scheduled_step=None, first_token_step=None,
-                              finished_step=None, token_steps=[], num_prompt_tokens=self.prompt_tokens,
+                              finished_step=None, token_steps=[],
+                              num_prompt_tokens=self.prompt_tokens,
                               num_output_tokens=self.output_tokens)
 
 
@@ -86,7 +90,8 @@ def make_workload(config: BenchConfig) -> Workload:
         return get_workload(config.workload, n=config.num_prompts, seed=config.seed)
 
     def lengths(mean: int, seed: int) -> list[int]:
-        low, high = max(1, int(mean * (1 - config.range_ratio))), int(mean * (1 + config.range_ratio))
+        low, high = max(1, int(mean * (1 - config.range_ratio))), int(
+            mean * (1 + config.range_ratio))
         return uniform_lengths(config.num_prompts, low, max(low, high), seed)
 
     prompt_lens = lengths(config.input_len, config.seed)
@@ -101,8 +106,8 @@ def make_prompts(workload: Workload, config: BenchConfig) -> list[str] | list[li
 
 
 def _payload(config: BenchConfig, model: str, prompt, max_tokens: int) -> dict:
-    payload = {"model": model, "max_tokens": max_tokens, "temperature": config.temperature, "stream": True,
-               "stream_options": {"include_usage": True}}
+    payload = {"model": model, "max_tokens": max_tokens, "temperature": config.temperature,
+               "stream": True, "stream_options": {"include_usage": True}}
     if config.endpoint.endswith("chat/completions"):
         payload["messages"] = [{"role": "user", "content": prompt}]
     else:
@@ -118,7 +123,8 @@ async def send_request(client: httpx.AsyncClient, url: str, payload: dict) -> Re
     try:
         async with client.stream("POST", url, json=payload) as response:
             if response.status_code != 200:
-                result.error = f"HTTP {response.status_code}: {(await response.aread()).decode()[:300]}"
+                result.error = (f"HTTP {response.status_code}: "
+                                f"{(await response.aread()).decode()[:300]}")
                 return result
             async for line in response.aiter_lines():
                 if not line.startswith("data:") or line[5:].strip() == "[DONE]":
@@ -130,12 +136,14 @@ async def send_request(client: httpx.AsyncClient, url: str, payload: dict) -> Re
                 if chunk.get("choices"):
                     result.chunk_times.append(time.perf_counter())
                     first = chunk["choices"][0]
-                    result.text += first.get("text") or (first.get("delta") or {}).get("content") or ""
+                    result.text += (first.get("text") or (first.get("delta") or {}).get("content")
+                                    or "")
                 if chunk.get("usage"):
                     result.prompt_tokens = chunk["usage"]["prompt_tokens"]
                     result.output_tokens = chunk["usage"]["completion_tokens"]
         result.end_time = time.perf_counter()
-        result.output_tokens = result.output_tokens or len(result.chunk_times)   # a server without usage
+        # a server without usage
+        result.output_tokens = result.output_tokens or len(result.chunk_times)
         result.success = bool(result.chunk_times)
         result.error = "" if result.success else "the stream carried no tokens"
     except (httpx.HTTPError, json.JSONDecodeError, KeyError) as error:
@@ -163,7 +171,8 @@ async def run_benchmark(config: BenchConfig) -> dict:
 
         async def one(prompt, max_tokens: int) -> RequestResult:
             async with gate:
-                result = await send_request(client, url, _payload(config, model, prompt, max_tokens))
+                result = await send_request(client, url,
+                                            _payload(config, model, prompt, max_tokens))
             bar.update(1)
             return result
 
@@ -211,7 +220,8 @@ def collect(config: BenchConfig, model: str, results: list[RequestResult], start
         "ttfts": [r.metrics().ttft for r in results],
         "tpots": [r.metrics().tpot for r in results],
         "e2els": [r.metrics().e2e if r.success else None for r in results],
-        "input_lens": [r.prompt_tokens for r in results], "output_lens": [r.output_tokens for r in results],
+        "input_lens": [r.prompt_tokens for r in results], "output_lens": [
+            r.output_tokens for r in results],
         "errors": [r.error for r in results],
     }
 
@@ -226,7 +236,8 @@ def format_results(result: dict) -> str:
             ("Total token throughput (tok/s)", result["total_token_throughput"])]
     if result["goodput"] is not None:
         rows.append(("Request goodput (req/s)", result["goodput"]))
-    for name, title in (("ttft", "Time to First Token"), ("tpot", "Time per Output Token (excl. 1st token)"),
+    for name, title in (("ttft", "Time to First Token"),
+                        ("tpot", "Time per Output Token (excl. 1st token)"),
                         ("itl", "Inter-token Latency"), ("e2e", "End-to-end Latency")):
         stats = result[f"{name}_ms"] or {}
         rows.append((f"-- {title} --", ""))
@@ -253,7 +264,8 @@ def plot(result: dict, path: Path | None = None):
     for values, label in ((ttft[~np.isnan(ttft)], "TTFT"), (tpot, "TPOT")):
         if values.size:
             right.plot(np.sort(values) * 1000, np.linspace(0, 1, values.size), label=label)
-    right.set(xscale="log", xlabel="milliseconds", ylabel="fraction of requests", title="latency CDF")
+    right.set(xscale="log", xlabel="milliseconds", ylabel="fraction of requests",
+              title="latency CDF")
     right.legend()
     rate = result["config"]["request_rate"]
     fig.suptitle(f"{result['model']}: {result['completed']} requests at rate {rate}/s, "
@@ -288,12 +300,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--input-len", type=int, default=defaults.input_len)
     parser.add_argument("--output-len", type=int, default=defaults.output_len)
     parser.add_argument("--range-ratio", type=float, default=defaults.range_ratio)
-    parser.add_argument("--prompt-format", choices=["text", "tokens"], default=defaults.prompt_format)
+    parser.add_argument("--prompt-format", choices=["text", "tokens"],
+                        default=defaults.prompt_format)
     parser.add_argument("--vocab-size", type=int, default=defaults.vocab_size)
-    parser.add_argument("--ignore-eos", action="store_true", help="force output lengths (vLLM/SGLang/minicb)")
+    parser.add_argument("--ignore-eos", action="store_true",
+                        help="force output lengths (vLLM/SGLang/minicb)")
     parser.add_argument("--temperature", type=float, default=defaults.temperature)
     parser.add_argument("--seed", type=int, default=defaults.seed)
-    parser.add_argument("--goodput", nargs="*", default=[], metavar="NAME:MS", help="SLOs: ttft:MS tpot:MS")
+    parser.add_argument("--goodput", nargs="*", default=[], metavar="NAME:MS",
+                        help="SLOs: ttft:MS tpot:MS")
     parser.add_argument("--out-dir", default="benchmarks/results")
     parser.add_argument("--result-name", default="bench-serve")
     parser.add_argument("--no-plot", action="store_true")

@@ -58,10 +58,12 @@ class ServingStats:
         self.generation_tokens = 0
         self.finished = Counter()       # finish reason → requests
         self.rejected = Counter()       # "invalid" | "overloaded" → requests turned away
-        self.ttft = Histogram("minicb_time_to_first_token_seconds", "Time to first token.", TTFT_BUCKETS)
+        self.ttft = Histogram("minicb_time_to_first_token_seconds", "Time to first token.",
+                              TTFT_BUCKETS)
         self.tpot = Histogram("minicb_time_per_output_token_seconds",
                               "Time per output token after the first.", TPOT_BUCKETS)
-        self.e2e = Histogram("minicb_e2e_request_latency_seconds", "Arrival to last token.", E2E_BUCKETS)
+        self.e2e = Histogram("minicb_e2e_request_latency_seconds", "Arrival to last token.",
+                             E2E_BUCKETS)
 
     def on_finished(self, metrics, finish_reason: str, count_prompt: bool = True) -> None:
         """One request (or one sample of it) finished; `count_prompt=False` for the samples of a
@@ -83,18 +85,25 @@ class ServingStats:
             lines.extend([f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"])
             lines.extend(f"{name}{labels} {value}" for labels, value in samples)
 
-        metric("minicb_num_requests_running", "gauge", "Requests in the running batch.", [("", num_running)])
-        metric("minicb_num_requests_waiting", "gauge", "Requests waiting for a slot.", [("", num_waiting)])
-        metric("minicb_kv_blocks_used", "gauge", "KV cache blocks held by requests.", [("", kv_used)])
-        metric("minicb_kv_blocks_free", "gauge", "KV cache blocks on the free list.", [("", kv_free)])
+        metric("minicb_num_requests_running", "gauge", "Requests in the running batch.",
+               [("", num_running)])
+        metric("minicb_num_requests_waiting", "gauge", "Requests waiting for a slot.",
+               [("", num_waiting)])
+        metric("minicb_kv_blocks_used", "gauge", "KV cache blocks held by requests.",
+               [("", kv_used)])
+        metric("minicb_kv_blocks_free", "gauge", "KV cache blocks on the free list.",
+               [("", kv_free)])
         metric("minicb_kv_cache_usage_perc", "gauge", "Fraction of KV blocks in use (0 to 1).",
                [("", kv_used / max(kv_used + kv_free, 1))])
         metric("minicb_prefix_cache_queries_total", "counter",
-               "Prompt tokens looked up in the prefix cache at admission.", [("", prefix.queried_tokens)])
+               "Prompt tokens looked up in the prefix cache at admission.",
+               [("", prefix.queried_tokens)])
         metric("minicb_prefix_cache_hits_total", "counter",
-               "Prompt tokens found in the prefix cache (not computed again).", [("", prefix.hit_tokens)])
+               "Prompt tokens found in the prefix cache (not computed again).",
+               [("", prefix.hit_tokens)])
         metric("minicb_prefix_cache_hit_rate", "gauge",
-               "Hits over queries since the start (0 to 1); rate() of the two counters gives a window.",
+               "Hits over queries since the start (0 to 1); rate() of the two counters gives a "
+               "window.",
                [("", prefix.hit_rate)])
         metric("minicb_prefix_cache_evictions_total", "counter",
                "Cached blocks evicted to make room.", [("", prefix.evictions)])
@@ -105,9 +114,11 @@ class ServingStats:
                [("", self.generation_tokens)])
         metric("minicb_request_success_total", "counter",
                "Finished requests by finish reason (each of n parallel samples counts).",
-               [(f'{{finished_reason="{r}"}}', count) for r, count in sorted(self.finished.items())])
-        metric("minicb_request_rejected_total", "counter", "Requests turned away before running.",
-               [(f'{{reason="{reason}"}}', count) for reason, count in sorted(self.rejected.items())])
+               [(f'{{finished_reason="{r}"}}', count)
+                for r, count in sorted(self.finished.items())])
+        metric(
+            "minicb_request_rejected_total", "counter", "Requests turned away before running.",
+            [(f'{{reason="{reason}"}}', count) for reason, count in sorted(self.rejected.items())])
         for histogram in (self.ttft, self.tpot, self.e2e):
             lines.extend(histogram.render())
         return "\n".join(lines) + "\n"

@@ -20,8 +20,9 @@ from minicb.sampling import SamplingParams
 class APIError(Exception):
     """An error the client caused (or overload); becomes a JSON error body with `status`."""
 
-    def __init__(self, message: str, param: str | None = None, code: str | None = None, status: int = 400,
-                 error_type: str = "invalid_request_error", headers: dict[str, str] | None = None):
+    def __init__(self, message: str, param: str | None = None, code: str | None = None,
+                 status: int = 400, error_type: str = "invalid_request_error",
+                 headers: dict[str, str] | None = None):
         super().__init__(message)
         self.message, self.param, self.code, self.status = message, param, code, status
         self.error_type, self.headers = error_type, headers
@@ -34,7 +35,8 @@ class APIError(Exception):
 def param_named_in(message: str) -> str | None:
     """The field an engine error is about: its messages start with the field's name."""
     match = re.match(r"(\w+)", message)
-    if match and match.group(1) in (*_SAMPLING_FIELDS, "stop", "stop_token_ids", "ignore_eos", "logprobs"):
+    if match and match.group(1) in (*_SAMPLING_FIELDS, "stop", "stop_token_ids", "ignore_eos",
+                                    "logprobs"):
         return match.group(1)
     return "prompt" if "prompt" in message or "token ids" in message else None
 
@@ -47,7 +49,8 @@ class ParsedRequest:
     include_usage: bool        # stream_options.include_usage: a last chunk carries token counts
     return_token_ids: bool     # an extension (as in vLLM): choices also carry the token ids
     require_fit: bool          # max_tokens was given: prompt + max_tokens must fit max_model_len
-    priority: int = 0          # an extension (as in vLLM): under the priority policy, lower is served first
+    # an extension (as in vLLM): under the priority policy, lower is served first
+    priority: int = 0
 
 
 # the most samples (`n`) one request may ask for: each is a sequence in the batch, holding a slot
@@ -74,23 +77,29 @@ def _is_token_ids(value) -> bool:
         isinstance(t, int) and not isinstance(t, bool) for t in value)
 
 
-def _sampling(body: dict, max_model_len: int, default_max_tokens: int) -> tuple[SamplingParams, bool]:
+def _sampling(body: dict, max_model_len: int,
+              default_max_tokens: int) -> tuple[SamplingParams, bool]:
     values = {name: _field(body, name, *spec) for name, spec in _SAMPLING_FIELDS.items()}
     n = 1 if values["n"] is None else values["n"]
     if n < 1:
-        raise APIError(f"'n' must be at least 1 (got {n}): it is how many completions to generate.", param="n")
+        raise APIError(f"'n' must be at least 1 (got {n}): it is how many completions to generate.",
+                       param="n")
     if n > MAX_N:
-        raise APIError(f"'n' must be at most {MAX_N} (got {n}); ask for at most {MAX_N} samples per request, "
+        raise APIError(f"'n' must be at most {MAX_N} (got {n}); ask for at most {MAX_N} samples "
+                       f"per request, "
                        "or send several requests (with different seeds) for more.", param="n")
-    max_tokens = values["max_tokens"] if values["max_tokens"] is not None else values["max_completion_tokens"]
+    max_tokens = (values["max_tokens"] if values["max_tokens"] is not None
+                  else values["max_completion_tokens"])
     if max_tokens is not None and max_tokens >= max_model_len:
-        raise APIError(f"max_tokens={max_tokens} cannot fit: max_model_len is {max_model_len} and the prompt "
+        raise APIError(f"max_tokens={max_tokens} cannot fit: max_model_len is {max_model_len} and "
+                       f"the prompt "
                        f"needs at least one token; ask for fewer than {max_model_len} tokens.",
                        param="max_tokens")
     stop = body.get("stop")
     if stop is not None and not (isinstance(stop, str) or isinstance(stop, list)
                                  and all(isinstance(s, str) for s in stop)):
-        raise APIError(f"'stop' must be a string or a list of strings (got {stop!r}).", param="stop")
+        raise APIError(f"'stop' must be a string or a list of strings (got {stop!r}).",
+                       param="stop")
     stop_token_ids = body.get("stop_token_ids")
     if stop_token_ids is not None and not (stop_token_ids == [] or _is_token_ids(stop_token_ids)):
         raise APIError(f"'stop_token_ids' must be a list of integers (got {stop_token_ids!r}).",
@@ -118,14 +127,15 @@ def _check_model(body: dict, model_name: str) -> None:
 # Every field a request may carry. The ones this server implements are read above; the others
 # are accepted only at the value that asks for nothing (so a client that always sends them works),
 # and anything else is refused with a 400 naming the field, never silently ignored.
-_IMPLEMENTED = {"model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p",
-                "top_k", "seed", "n", "stop", "stop_token_ids", "stream", "stream_options", "ignore_eos",
-                "priority", "return_token_ids", "user"}
-_NO_EFFECT = {"presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0), "repetition_penalty": (1, 1.0),
-              "logit_bias": ({},), "echo": (False,), "logprobs": (False, 0), "top_logprobs": (0,),
-              "best_of": (1,), "suffix": ("",), "tools": ([],), "tool_choice": ("none",),
-              "response_format": ({"type": "text"},), "parallel_tool_calls": (False,), "store": (False,),
-              "metadata": ({},), "service_tier": ("auto", "default"), "min_tokens": (0,)}
+_IMPLEMENTED = {"model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature",
+                "top_p", "top_k", "seed", "n", "stop", "stop_token_ids", "stream", "stream_options",
+                "ignore_eos", "priority", "return_token_ids", "user"}
+_NO_EFFECT = {"presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0),
+              "repetition_penalty": (1, 1.0), "logit_bias": ({},), "echo": (False,),
+              "logprobs": (False, 0), "top_logprobs": (0,), "best_of": (1,), "suffix": ("",),
+              "tools": ([],), "tool_choice": ("none",), "response_format": ({"type": "text"},),
+              "parallel_tool_calls": (False,), "store": (False,), "metadata": ({},),
+              "service_tier": ("auto", "default"), "min_tokens": (0,)}
 
 
 def _check_fields(body: dict) -> None:
@@ -135,8 +145,10 @@ def _check_fields(body: dict) -> None:
         if name in _NO_EFFECT:
             if any(type(value) is type(ok) and value == ok for ok in _NO_EFFECT[name]):
                 continue
-            raise APIError(f"'{name}'={json.dumps(value)[:80]} is not supported by this server; leave it out "
-                           f"or send {json.dumps(_NO_EFFECT[name][0])}.", param=name, code="unsupported_parameter")
+            raise APIError(f"'{name}'={json.dumps(value)[:80]} is not supported by this server; "
+                           f"leave it out "
+                           f"or send {json.dumps(_NO_EFFECT[name][0])}.", param=name,
+                           code="unsupported_parameter")
         raise APIError(f"'{name}' is not a field this server knows; leave it out.", param=name,
                        code="unknown_parameter")
 
@@ -145,13 +157,15 @@ def _options(body: dict, prompt, params: SamplingParams, require_fit: bool) -> P
     stream = _field(body, "stream", (bool,), "true or false", False)
     options = body.get("stream_options") or {}
     if not isinstance(options, dict) or set(options) - {"include_usage"}:
-        raise APIError("'stream_options' must be an object with at most 'include_usage'.", param="stream_options")
+        raise APIError("'stream_options' must be an object with at most 'include_usage'.",
+                       param="stream_options")
     include_usage = _field(options, "include_usage", (bool,), "true or false", False)
     priority = _field(body, "priority", *_INT, 0)
     if not -2**31 <= priority < 2**31:
         raise APIError(f"'priority' must be a 32-bit integer (got {priority}).", param="priority")
     return ParsedRequest(prompt, params, stream, include_usage,
-                         _field(body, "return_token_ids", (bool,), "true or false", False), require_fit, priority)
+                         _field(body, "return_token_ids", (bool,), "true or false", False),
+                         require_fit, priority)
 
 
 def parse_completion(body: dict, model_name: str, max_model_len: int) -> ParsedRequest:
@@ -176,26 +190,30 @@ def parse_chat(body: dict, model_name: str, max_model_len: int, tokenizer) -> Pa
     _check_model(body, model_name)
     _check_fields(body)
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):
-        raise APIError("this model's tokenizer has no chat template, so chat messages cannot be turned into "
+        raise APIError("this model's tokenizer has no chat template, so chat messages cannot be "
+                       "turned into "
                        "a prompt; use POST /v1/completions, or serve a checkpoint whose "
                        "tokenizer_config.json has a chat_template.", param="messages",
                        code="chat_template_missing")
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages or not all(
-            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-            for m in messages):
-        raise APIError("'messages' must be a non-empty list of {\"role\": str, \"content\": str} objects.",
-                       param="messages")
+        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+        for m in messages):
+        raise APIError(
+            "'messages' must be a non-empty list of {\"role\": str, \"content\": str} objects.",
+            param="messages")
     try:
         prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     except Exception as error:   # the template is the checkpoint's own Jinja code
-        raise APIError(f"the chat template failed on these messages: {error}", param="messages") from None
+        raise APIError(f"the chat template failed on these messages: {error}",
+                       param="messages") from None
     # no max_tokens: as OpenAI, generate until a stop or the context is full
     params, require_fit = _sampling(body, max_model_len, default_max_tokens=max_model_len)
     return _options(body, prompt, params, require_fit)
 
 
-# --- responses -------------------------------------------------------------------------------------
+# --- responses
+# -------------------------------------------------------------------------------------
 def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:24]}"
 
@@ -212,11 +230,12 @@ def choice(chat: bool, text: str, finish_reason: str | None, token_ids: list[int
     if not chat:
         entry = {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
     elif delta:
-        entry = {"index": index, "delta": {"role": "assistant", "content": text} if first else {"content": text},
+        entry = {"index": index,
+                 "delta": {"role": "assistant", "content": text} if first else {"content": text},
                  "logprobs": None, "finish_reason": finish_reason}
     else:
-        entry = {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                 "finish_reason": finish_reason}
+        entry = {"index": index, "message": {"role": "assistant", "content": text},
+                 "logprobs": None, "finish_reason": finish_reason}
     if token_ids is not None:
         entry["token_ids"] = token_ids
     return entry
@@ -225,7 +244,8 @@ def choice(chat: bool, text: str, finish_reason: str | None, token_ids: list[int
 def response(chat: bool, request_id: str, model: str, choices: list[dict], usage_: dict | None,
              chunk: bool) -> dict:
     kind = ("chat.completion.chunk" if chunk else "chat.completion") if chat else "text_completion"
-    body = {"id": request_id, "object": kind, "created": int(time.time()), "model": model, "choices": choices}
+    body = {"id": request_id, "object": kind, "created": int(time.time()), "model": model,
+            "choices": choices}
     if usage_ is not None or not chunk:
         body["usage"] = usage_
     return body
@@ -235,20 +255,23 @@ def response(chat: bool, request_id: str, model: str, choices: list[dict], usage
 _TOKEN_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
 _COMMON = {
     "model": {"type": "string"},
-    "max_tokens": {"type": "integer", "minimum": 1}, "max_completion_tokens": {"type": "integer", "minimum": 1},
-    "temperature": {"type": "number", "minimum": 0}, "top_p": {"type": "number", "exclusiveMinimum": 0,
-                                                                "maximum": 1},
-    "top_k": {"type": "integer"}, "seed": {"type": "integer", "minimum": 0}, "n": {"type": "integer", "minimum": 1,
-                                                                                 "maximum": MAX_N},
+    "max_tokens": {"type": "integer", "minimum": 1}, "max_completion_tokens": {
+        "type": "integer", "minimum": 1},
+    "temperature": {"type": "number", "minimum": 0}, "top_p": {
+        "type": "number", "exclusiveMinimum": 0, "maximum": 1},
+    "top_k": {"type": "integer"}, "seed": {"type": "integer", "minimum": 0}, "n": {
+        "type": "integer", "minimum": 1, "maximum": MAX_N},
     "stop": {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
     "stop_token_ids": {"type": "array", "items": {"type": "integer", "minimum": 0}},
     "stream": {"type": "boolean"},
     "stream_options": {"type": "object", "properties": {"include_usage": {"type": "boolean"}},
                        "additionalProperties": False},
-    "ignore_eos": {"type": "boolean"}, "priority": {"type": "integer"}, "return_token_ids": {"type": "boolean"},
+    "ignore_eos": {"type": "boolean"}, "priority": {"type": "integer"},
+    "return_token_ids": {"type": "boolean"},
     "user": {"type": "string"},
     # accepted only at the value that asks for nothing
-    "presence_penalty": {"const": 0}, "frequency_penalty": {"const": 0}, "logit_bias": {"const": {}},
+    "presence_penalty": {"const": 0}, "frequency_penalty": {"const": 0},
+    "logit_bias": {"const": {}},
     "best_of": {"const": 1}, "echo": {"const": False}, "logprobs": {"enum": [False, 0]},
 }
 COMPLETION_SCHEMA = {

@@ -74,7 +74,8 @@ class DeadlineH11Protocol(H11Protocol):
     """uvicorn's h11 protocol with a read deadline: a connection that has not sent a whole
     request's headers within `timeout_keep_alive` seconds of opening (or of its last response) is
     closed. uvicorn's own keep-alive timer stops at the first byte, so an idle socket or one that
-    trickles its headers would otherwise stay open for good, and enough of them lock everyone out."""
+    trickles its headers would otherwise stay open for good, and enough of them lock everyone
+    out."""
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
@@ -82,7 +83,8 @@ class DeadlineH11Protocol(H11Protocol):
 
     def handle_events(self) -> None:
         super().handle_events()
-        if self.cycle is not None and not self.cycle.response_complete and self._deadline is not None:
+        if (self.cycle is not None and not self.cycle.response_complete and self._deadline
+            is not None):
             self._deadline.cancel()          # the headers are in: the request is being served
             self._deadline = None
 
@@ -128,18 +130,22 @@ def build_app(model: str | None = None, *, engine: AsyncLLMEngine | None = None,
             engine.stats.rejected["overloaded" if error.status == 503 else "invalid"] += 1
         return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
 
-    # every other error in OpenAI's shape too: unknown routes, wrong methods, and anything unforeseen
+    # every other error in OpenAI's shape too: unknown routes, wrong methods, and anything
+    # unforeseen
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
-        what = {404: f"no route {request.url.path}; see POST /v1/completions, POST /v1/chat/completions, "
+        what = {404: f"no route {request.url.path}; see POST /v1/completions, POST "
+                f"/v1/chat/completions, "
                      "GET /v1/models, GET /health, GET /metrics",
-                405: f"{request.method} is not allowed on {request.url.path}"}.get(error.status_code, error.detail)
-        return JSONResponse(APIError(str(what), status=error.status_code).body(), status_code=error.status_code,
-                            headers=getattr(error, "headers", None))
+                405: f"{request.method} is not allowed on {request.url.path}"}.get(
+                    error.status_code, error.detail)
+        return JSONResponse(APIError(str(what), status=error.status_code).body(),
+                            status_code=error.status_code, headers=getattr(error, "headers", None))
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, error: RequestValidationError) -> JSONResponse:
-        return JSONResponse(APIError(f"invalid request: {error.errors()[:3]}", status=422).body(), status_code=422)
+        return JSONResponse(APIError(f"invalid request: {error.errors()[:3]}", status=422).body(),
+                            status_code=422)
 
     @app.exception_handler(Exception)
     async def unforeseen(request: Request, error: Exception) -> JSONResponse:
@@ -198,7 +204,8 @@ async def _json_body(request: Request) -> dict:
                        code="request_timeout") from None
     try:
         body = json.loads(b"".join(chunks))
-    except (ValueError, RecursionError):    # not JSON, not UTF-8, or nested beyond the parser's depth
+    # not JSON, not UTF-8, or nested beyond the parser's depth
+    except (ValueError, RecursionError):
         raise APIError("the request body is not valid JSON (or is nested too deeply).") from None
     if not isinstance(body, dict):
         raise APIError("the request body must be a JSON object.")
@@ -206,7 +213,8 @@ async def _json_body(request: Request) -> dict:
 
 
 def _too_large(limit: int) -> APIError:
-    return APIError(f"the request body is larger than {limit} bytes; send a shorter prompt (or start the "
+    return APIError(f"the request body is larger than {limit} bytes; send a shorter prompt (or "
+                    f"start the "
                     "server with a larger --max-body-bytes).", status=413, code="request_too_large")
 
 
@@ -214,7 +222,8 @@ async def _serve(engine: AsyncLLMEngine, request: Request, parsed: ParsedRequest
                  chat: bool):
     policy = engine.config.policy
     if parsed.priority != 0 and policy != "priority":
-        raise APIError(f"'priority' is {parsed.priority}, but this server schedules with policy={policy!r}, "
+        raise APIError(f"'priority' is {parsed.priority}, but this server schedules with "
+                       f"policy={policy!r}, "
                        "which ignores it; leave 'priority' out (or 0), or start the server with "
                        "--policy priority.", param="priority")
     try:
@@ -242,25 +251,26 @@ async def _serve(engine: AsyncLLMEngine, request: Request, parsed: ParsedRequest
         sample = [d for d in deltas if d.index == index]
         last = sample[-1]
         token_ids = [t for d in sample for t in d.token_ids] if parsed.return_token_ids else None
-        choices.append(choice(chat, "".join(d.text for d in sample), last.finish_reason, token_ids, False,
-                              index=index))
+        choices.append(choice(chat, "".join(d.text for d in sample), last.finish_reason, token_ids,
+                              False, index=index))
         num_prompt_tokens = max(num_prompt_tokens, last.num_prompt_tokens)
         num_output_tokens += last.num_output_tokens
-    return response(chat, response_id, model_name, choices, usage(num_prompt_tokens, num_output_tokens),
-                    chunk=False)
+    return response(chat, response_id, model_name, choices,
+                    usage(num_prompt_tokens, num_output_tokens), chunk=False)
 
 
 def _sse(data: dict | str) -> str:
     return f"data: {data if isinstance(data, str) else json.dumps(data)}\n\n"
 
 
-async def _events(engine: AsyncLLMEngine, stream: RequestStream, parsed: ParsedRequest, response_id: str,
-                  model_name: str, chat: bool) -> AsyncIterator[str]:
+async def _events(engine: AsyncLLMEngine, stream: RequestStream, parsed: ParsedRequest,
+                  response_id: str, model_name: str, chat: bool) -> AsyncIterator[str]:
     """Server-sent events: one chunk per step and sample that produced tokens, tagged with the
     sample's choice index. When the client hangs up, the server cancels this generator
     mid-await and `finally` aborts the request, every sample of it."""
     try:
-        unsent = set(range(stream.n))     # choices yet to send a chunk (a chat's first one has the role)
+        # choices yet to send a chunk (a chat's first one has the role)
+        unsent = set(range(stream.n))
         num_prompt_tokens = num_output_tokens = 0
         failed = False
         async for delta in stream:
@@ -315,11 +325,13 @@ class ServerThread:
     """uvicorn in a background thread, for notebooks and tests. port=0 picks a free port."""
 
     def __init__(self, app, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning",
-                 timeout_keep_alive: int = TIMEOUT_KEEP_ALIVE, limit_concurrency: int = LIMIT_CONCURRENCY):
+                 timeout_keep_alive: int = TIMEOUT_KEEP_ALIVE,
+                 limit_concurrency: int = LIMIT_CONCURRENCY):
         self.app, self.host = app, host
         self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level,
                                                     timeout_keep_alive=timeout_keep_alive,
-                                                    limit_concurrency=limit_concurrency, http=DeadlineH11Protocol))
+                                                    limit_concurrency=limit_concurrency,
+                                                    http=DeadlineH11Protocol))
         self.thread = threading.Thread(target=self.server.run, name="minicb-server", daemon=True)
         self.port = port
 
@@ -332,7 +344,8 @@ class ServerThread:
         deadline = time.monotonic() + timeout
         while not self.server.started:
             if not self.thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError(f"the server did not start on {self.host}:{self.port}; see the log above.")
+                raise RuntimeError(f"the server did not start on {self.host}:{self.port}; see the "
+                                   "log above.")
             time.sleep(0.01)
         self.port = self.server.servers[0].sockets[0].getsockname()[1]
         return self
@@ -350,8 +363,10 @@ class ServerThread:
 
 def build_parser() -> argparse.ArgumentParser:
     """The `python -m minicb serve` command line."""
-    parser = argparse.ArgumentParser(prog="python -m minicb serve", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--served-model-name", default=None, help="the name clients pass as 'model'")
+    parser = argparse.ArgumentParser(prog="python -m minicb serve",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--served-model-name", default=None,
+                        help="the name clients pass as 'model'")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--max-queue-len", type=int, default=1024,
@@ -359,7 +374,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-body-bytes", type=int, default=MAX_BODY_BYTES,
                         help=f"larger request bodies get 413 (default {MAX_BODY_BYTES})")
     parser.add_argument("--timeout-keep-alive", type=int, default=TIMEOUT_KEEP_ALIVE,
-                        help="seconds an idle connection, or one still sending its request's headers, "
+                        help="seconds an idle connection, or one still sending its request's "
+                             "headers, "
                              f"is kept open (default {TIMEOUT_KEEP_ALIVE})")
     parser.add_argument("--limit-concurrency", type=int, default=LIMIT_CONCURRENCY,
                         help=f"connections at once; more get 503 (default {LIMIT_CONCURRENCY})")
@@ -374,7 +390,8 @@ def main(argv: list[str] | None = None) -> int:
     # the server's own flags are checked before the model loads
     if not 0 <= args.port <= 65535:
         parser.error(f"--port {args.port} is not a TCP port (0-65535).")
-    for flag, value in (("--max-queue-len", args.max_queue_len), ("--max-body-bytes", args.max_body_bytes),
+    for flag, value in (("--max-queue-len", args.max_queue_len),
+                        ("--max-body-bytes", args.max_body_bytes),
                         ("--timeout-keep-alive", args.timeout_keep_alive),
                         ("--limit-concurrency", args.limit_concurrency)):
         if value < 1:
@@ -385,6 +402,6 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as error:     # a knob the config refuses (or a combination): a usage error
         parser.error(str(error))
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
-                timeout_keep_alive=args.timeout_keep_alive, limit_concurrency=args.limit_concurrency,
-                http=DeadlineH11Protocol)
+                timeout_keep_alive=args.timeout_keep_alive,
+                limit_concurrency=args.limit_concurrency, http=DeadlineH11Protocol)
     return 0

@@ -19,7 +19,8 @@ from minicb.metrics import summarize
 from minicb.sampling import SamplingParams
 from minicb.workload import Workload, fixed, get_workload, long_tail_lengths, uniform_lengths
 
-SYSTEMS = [("naive", "paged"), ("static", "paged"), ("continuous", "contiguous"), ("continuous", "paged")]
+SYSTEMS = [("naive", "paged"), ("static", "paged"), ("continuous", "contiguous"),
+           ("continuous", "paged")]
 
 
 def demo_workload(num_prompts: int = 48, seed: int = 0) -> Workload:
@@ -30,7 +31,8 @@ def demo_workload(num_prompts: int = 48, seed: int = 0) -> Workload:
                  "prompts 8-64, answers long-tailed 16-96")
 
 
-def run(model: str | None, workload: Workload, max_num_seqs: int, seed: int, progress: bool = True) -> list[dict]:
+def run(model: str | None, workload: Workload, max_num_seqs: int, seed: int,
+        progress: bool = True) -> list[dict]:
     rows, reference = [], None
     for number, (scheduler, kv_cache) in enumerate(SYSTEMS, 1):
         name = f"{scheduler}+{kv_cache}"
@@ -39,8 +41,10 @@ def run(model: str | None, workload: Workload, max_num_seqs: int, seed: int, pro
         llm = LLM(model, scheduler=scheduler, kv_cache=kv_cache, max_num_seqs=max_num_seqs)
         engine = llm.llm_engine
         prompts = workload.prompt_token_ids(engine.vocab_size, seed=seed)
-        params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in workload.output_lens]
-        llm.generate(prompts[:1], SamplingParams(max_tokens=2, temperature=0), use_tqdm=False)   # warm-up
+        params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True)
+                  for n in workload.output_lens]
+        # warm-up
+        llm.generate(prompts[:1], SamplingParams(max_tokens=2, temperature=0), use_tqdm=False)
         llm.step_stats.reset()
         start = time.perf_counter()
         outputs = llm.generate(prompts, params, use_tqdm=False)
@@ -49,8 +53,9 @@ def run(model: str | None, workload: Workload, max_num_seqs: int, seed: int, pro
         reference = reference or tokens
         summary = summarize([o.metrics for o in outputs])
         steps = llm.step_stats
-        rows.append({"system": name, "seconds": elapsed, "tok_per_s": summary.output_tokens / elapsed,
-                     "steps": steps.num_steps, "rows_per_step": steps.summary().mean_running,
+        rows.append({"system": name, "seconds": elapsed,
+                     "tok_per_s": summary.output_tokens / elapsed, "steps": steps.num_steps,
+                     "rows_per_step": steps.summary().mean_running,
                      "peak_kv_blocks": steps.peak_reserved_slots // engine.config.block_size,
                      "ttft_p50": summary.ttft["p50"], "tpot_p50": summary.tpot["p50"],
                      "same_tokens": tokens == reference})
@@ -63,7 +68,8 @@ def run(model: str | None, workload: Workload, max_num_seqs: int, seed: int, pro
 
 
 def format_rows(rows: list[dict]) -> str:
-    header = (f"{'system':<24}{'steps':>7}{'rows/step':>10}{'peak KV blocks':>15}{'seconds':>9}{'tok/s':>8}"
+    header = (f"{'system':<24}{'steps':>7}{'rows/step':>10}{'peak KV blocks':>15}"
+              f"{'seconds':>9}{'tok/s':>8}"
               f"{'vs naive':>9}{'TTFT p50':>10}{'TPOT p50':>10}  same tokens")
     lines = [header, "-" * len(header)]
     for r in rows:
@@ -74,7 +80,8 @@ def format_rows(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m minicb demo", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m minicb demo",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("--workload", default="demo",
                         help="demo (the default) | mixed | chat | seed-example | three-answers")
     parser.add_argument("--num-prompts", type=int, default=48)
@@ -93,8 +100,8 @@ def main(argv: list[str] | None = None) -> int:
           "the shipped model, greedy\n")
     rows = run(args.model, workload, args.max_num_seqs, args.seed)
     print("\n" + format_rows(rows))
-    print("\nSteps, rows per step and KV blocks come from the schedulers and are the same every run. "
-          "Seconds move\nwith whatever else this machine is doing, so compare the ratios to naive "
-          "serving measured just now.\nSame prompts, same greedy tokens in every system; only the "
-          "schedule differs.")
+    print("\nSteps, rows per step and KV blocks come from the schedulers and are the same every "
+          "run. Seconds move\nwith whatever else this machine is doing, so compare the ratios to "
+          "naive serving measured just now.\nSame prompts, same greedy tokens in every system; "
+          "only the schedule differs.")
     return 0 if all(r["same_tokens"] for r in rows) else 1

@@ -1,4 +1,5 @@
-"""python -m minicb env-check: one line per dependency, the device, a real Triton kernel run, the CPU
+"""python -m minicb env-check: one line per dependency, the device, a real Triton kernel run, the
+CPU
 attention kernel, and a verdict.
 
 Paste its output into a bug report.
@@ -19,10 +20,10 @@ import sys
 
 from packaging.requirements import Requirement
 
-FALLBACK_REQUIRED = ["torch", "transformers", "safetensors", "tokenizers", "triton", "numpy", "matplotlib",
-                     "ipywidgets", "tqdm", "fastapi", "uvicorn", "httpx", "psutil"]
-FALLBACK_DEV = ["pytest", "pytest-timeout", "nbval", "jupyterlab", "hypothesis", "ruff", "openai", "nbformat",
-                "ipykernel"]
+FALLBACK_REQUIRED = ["torch", "transformers", "safetensors", "tokenizers", "triton", "numpy",
+                     "matplotlib", "ipywidgets", "tqdm", "fastapi", "uvicorn", "httpx", "psutil"]
+FALLBACK_DEV = ["pytest", "pytest-timeout", "nbval", "jupyterlab", "hypothesis", "ruff", "openai",
+                "nbformat", "ipykernel"]
 MINIMUM_PYTHON = (3, 10)
 
 # A kernel launch in a fresh interpreter (TRITON_INTERPRET must be set before triton is imported):
@@ -36,7 +37,8 @@ caches = [torch.zeros(4, 4, 2, 8, device=device) for _ in range(4)]
 slots = torch.tensor([5, -1, 9], device=device)
 write_kv(k, v, caches[0], caches[1], slots)
 write_kv_reference(k, v, caches[2], caches[3], slots)
-assert torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3]), "kernel and reference differ"
+assert torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3]), \
+    "kernel and reference differ"
 print("ok")
 """
 
@@ -67,12 +69,13 @@ def triton_smoke(cuda: bool, timeout: float = 120.0) -> tuple[bool, str]:
     if not cuda:
         env["TRITON_INTERPRET"] = "1"
     try:
-        done = subprocess.run([sys.executable, "-c", _TRITON_SMOKE], env=env, capture_output=True, text=True,
-                              timeout=timeout)
+        done = subprocess.run([sys.executable, "-c", _TRITON_SMOKE], env=env, capture_output=True,
+                              text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return False, f"a tiny kernel did not finish in {timeout:.0f} s"
     if done.returncode == 0 and done.stdout.strip().endswith("ok"):
-        return True, "compiled kernels on the GPU" if cuda else "interpreter (TRITON_INTERPRET=1), slow but exact"
+        return (True, "compiled kernels on the GPU" if cuda else "interpreter "
+                "(TRITON_INTERPRET=1), slow but exact")
     last = (done.stderr.strip().splitlines() or ["no output"])[-1]
     return False, f"the KV-write kernel failed: {last}"
 
@@ -88,35 +91,42 @@ def cpu_kernel_line() -> str:
         built, how = False, str(error)
     if built:
         return f"OK   cpu attention kernel: compiled ({how}); attention='auto' uses it on the CPU"
-    return f"WARN cpu attention kernel: {how}; the engine uses attention='torch' on the CPU (slower)"
+    return (f"WARN cpu attention kernel: {how}; the engine uses attention='torch' on the CPU "
+            "(slower)")
 
 
 def check(run_kernel: bool = True) -> tuple[list[str], bool]:
     lines, ok = [], True
     python_ok = sys.version_info[:2] >= MINIMUM_PYTHON
     ok &= python_ok
-    lines.append(f"{'OK  ' if python_ok else 'FAIL'} python {platform.python_version()} (need >= 3.10)")
+    lines.append(f"{'OK  ' if python_ok else 'FAIL'} python {platform.python_version()} (need >= "
+                 "3.10)")
     runtime, dev = requirements()
     for requirement in runtime:
         version, good = _installed(requirement)
         ok &= good
-        problem = "missing" if version is None else f"{version} installed, need {requirement.specifier}"
+        problem = ("missing" if version is None
+                   else f"{version} installed, need {requirement.specifier}")
         lines.append(f"OK   {requirement.name} {version}" if good else
                      f"FAIL {requirement.name}: {problem}; run make setup")
     for requirement in dev:
         version, good = _installed(requirement)
-        problem = "missing" if version is None else f"{version} installed, want {requirement.specifier}"
+        problem = ("missing" if version is None
+                   else f"{version} installed, want {requirement.specifier}")
         lines.append(f"OK   {requirement.name} {version}" if good else
-                     f"WARN {requirement.name}: {problem} (needed for tests and the lab; run make setup)")
+                     f"WARN {requirement.name}: {problem} (needed for tests and the lab; run make "
+                     f"setup)")
     cuda = False
     try:
         import torch
 
         cuda = torch.cuda.is_available()
         if cuda:
-            lines.append(f"OK   device: CUDA, {torch.cuda.get_device_name(0)} (torch CUDA {torch.version.cuda})")
+            lines.append(f"OK   device: CUDA, {torch.cuda.get_device_name(0)} (torch CUDA "
+                         f"{torch.version.cuda})")
         else:
-            lines.append(f"OK   device: CPU only ({os.cpu_count()} cores); notebooks and tests run here")
+            lines.append(f"OK   device: CPU only ({os.cpu_count()} cores); notebooks and tests run "
+                         "here")
     except Exception as error:  # torch missing or broken
         ok = False
         lines.append(f"FAIL device: torch unusable ({error})")
@@ -132,12 +142,14 @@ def check(run_kernel: bool = True) -> tuple[list[str], bool]:
     except Exception as error:
         ok = False
         lines.append(f"FAIL default model: {error}")
-    lines.append(f"{'OK  ' if ok else 'FAIL'} verdict: {'ready' if ok else 'fix the FAIL lines above'}")
+    lines.append(f"{'OK  ' if ok else 'FAIL'} verdict: "
+                 f"{'ready' if ok else 'fix the FAIL lines above'}")
     return lines, ok
 
 
 def main(argv: list[str] | None = None) -> int:
-    argparse.ArgumentParser(prog="python -m minicb env-check", description=__doc__.split("\n\n")[0]).parse_args(argv)
+    argparse.ArgumentParser(prog="python -m minicb env-check",
+                            description=__doc__.split("\n\n")[0]).parse_args(argv)
     lines, ok = check()
     print("\n".join(lines))
     return 0 if ok else 1

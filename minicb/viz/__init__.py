@@ -16,12 +16,26 @@ A figure is shown in a notebook when a cell returns it; nothing is drawn through
 
 from minicb.viz.base import PALETTE, format_table, new_figure, request_colour
 from minicb.viz.batch import attention_mask, batch_layout, mask_image
-from minicb.viz.curves import bar_chart, length_histogram, line_plot, request_timelines, roofline, tradeoff_curve
+from minicb.viz.curves import (
+           bar_chart,
+           length_histogram,
+           line_plot,
+           request_timelines,
+           roofline,
+           tradeoff_curve,
+)
 from minicb.viz.kernels import paged_lookup, recorded_kernel_results
 from minicb.viz.knobs import knob_row, knob_sweep, knob_view, knob_widget
 from minicb.viz.memory import block_map, block_owners, block_reuse, free_blocks_timeline
 from minicb.viz.quiz import book_interview, interview_markdown, quiz_card, quiz_widget
-from minicb.viz.schedule import compare_timelines, draw_slots, kv_usage, kv_usage_timeline, slot_grid, slot_timeline
+from minicb.viz.schedule import (
+           compare_timelines,
+           draw_slots,
+           kv_usage,
+           kv_usage_timeline,
+           slot_grid,
+           slot_timeline,
+)
 from minicb.viz.serving import step_costs
 from minicb.viz.source import show_source
 

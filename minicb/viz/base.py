@@ -45,7 +45,8 @@ def darker(colour: str, amount: float = 0.35) -> tuple[float, float, float]:
     return tuple(c * (1 - amount) for c in to_rgb(colour))
 
 
-def format_table(rows: Sequence[Mapping], columns: Sequence[str] | None = None, digits: int = 2) -> str:
+def format_table(rows: Sequence[Mapping], columns: Sequence[str] | None = None,
+                 digits: int = 2) -> str:
     """Rows of dicts as an aligned text table; floats rounded to `digits` decimals."""
     if not rows:
         return "(no rows)"

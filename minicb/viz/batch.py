@@ -16,7 +16,8 @@ from minicb.viz.base import IDLE_HATCH, PAD_COLOUR, new_figure, request_colour
 def _check_lengths(lengths: Sequence[int]) -> list[int]:
     lengths = [int(n) for n in lengths]
     if not lengths or min(lengths) < 1:
-        raise ValueError(f"lengths must be a non-empty list of positive token counts (got {lengths}).")
+        raise ValueError("lengths must be a non-empty list of positive token counts (got "
+                         f"{lengths}).")
     return lengths
 
 
@@ -33,8 +34,10 @@ def batch_layout(lengths: Sequence[int], packed: bool = False, title: str | None
         fig, (ax,) = new_figure(width, 1.6)
         bounds = np.concatenate([[0], np.cumsum(lengths)])
         for i, (start, n) in enumerate(zip(bounds[:-1], lengths)):
-            ax.add_patch(Rectangle((start, 0), n, 1, facecolor=request_colour(i), edgecolor="white"))
-            ax.text(start + n / 2, 0.5, f"r{i}: {n}", ha="center", va="center", color="white", fontsize=8)
+            ax.add_patch(Rectangle((start, 0), n, 1, facecolor=request_colour(i),
+                                   edgecolor="white"))
+            ax.text(start + n / 2, 0.5, f"r{i}: {n}", ha="center", va="center", color="white",
+                    fontsize=8)
         ax.set_xlim(0, total)
         ax.set_ylim(0, 1)
         ax.set_yticks([])
@@ -46,17 +49,20 @@ def batch_layout(lengths: Sequence[int], packed: bool = False, title: str | None
     for row, n in enumerate(lengths):
         pad = longest - n
         if pad:
-            ax.add_patch(Rectangle((0, row - 0.4), pad, 0.8, facecolor=PAD_COLOUR, edgecolor="white",
-                                   hatch=IDLE_HATCH))
-        ax.add_patch(Rectangle((pad, row - 0.4), n, 0.8, facecolor=request_colour(row), edgecolor="white"))
-        ax.text(longest - n / 2, row, f"{n} tokens", ha="center", va="center", color="white", fontsize=8)
+            ax.add_patch(Rectangle((0, row - 0.4), pad, 0.8, facecolor=PAD_COLOUR,
+                                   edgecolor="white", hatch=IDLE_HATCH))
+        ax.add_patch(Rectangle((pad, row - 0.4), n, 0.8, facecolor=request_colour(row),
+                               edgecolor="white"))
+        ax.text(longest - n / 2, row, f"{n} tokens", ha="center", va="center", color="white",
+                fontsize=8)
     ax.set_xlim(0, longest)
     ax.set_ylim(len(lengths) - 0.5, -0.5)
     ax.set_yticks(range(len(lengths)), [f"r{i}" for i in range(len(lengths))])
     ax.set_xlabel("token position in the padded batch")
-    padding = longest * len(lengths) - total
-    ax.set_title(title or f"padded: {longest * len(lengths)} slots for {total} tokens "
-                          f"({padding} padding, {padding / (longest * len(lengths)):.0%})", fontsize=10)
+    slots = longest * len(lengths)
+    padding = slots - total
+    ax.set_title(title or f"padded: {slots} slots for {total} tokens "
+                          f"({padding} padding, {padding / slots:.0%})", fontsize=10)
     ax.legend(handles=[Patch(facecolor=PAD_COLOUR, hatch=IDLE_HATCH, label="padding")], fontsize=8,
               loc="lower left")
     return fig
@@ -76,12 +82,16 @@ def mask_image(lengths: Sequence[int], packed: bool = False,
     lengths = _check_lengths(lengths)
     cached = [0] * len(lengths) if num_cached is None else [int(c) for c in num_cached]
     if len(cached) != len(lengths) or min(cached) < 0:
-        raise ValueError(f"num_cached needs one count >= 0 per request (got {cached} for {len(lengths)}).")
+        raise ValueError(f"num_cached needs one count >= 0 per request (got {cached} for "
+                         f"{len(lengths)}).")
     if any(cached) and not packed:
-        raise ValueError("num_cached describes a packed step; a padded batch here is a prefill from scratch.")
+        raise ValueError("num_cached describes a packed step; a padded batch here is a prefill "
+                         "from scratch.")
     size = max(lengths)
-    blocks = [(n, 0 if packed else size - n, c) for n, c in zip(lengths, cached)]   # (tokens, pad, cached)
-    image = np.ones((sum(n + pad for n, pad, _ in blocks), sum(n + pad + c for n, pad, c in blocks), 3))
+    # (tokens, pad, cached)
+    blocks = [(n, 0 if packed else size - n, c) for n, c in zip(lengths, cached)]
+    image = np.ones((sum(n + pad for n, pad, _ in blocks), sum(n + pad + c for n, pad, c in blocks),
+                     3))
     row = col = useful = computed = 0
     for i, (n, pad, c) in enumerate(blocks):
         span = n + pad
@@ -97,8 +107,9 @@ def mask_image(lengths: Sequence[int], packed: bool = False,
     return image, useful, computed
 
 
-def attention_mask(lengths: Sequence[int], packed: bool = False, num_cached: Sequence[int] | None = None,
-                   title: str | None = None, width: float = 4.0) -> Figure:
+def attention_mask(lengths: Sequence[int], packed: bool = False,
+                   num_cached: Sequence[int] | None = None, title: str | None = None,
+                   width: float = 4.0) -> Figure:
     """The attention mask of one step (see `mask_image`): who may look at whom."""
     image, useful, computed = mask_image(lengths, packed, num_cached)
     rows, cols = image.shape[:2]

@@ -36,10 +36,11 @@ def request_timelines(metrics: Sequence[RequestMetrics], virtual: bool = True,
             started = None if m.first_scheduled_time is None else m.first_scheduled_time - origin
         colour = request_colour(lane)
         end = tokens[-1] if tokens else arrival
-        ax.plot([arrival, started if started is not None else end], [lane, lane], color=colour, linewidth=1.5,
-                linestyle=":")
+        ax.plot([arrival, started if started is not None else end], [lane, lane], color=colour,
+                linewidth=1.5, linestyle=":")
         if started is not None:
-            ax.plot([started, end], [lane, lane], color=colour, linewidth=5, alpha=0.35, solid_capstyle="butt")
+            ax.plot([started, end], [lane, lane], color=colour, linewidth=5, alpha=0.35,
+                    solid_capstyle="butt")
         ax.plot(tokens, [lane] * len(tokens), "|", color=colour, markersize=12, markeredgewidth=2)
         ax.plot([arrival], [lane], "o", color=colour, markersize=5)
         if annotate == lane and tokens:
@@ -51,9 +52,13 @@ def request_timelines(metrics: Sequence[RequestMetrics], virtual: bool = True,
     return fig
 
 
-def _brackets(ax, lane: int, num_lanes: int, arrival: float, tokens: list[float], virtual: bool) -> None:
+def _brackets(ax, lane: int, num_lanes: int, arrival: float, tokens: list[float],
+              virtual: bool) -> None:
     """TTFT, ITL and E2E of one lane as labelled arrows below all the lanes."""
-    unit_text = (lambda v: f"{v:g} step" + ("" if v == 1 else "s")) if virtual else (lambda v: f"{v * 1e3:.0f} ms")
+    if virtual:
+        unit_text = lambda v: f"{v:g} step" + ("" if v == 1 else "s")
+    else:
+        unit_text = lambda v: f"{v * 1e3:.0f} ms"
     spans = [("TTFT", arrival, tokens[0])]
     if len(tokens) > 1:
         spans.append(("ITL", tokens[0], tokens[1]))
@@ -64,8 +69,8 @@ def _brackets(ax, lane: int, num_lanes: int, arrival: float, tokens: list[float]
             ax.plot([x, x], [lane, y], color="grey", linewidth=0.6, linestyle=":")
         ax.annotate("", xy=(stop, y), xytext=(start, y),
                     arrowprops={"arrowstyle": "<->", "color": "black", "linewidth": 1})
-        ax.text((start + stop) / 2, y - 0.04, f"{label} {unit_text(stop - start)}", ha="center", va="bottom",
-                fontsize=8)
+        ax.text((start + stop) / 2, y - 0.04, f"{label} {unit_text(stop - start)}", ha="center",
+                va="bottom", fontsize=8)
 
 
 def tradeoff_curve(points: Sequence[Mapping], x: str, y: str, label: str | None = None,
@@ -81,7 +86,8 @@ def tradeoff_curve(points: Sequence[Mapping], x: str, y: str, label: str | None 
         ax.plot([p[x] for p in members], [p[y] for p in members], "o-", color=colour,
                 label=None if key is None else f"{group}={key}")
         for p in members if label else ():
-            ax.annotate(str(p[label]), (p[x], p[y]), textcoords="offset points", xytext=(4, 4), fontsize=8)
+            ax.annotate(str(p[label]), (p[x], p[y]), textcoords="offset points", xytext=(4, 4),
+                        fontsize=8)
     if group:
         ax.legend(fontsize=8)
     if logy:
@@ -95,7 +101,8 @@ def tradeoff_curve(points: Sequence[Mapping], x: str, y: str, label: str | None 
 
 
 def line_plot(x: Sequence[float], series: Mapping[str, Sequence[float]], xlabel: str, ylabel: str,
-              title: str | None = None, logx: bool = False, logy: bool = False, width: float = 6.0) -> Figure:
+              title: str | None = None, logx: bool = False, logy: bool = False,
+              width: float = 6.0) -> Figure:
     """Several named series over one x axis."""
     fig, (ax,) = new_figure(width, 3.4)
     for colour, (name, values) in zip(PALETTE * 4, series.items()):
@@ -118,7 +125,8 @@ def line_plot(x: Sequence[float], series: Mapping[str, Sequence[float]], xlabel:
 def bar_chart(labels: Sequence[str], values: Sequence[float], ylabel: str, title: str | None = None,
               xlabel: str | None = None, width: float = 6.0) -> Figure:
     fig, (ax,) = new_figure(width, 3.2)
-    ax.bar([str(v) for v in labels], list(values), color=[request_colour(i) for i in range(len(values))])
+    ax.bar([str(v) for v in labels], list(values),
+           color=[request_colour(i) for i in range(len(values))])
     ax.set_ylabel(ylabel)
     if xlabel:
         ax.set_xlabel(xlabel)
@@ -127,8 +135,8 @@ def bar_chart(labels: Sequence[str], values: Sequence[float], ylabel: str, title
     return fig
 
 
-def roofline(peak_flops: float, bandwidth: float, points: Mapping[str, float], title: str | None = None,
-             width: float = 6.0) -> Figure:
+def roofline(peak_flops: float, bandwidth: float, points: Mapping[str, float],
+             title: str | None = None, width: float = 6.0) -> Figure:
     """Attainable FLOP/s = min(peak, bandwidth × arithmetic intensity), on log-log axes.
 
     peak_flops in FLOP/s, bandwidth in bytes/s, points: label → intensity (FLOP per byte moved).
@@ -148,7 +156,8 @@ def roofline(peak_flops: float, bandwidth: float, points: Mapping[str, float], t
     for colour, (label, value) in zip(PALETTE * 4, points.items()):
         y = min(peak_flops, bandwidth * value) / 1e12
         ax.plot([value], [y], "o", color=colour, markersize=8)
-        ax.annotate(label, (value, y), textcoords="offset points", xytext=(6, -12), fontsize=8, color=colour)
+        ax.annotate(label, (value, y), textcoords="offset points", xytext=(6, -12), fontsize=8,
+                    color=colour)
     ax.set_xlabel("arithmetic intensity (FLOP per byte moved)")
     ax.set_ylabel("attainable TFLOP/s")
     ax.set_ylim(top=peak_flops / 1e12 * 2)
@@ -158,7 +167,8 @@ def roofline(peak_flops: float, bandwidth: float, points: Mapping[str, float], t
 
 
 def length_histogram(lengths: Sequence[int], bins: int = 30, xlabel: str = "tokens",
-                     title: str | None = None, marks: Sequence[float] = (50, 95), width: float = 6.0) -> Figure:
+                     title: str | None = None, marks: Sequence[float] = (50, 95),
+                     width: float = 6.0) -> Figure:
     """A histogram of lengths with the chosen percentiles marked."""
     data = np.asarray(lengths, dtype=float)
     if data.size == 0:

@@ -23,9 +23,11 @@ def paged_lookup(block_table: Sequence[int], block_size: int, seq_len: int, num_
     """
     needed = -(-seq_len // block_size)
     if len(block_table) < needed:
-        raise ValueError(f"{seq_len} keys need {needed} blocks of {block_size}; the table has {len(block_table)}.")
+        raise ValueError(f"{seq_len} keys need {needed} blocks of {block_size}; the table has "
+                         f"{len(block_table)}.")
     if any(not 0 <= b < num_blocks for b in block_table[:needed]):
-        raise ValueError(f"block table {list(block_table[:needed])} names blocks outside the pool of {num_blocks}.")
+        raise ValueError(f"block table {list(block_table[:needed])} names blocks outside the pool "
+                         f"of {num_blocks}.")
     if position is not None and not 0 <= position < seq_len:
         raise ValueError(f"position {position} is not one of the request's {seq_len} keys.")
     cell = 1.0 / block_size
@@ -42,15 +44,18 @@ def paged_lookup(block_table: Sequence[int], block_size: int, seq_len: int, num_
             edge = "black" if hit else "white" if filled else "#cccccc"
             ax.add_patch(Rectangle((logical * 1.2 + offset * cell, top), cell, 0.6, facecolor=face,
                                    edgecolor=edge, linewidth=2.5 if hit else 0.5))
-            ax.add_patch(Rectangle((physical * 1.2 + offset * cell, bottom), cell, 0.6, facecolor=face,
-                                   edgecolor=edge, linewidth=2.5 if hit else 0.5))
-        ax.text(logical * 1.2 + 0.5, top + 0.8, f"logical {logical}\npositions {logical * block_size}–"
+            ax.add_patch(Rectangle((physical * 1.2 + offset * cell, bottom), cell, 0.6,
+                                   facecolor=face, edgecolor=edge, linewidth=2.5 if hit else 0.5))
+        ax.text(logical * 1.2 + 0.5, top + 0.8, f"logical {logical}\npositions "
+                f"{logical * block_size}–"
                 f"{(logical + 1) * block_size - 1}", ha="center", fontsize=7)
-        ax.add_patch(FancyArrowPatch((logical * 1.2 + 0.5, top - 0.05), (physical * 1.2 + 0.5, bottom + 0.65),
-                                     arrowstyle="-|>", mutation_scale=10, color=colour, linewidth=1.2))
+        ax.add_patch(FancyArrowPatch((logical * 1.2 + 0.5, top - 0.05),
+                                     (physical * 1.2 + 0.5, bottom + 0.65), arrowstyle="-|>",
+                                     mutation_scale=10, color=colour, linewidth=1.2))
     for block in range(num_blocks):
         if block not in block_table[:needed]:
-            ax.add_patch(Rectangle((block * 1.2, bottom), 1.0, 0.6, facecolor="#f2f2f2", edgecolor="#cccccc"))
+            ax.add_patch(Rectangle((block * 1.2, bottom), 1.0, 0.6, facecolor="#f2f2f2",
+                                   edgecolor="#cccccc"))
         ax.text(block * 1.2 + 0.5, bottom - 0.3, f"block {block}", ha="center", fontsize=7)
     ax.text(-0.2, top + 0.3, "the request's keys", ha="right", va="center", fontsize=8)
     ax.text(-0.2, bottom + 0.3, "the KV pool", ha="right", va="center", fontsize=8)
@@ -58,7 +63,8 @@ def paged_lookup(block_table: Sequence[int], block_size: int, seq_len: int, num_
     if position is not None:
         block, offset = block_table[position // block_size], position % block_size
         title += (f": position {position} → table[{position} // {block_size}] = block {block}, "
-                  f"offset {position} % {block_size} = {offset}, slot {block * block_size + offset}")
+                  f"offset {position} % {block_size} = {offset}, slot "
+                  f"{block * block_size + offset}")
     ax.set_title(title, fontsize=9)
     ax.set_xlim(-2.2, max(num_blocks, needed) * 1.2)
     ax.set_ylim(bottom - 0.6, top + 1.4)

@@ -20,7 +20,8 @@ from minicb.viz.base import PALETTE, new_figure, request_colour
 def block_owners(result: SimResult) -> list[dict[int, list[str]]]:
     """Per step: physical block → the requests whose block table holds it (several when shared)."""
     if result.steps and not any(step.block_tables for step in result.steps):
-        raise ValueError("this SimResult has no block tables; run simulate(..., record_blocks=True).")
+        raise ValueError("this SimResult has no block tables; run simulate(..., "
+                         "record_blocks=True).")
     owners = []
     for step in result.steps:
         held: dict[int, list[str]] = {}
@@ -45,8 +46,9 @@ def block_reuse(result: SimResult) -> list[tuple[int, int, str, str]]:
     return events
 
 
-def block_map(result: SimResult, names: Mapping[str, str] | None = None, num_blocks: int | None = None,
-              title: str | None = None, width: float = 8.0) -> Figure:
+def block_map(result: SimResult, names: Mapping[str, str] | None = None,
+              num_blocks: int | None = None, title: str | None = None,
+              width: float = 8.0) -> Figure:
     """Physical blocks (rows) against engine steps (columns), coloured by the request holding them.
 
     A black bar on a cell's left edge marks a block changing hands: the free list gave a block
@@ -65,11 +67,14 @@ def block_map(result: SimResult, names: Mapping[str, str] | None = None, num_blo
                 continue
             shared = len(holders) > 1
             ax.add_patch(Rectangle((x, block - 0.45), 1, 0.9, facecolor=request_colour(holders[0]),
-                                   edgecolor="white", hatch="xx" if shared else None, linewidth=0.5))
+                                   edgecolor="white", hatch="xx" if shared else None,
+                                   linewidth=0.5))
             label = "+".join(names.get(h, h) for h in holders)
-            ax.text(x + 0.5, block, label, ha="center", va="center", color="white", fontsize=7, fontweight="bold")
+            ax.text(x + 0.5, block, label, ha="center", va="center", color="white", fontsize=7,
+                    fontweight="bold")
             if (step.step, block) in reused:
-                ax.plot([x + 0.04, x + 0.04], [block - 0.45, block + 0.45], color="black", linewidth=3)
+                ax.plot([x + 0.04, x + 0.04], [block - 0.45, block + 0.45], color="black",
+                        linewidth=3)
     steps = len(result.steps)
     ax.set_xlim(0.5, steps + 0.5)
     ax.set_ylim(num_blocks - 0.5, -0.5)
@@ -77,17 +82,20 @@ def block_map(result: SimResult, names: Mapping[str, str] | None = None, num_blo
     every = -(-num_blocks // 16)
     ax.set_yticks(range(0, num_blocks, every), [f"block {b}" for b in range(0, num_blocks, every)])
     ax.set_xlabel("engine step")
-    ax.set_title(title or f"block map: {len(reused)} blocks handed from one request to another", fontsize=10)
+    ax.set_title(title or f"block map: {len(reused)} blocks handed from one request to another",
+                 fontsize=10)
     handles = [Patch(facecolor="#888888", label="held by the request named in it"),
-               Line2D([], [], color="black", marker="|", linestyle="None", markersize=10, markeredgewidth=3,
-                      label="handed over: another request held it before")]
+               Line2D([], [], color="black", marker="|", linestyle="None", markersize=10,
+                      markeredgewidth=3, label="handed over: another request held it before")]
     if any(len(h) > 1 for held in owners for h in held.values()):
         handles.append(Patch(facecolor="#888888", hatch="xx", label="shared (reference count > 1)"))
-    fig.legend(handles=handles, loc="outside lower center", ncols=len(handles), fontsize=8, frameon=False)
+    fig.legend(handles=handles, loc="outside lower center", ncols=len(handles), fontsize=8,
+               frameon=False)
     return fig
 
 
-def free_blocks_timeline(results: Mapping[str, SimResult], title: str | None = None, width: float = 8.0) -> Figure:
+def free_blocks_timeline(results: Mapping[str, SimResult], title: str | None = None,
+                         width: float = 8.0) -> Figure:
     """Free KV blocks after every step, one line per run; a cross marks a step that preempted."""
     fig, (ax,) = new_figure(width, 3.0)
     for colour, (label, result) in zip(PALETTE * 4, results.items()):

@@ -51,9 +51,11 @@ def parse_interview(markdown: str, chapter: str) -> list[InterviewQuestion]:
             continue
         body = " ".join(lines[1:])
         if WRONG_ANSWER not in body:
-            raise ValueError(f"{chapter}: the interview question {lines[0]} has no '{WRONG_ANSWER}' line.")
+            raise ValueError(f"{chapter}: the interview question {lines[0]} has no "
+                             f"'{WRONG_ANSWER}' line.")
         answer, wrong = body.split(WRONG_ANSWER, 1)
-        questions.append(InterviewQuestion(chapter, lines[0].strip("*").strip(), answer.strip(), wrong.strip()))
+        questions.append(InterviewQuestion(chapter, lines[0].strip("*").strip(), answer.strip(),
+                                           wrong.strip()))
     return questions
 
 
@@ -68,7 +70,8 @@ def book_interview(chapters_dir: str | Path) -> list[InterviewQuestion]:
     """Every chapter's interview questions, in chapter order, read from the chapter sources."""
     sources = sorted(Path(chapters_dir).glob("ch[0-9][0-9]_*.py"))
     if not sources:
-        raise FileNotFoundError(f"no chapter sources (chNN_*.py) in {chapters_dir}; pass scripts/chapters.")
+        raise FileNotFoundError(f"no chapter sources (chNN_*.py) in {chapters_dir}; pass "
+                                "scripts/chapters.")
     questions = []
     for path in sources:
         cells = [textwrap.dedent(source) for kind, source in _chapter_cells(path) if kind == "md"]
@@ -81,7 +84,8 @@ def book_interview(chapters_dir: str | Path) -> list[InterviewQuestion]:
 
 def quiz_card(question: InterviewQuestion, number: int, total: int, reveal: bool) -> str:
     """One question as markdown; the answer and the wrong answer only when `reveal` is True."""
-    lines = [f"**Question {number} of {total}** · chapter {question.chapter}", "", f"### {question.question}", ""]
+    lines = [f"**Question {number} of {total}** · chapter {question.chapter}", "",
+             f"### {question.question}", ""]
     if reveal:
         lines += [question.answer, "", f"{WRONG_ANSWER} {question.wrong_answer}"]
     else:
@@ -94,7 +98,8 @@ def interview_markdown(questions: Sequence[InterviewQuestion]) -> str:
     lines: list[str] = []
     for question in questions:
         lines += [f"**{question.question}**", "", "<details><summary>answer</summary>", "",
-                  question.answer, "", f"{WRONG_ANSWER} {question.wrong_answer}", "", "</details>", ""]
+                  question.answer, "", f"{WRONG_ANSWER} {question.wrong_answer}", "", "</details>",
+                  ""]
     return "\n".join(lines).strip()
 
 
@@ -113,7 +118,8 @@ def quiz_widget(questions: Sequence[InterviewQuestion], seed: int = 0):
     def draw(reveal: bool) -> None:
         card.outputs = ()
         at = position["at"]
-        card.append_display_data(Markdown(quiz_card(questions[order[at]], at + 1, len(questions), reveal)))
+        card.append_display_data(Markdown(quiz_card(questions[order[at]], at + 1, len(questions),
+                                                    reveal)))
 
     def advance(_button=None) -> None:
         position["at"] = (position["at"] + 1) % len(order)
@@ -122,7 +128,8 @@ def quiz_widget(questions: Sequence[InterviewQuestion], seed: int = 0):
     show = widgets.Button(description="Show the answer", button_style="info",
                           tooltip="reveal the answer and a common wrong one")
     show.on_click(lambda _button: draw(True))
-    following = widgets.Button(description="Next question", tooltip="the next question, answer hidden")
+    following = widgets.Button(description="Next question",
+                               tooltip="the next question, answer hidden")
     following.on_click(advance)
     draw(False)
     return widgets.VBox([card, widgets.HBox([show, following])])

@@ -35,8 +35,9 @@ def slot_grid(steps: Sequence[StepRecord], num_slots: int) -> list[list[Cell | N
                 taken = set(slot_of.values())
                 free = next((s for s in range(num_slots) if s not in taken), None)
                 if free is None:
-                    raise ValueError(f"step {step.step} runs {len(step.rows)} requests but the picture has "
-                                     f"only {num_slots} slots; pass a larger num_slots.")
+                    raise ValueError(f"step {step.step} runs {len(step.rows)} requests but the "
+                                     f"picture has only {num_slots} slots; pass a larger "
+                                     "num_slots.")
                 slot_of[request_id] = free
             grid[slot_of[request_id]][column] = (request_id, kind)
     return grid
@@ -75,8 +76,8 @@ def draw_slots(ax: Axes, result: SimResult, num_slots: int | None = None,
             colour = request_colour(request_id)
             x = start + 0.5        # step i (1-based) spans [i - 0.5, i + 0.5]
             if kind == "idle":
-                ax.add_patch(Rectangle((x, slot - 0.4), length, 0.8, facecolor="white", edgecolor=colour,
-                                       hatch=IDLE_HATCH, linewidth=0.8))
+                ax.add_patch(Rectangle((x, slot - 0.4), length, 0.8, facecolor="white",
+                                       edgecolor=colour, hatch=IDLE_HATCH, linewidth=0.8))
                 continue
             face = darker(colour) if kind == "prefill" else colour
             ax.add_patch(Rectangle((x, slot - 0.4), length, 0.8, facecolor=face, edgecolor="white",
@@ -84,8 +85,8 @@ def draw_slots(ax: Axes, result: SimResult, num_slots: int | None = None,
         stays = _runs([None if cell is None else (cell[0], "") for cell in row])
         for start, length, (request_id, _) in stays:
             if length >= min_label_width:
-                ax.text(start + 0.5 + min_label_width / 2, slot, names.get(request_id, request_id), ha="center",
-                        va="center", color="white", fontsize=8, fontweight="bold")
+                ax.text(start + 0.5 + min_label_width / 2, slot, names.get(request_id, request_id),
+                        ha="center", va="center", color="white", fontsize=8, fontweight="bold")
     ax.set_xlim(0.5, total + 0.5)
     ax.set_ylim(num_slots - 0.5, -0.5)
     every = -(-num_slots // 8)          # at most eight slot labels
@@ -104,15 +105,17 @@ def slots_height(num_slots: int) -> float:
 
 
 def slot_legend(fig: Figure) -> None:
-    handles = [Patch(facecolor="#555555", label="prefill (darker)"), Patch(facecolor="#aaaaaa", label="decode"),
+    handles = [Patch(facecolor="#555555", label="prefill (darker)"), Patch(
+        facecolor="#aaaaaa", label="decode"),
                Patch(facecolor="white", edgecolor="#555555", hatch=IDLE_HATCH,
                      label="idle: finished, still holding its row"),
                Patch(facecolor="white", edgecolor="#cccccc", label="empty slot")]
     fig.legend(handles=handles, loc="outside lower center", ncols=4, fontsize=8, frameon=False)
 
 
-def slot_timeline(result: SimResult, num_slots: int | None = None, names: Mapping[str, str] | None = None,
-                  title: str | None = None, width: float = 8.0) -> Figure:
+def slot_timeline(result: SimResult, num_slots: int | None = None,
+                  names: Mapping[str, str] | None = None, title: str | None = None,
+                  width: float = 8.0) -> Figure:
     """One schedule as a slot timeline (see `draw_slots`)."""
     num_slots = num_slots or result.config.max_num_seqs
     fig, (ax,) = new_figure(width, 1.3 + slots_height(num_slots))
@@ -131,8 +134,9 @@ def compare_timelines(results: Mapping[str, SimResult], num_slots: int | None = 
     fig, axes = new_figure(width, sum(heights) + 0.6, rows=len(results), sharex=True,
                            gridspec_kw={"height_ratios": heights})
     for ax, n, (label, result) in zip(axes, slots, results.items()):
-        draw_slots(ax, result, n, names, f"{label}: {result.num_steps} steps, "
-                                         f"{result.slot_utilisation():.0%} of slot-steps busy", longest)
+        busy = f"{result.slot_utilisation():.0%} of slot-steps busy"
+        title = f"{label}: {result.num_steps} steps, {busy}"
+        draw_slots(ax, result, n, names, title, longest)
     for ax in axes[:-1]:
         ax.set_xlabel("")
     slot_legend(fig)
@@ -146,7 +150,8 @@ def kv_usage(result: SimResult) -> list[tuple[int, int]]:
     Needs `simulate(..., record_blocks=True)`; counts the requests that ran in each step.
     """
     if result.steps and not any(step.block_tables for step in result.steps):
-        raise ValueError("this SimResult has no block tables; run simulate(..., record_blocks=True).")
+        raise ValueError("this SimResult has no block tables; run simulate(..., "
+                         "record_blocks=True).")
     block_size = result.config.block_size
     cached: dict[str, int] = {}
     usage = []
@@ -178,6 +183,7 @@ def kv_usage_timeline(result: SimResult, title: str | None = None, width: float 
     ax.set_ylabel("token slots")
     ax.set_xlim(steps[0] - 0.5, steps[-1] + 0.5)
     ax.legend(fontsize=8, loc="upper right")
-    ax.set_title(title or f"{result.config.kv_cache} KV: {filled:.0%} of reserved slots hold a token",
-                 fontsize=10)
+    ax.set_title(
+        title or f"{result.config.kv_cache} KV: {filled:.0%} of reserved slots hold a token",
+        fontsize=10)
     return fig

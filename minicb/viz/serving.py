@@ -12,13 +12,15 @@ from minicb.sim import SimResult
 from minicb.viz.base import PALETTE, new_figure
 
 
-def step_costs(results: Mapping[str, SimResult], title: str | None = None, width: float = 8.0) -> Figure:
+def step_costs(results: Mapping[str, SimResult], title: str | None = None,
+               width: float = 8.0) -> Figure:
     """Each step's duration in time units against virtual time, one panel per run, coloured by
     what it carried: a tall step is one every running request waited through, and a step with
     prefill tokens but no decode is one in which the running requests got no token at all."""
     kinds = {"prefill only: the running requests get no token": "#d62728",
              "prefill and decodes": PALETTE[1], "decodes only": PALETTE[0]}
-    fig, axes = new_figure(width, 1.0 + 1.6 * len(results), rows=len(results), sharex=True, sharey=True)
+    fig, axes = new_figure(width, 1.0 + 1.6 * len(results), rows=len(results), sharex=True,
+                           sharey=True)
     longest = max(s.end - s.start for r in results.values() for s in r.steps)
     for ax, (label, result) in zip(axes, results.items()):
         starts = np.array([s.start for s in result.steps])
@@ -33,7 +35,8 @@ def step_costs(results: Mapping[str, SimResult], title: str | None = None, width
         ax.bar(starts, durations, width=durations, align="edge", color=colours, linewidth=0)
         ax.set_ylabel("step length")
         ax.set_ylim(0, longest * 1.1)
-        ax.set_title(f"{label}: longest step {durations.max():.1f} units, {len(durations)} steps", fontsize=9)
+        ax.set_title(f"{label}: longest step {durations.max():.1f} units, {len(durations)} steps",
+                     fontsize=9)
         ax.grid(alpha=0.3, axis="y")
     axes[-1].set_xlabel("virtual time (units)")
     handles = [Patch(facecolor=colour, label=name) for name, colour in kinds.items()]

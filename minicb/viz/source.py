@@ -38,7 +38,8 @@ class Source:
 
     def numbered(self) -> str:
         width = len(str(self.last_line))
-        return "".join(f"{self.first_line + i:>{width}}  {line}" for i, line in enumerate(self.lines))
+        return "".join(f"{self.first_line + i:>{width}}  {line}"
+                       for i, line in enumerate(self.lines))
 
     def header(self) -> str:
         return f"{self.path}, lines {self.first_line}-{self.last_line}"

@@ -24,9 +24,9 @@ ROOT = Path(__file__).resolve().parents[2]
 RESULTS = Path(__file__).resolve().parent / "results"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
-HOW_TO_RUN = ("the browser tests need Chromium and its driver: as root on Debian or Ubuntu, `make test` installs "
-              "them (apt-get install chromium chromium-driver); elsewhere install both, then run "
-              "`make test` or `.venv/bin/python -m pytest tests/browser`")
+HOW_TO_RUN = ("the browser tests need Chromium and its driver: as root on Debian or Ubuntu, `make "
+              "test` installs them (apt-get install chromium chromium-driver); elsewhere install "
+              "both, then run `make test` or `.venv/bin/python -m pytest tests/browser`")
 
 
 def _missing() -> str | None:
@@ -75,13 +75,15 @@ class Lab:
         news.mkdir(parents=True)
         (news / "notification.jupyterlab-settings").write_text(json.dumps({"fetchNews": "false"}))
         env = dict(os.environ, JUPYTER_CONFIG_DIR=str(scratch / "config"),
-                   JUPYTER_RUNTIME_DIR=str(scratch / "runtime"), JUPYTERLAB_SETTINGS_DIR=str(scratch / "settings"),
+                   JUPYTER_RUNTIME_DIR=str(scratch / "runtime"),
+                   JUPYTERLAB_SETTINGS_DIR=str(scratch / "settings"),
                    JUPYTERLAB_WORKSPACES_DIR=str(scratch / "workspaces"))
         self.log = scratch / "lab.log"
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--allow-root", "--ip=127.0.0.1",
-             f"--port={self.port}", f"--IdentityProvider.token={self.token}", f"--ServerApp.root_dir={folder}",
-             "--LabApp.news_url=", "--ServerApp.open_browser=False"],
+            [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--allow-root",
+             "--ip=127.0.0.1", f"--port={self.port}", f"--IdentityProvider.token={self.token}",
+             f"--ServerApp.root_dir={folder}", "--LabApp.news_url=",
+             "--ServerApp.open_browser=False"],
             env=env, stdout=self.log.open("w"), stderr=subprocess.STDOUT)
         deadline = time.time() + 60
         while time.time() < deadline:
@@ -91,7 +93,8 @@ class Lab:
             except OSError:
                 time.sleep(0.5)
         self.stop()
-        raise RuntimeError(f"JupyterLab did not start within 60 s; its log: {self.log.read_text()[-2000:]}")
+        raise RuntimeError("JupyterLab did not start within 60 s; its log: "
+                           f"{self.log.read_text()[-2000:]}")
 
     def api(self, method: str, path: str):
         request = urllib.request.Request(self.url + path, method=method,
@@ -136,9 +139,10 @@ def browser():
 
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
-    for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                     "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                     "--disable-dev-shm-usage", f"--user-data-dir={tempfile.mkdtemp(prefix='minicb-chromium-')}",
+    for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                     "--no-first-run", "--disable-background-networking",
+                     "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage",
+                     f"--user-data-dir={tempfile.mkdtemp(prefix='minicb-chromium-')}",
                      "--window-size=1400,1000"):
         options.add_argument(argument)
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)

@@ -21,7 +21,8 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 NOTEBOOKS = sorted(path.name for path in (ROOT / "notebooks").glob("*.ipynb"))
 RUN_TIMEOUT = 240          # seconds for Run All Cells on one chapter (each takes 10-40 s here)
-WIDGET_REPR = re.compile(r"^(VBox|HBox|Box|interactive|IntSlider|FloatSlider|Button|Output|Dropdown)\(")
+WIDGET_REPR = re.compile(
+    r"^(VBox|HBox|Box|interactive|IntSlider|FloatSlider|Button|Output|Dropdown)\(")
 
 
 def _by():
@@ -61,15 +62,16 @@ def click_menu(driver, menu: str, item: str) -> None:
             break
     else:
         raise AssertionError(f"no {menu!r} menu in JupyterLab's menu bar")
-    option = wait_for(lambda: [e for e in driver.find_elements(By.CSS_SELECTOR, ".lm-Menu-itemLabel")
+    option = wait_for(lambda: [e
+                               for e in driver.find_elements(By.CSS_SELECTOR, ".lm-Menu-itemLabel")
                                if e.text.strip() == item], 10, f"the menu item {item!r}")
     option[0].click()
 
 
 def prompts(driver) -> list[str]:
-    return [p.text.strip() for p in driver.find_elements(_by().CSS_SELECTOR,
-                                                         ".jp-NotebookPanel:not(.lm-mod-hidden) .jp-CodeCell "
-                                                         ".jp-InputArea-prompt")]
+    return [p.text.strip() for p in driver.find_elements(
+        _by().CSS_SELECTOR,
+        ".jp-NotebookPanel:not(.lm-mod-hidden) .jp-CodeCell " ".jp-InputArea-prompt")]
 
 
 def run_all(driver) -> None:
@@ -99,7 +101,8 @@ def save(driver, name: str) -> None:
 
 def widget_container(element):
     """The outermost widget around `element` (the whole interactive thing a reader sees)."""
-    return element.find_element(_by().XPATH, "./ancestor::div[contains(@class, 'jp-OutputArea-output')][1]")
+    return element.find_element(_by().XPATH,
+                                "./ancestor::div[contains(@class, 'jp-OutputArea-output')][1]")
 
 
 def picture(container) -> str:
@@ -113,10 +116,12 @@ def check_widgets(driver, name: str) -> list[str]:
 
     By = _by()
     problems = []
-    for slider in driver.find_elements(By.CSS_SELECTOR, ".jp-NotebookPanel:not(.lm-mod-hidden) .widget-slider"):
+    for slider in driver.find_elements(By.CSS_SELECTOR,
+                                       ".jp-NotebookPanel:not(.lm-mod-hidden) .widget-slider"):
         label = slider.find_element(By.CSS_SELECTOR, ".widget-label")
         text = label.text.strip()
-        if driver.execute_script("return arguments[0].scrollWidth > arguments[0].clientWidth + 1;", label):
+        if driver.execute_script("return arguments[0].scrollWidth > arguments[0].clientWidth + 1;",
+                                 label):
             problems.append(f"the slider label {text!r} is cut off")
         for element in (label, slider):
             if (element.get_attribute("title") or "").strip() == "null":
@@ -134,7 +139,8 @@ def check_widgets(driver, name: str) -> list[str]:
                      f"the picture to change after {text!r}")
         except AssertionError:
             problems.append(f"moving the slider {text!r} did not change the picture")
-    for button in driver.find_elements(By.CSS_SELECTOR, ".jp-NotebookPanel:not(.lm-mod-hidden) .widget-button"):
+    for button in driver.find_elements(By.CSS_SELECTOR,
+                                       ".jp-NotebookPanel:not(.lm-mod-hidden) .widget-button"):
         text = button.text.strip()
         if (button.get_attribute("title") or "").strip() == "null":
             problems.append(f"the button {text!r} has the tooltip 'null'")
@@ -142,7 +148,8 @@ def check_widgets(driver, name: str) -> list[str]:
         before = container.text
         button.click()
         try:
-            wait_for(lambda c=container, b=before: c.text != b, 20, f"the widget to change after {text!r}")
+            wait_for(lambda c=container, b=before: c.text != b, 20,
+                     f"the widget to change after {text!r}")
         except AssertionError:
             problems.append(f"pressing {text!r} changed nothing")
     return problems
@@ -166,7 +173,8 @@ def test_the_chapter_runs_and_its_widgets_work_in_jupyterlab(lab, browser, name)
         body = browser.find_element(By.CSS_SELECTOR, ".jp-NotebookPanel:not(.lm-mod-hidden)").text
         if "Loading widget" in body:
             problems.append("a widget never rendered ('Loading widget…')")
-        for output in browser.find_elements(By.CSS_SELECTOR, ".jp-NotebookPanel:not(.lm-mod-hidden) "
+        for output in browser.find_elements(By.CSS_SELECTOR,
+                                            ".jp-NotebookPanel:not(.lm-mod-hidden) "
                                                              ".jp-OutputArea-output[data-mime-type='text/plain']"):
             if WIDGET_REPR.match(output.text.strip()):
                 problems.append(f"a widget shows as plain text: {output.text.strip()[:60]!r}")
@@ -174,14 +182,17 @@ def test_the_chapter_runs_and_its_widgets_work_in_jupyterlab(lab, browser, name)
         browser.save_screenshot(str(shot))
         save(browser, name)
         notebook = json.loads((lab.folder / name).read_text())
-        code = [cell for cell in notebook["cells"] if cell["cell_type"] == "code" and cell["source"]]
+        code = [cell for cell in notebook["cells"] if cell["cell_type"] == "code"
+                and cell["source"]]
         not_run = [i for i, cell in enumerate(code) if cell.get("execution_count") is None]
         if not_run:
-            problems.append(f"{len(not_run)} code cells did not run (the first: code cell {not_run[0] + 1})")
+            problems.append(f"{len(not_run)} code cells did not run (the first: code cell "
+                            f"{not_run[0] + 1})")
         for index, cell in enumerate(code):
             for output in cell.get("outputs", []):
                 if output.get("output_type") == "error":
-                    problems.append(f"code cell {index + 1} raised {output['ename']}: {output['evalue'][:200]}")
+                    problems.append(f"code cell {index + 1} raised {output['ename']}: "
+                                    f"{output['evalue'][:200]}")
     except Exception:
         browser.save_screenshot(str(RESULTS / f"{Path(name).stem}-failure.png"))
         raise

@@ -38,8 +38,8 @@ if str(ROOT) not in sys.path:
 def implementation() -> str:
     name = os.environ.get("MINICB_IMPL", "solutions")
     if name not in IMPLEMENTATIONS:
-        raise ValueError(f"MINICB_IMPL={name!r} is not one of {IMPLEMENTATIONS}: use 'exercises' to grade "
-                         "your work (make grade) or 'solutions' for the reference.")
+        raise ValueError(f"MINICB_IMPL={name!r} is not one of {IMPLEMENTATIONS}: use 'exercises' "
+                         "to grade your work (make grade) or 'solutions' for the reference.")
     return name
 
 

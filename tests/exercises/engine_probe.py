@@ -67,7 +67,8 @@ def generate_ids(llm: LLM, prompts: list[list[int]], max_tokens: list[int]) -> l
     return [completion.token_ids for completion in generate_completions(llm, prompts, max_tokens)]
 
 
-def generate_completions(llm: LLM, prompts: list[list[int]], max_tokens: list[int]) -> list[CompletionOutput]:
+def generate_completions(llm: LLM, prompts: list[list[int]],
+                         max_tokens: list[int]) -> list[CompletionOutput]:
     outputs = llm.generate(prompts, [greedy(n) for n in max_tokens], use_tqdm=False)
     return [out.outputs[0] for out in outputs]
 

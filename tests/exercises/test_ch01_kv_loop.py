@@ -33,7 +33,8 @@ def test_ch01_kv_cache_holds_kv_heads_per_layer(llama):
         f"expected one (k, v) pair per layer ({args.num_layers}), got {len(cache)}"
     for layer, (k, v) in enumerate(cache):
         assert tuple(k.shape) == expected and tuple(v.shape) == expected, (
-            f"layer {layer}: expected k and v of shape {expected} = [ceil(21 / 8) blocks, block_size, "
+            f"layer {layer}: expected k and v of shape {expected} = [ceil(21 / 8) blocks, "
+            f"block_size, "
             f"num_kv_heads, head_dim], got {tuple(k.shape)} and {tuple(v.shape)}. Hint: GQA keeps "
             f"{args.num_kv_heads} KV heads for {args.num_heads} query heads.")
         assert not k.any() and not v.any() and k.data_ptr() != v.data_ptr(), \
@@ -49,9 +50,11 @@ def test_ch01_pack_step_matches_the_engine(tiny_llama):
     for number, step in enumerate(steps, start=1):
         row = step.rows[0]
         assert row.block_table == list(range(len(row.block_table))), \
-            f"the exercise assumes a fresh pool hands out blocks 0, 1, ...; the engine used {row.block_table}"
+            f"the exercise assumes a fresh pool hands out blocks 0, 1, ...; " \
+            f"the engine used {row.block_table}"
         input_ids, positions, meta = ch01.pack_step(row.token_ids, row.num_cached, block_size=4)
-        where = f"step {number} ({'prefill' if number == 1 else 'decode'}: {len(row.token_ids)} token(s) " \
+        kind = "prefill" if number == 1 else "decode"
+        where = f"step {number} ({kind}: {len(row.token_ids)} token(s) " \
                 f"after {row.num_cached} cached)"
         for name, got, expected in [
             ("input_ids", input_ids, step.input_ids), ("positions", positions, step.positions),
@@ -61,9 +64,11 @@ def test_ch01_pack_step_matches_the_engine(tiny_llama):
             ("block_tables", meta.block_tables, step.meta.block_tables),
         ]:
             assert got.dtype == expected.dtype and got.tolist() == expected.tolist(), (
-                f"{where}: {name} should be {expected.tolist()} ({expected.dtype}), got {got.tolist()} "
+                f"{where}: {name} should be {expected.tolist()} ({expected.dtype}), got "
+                f"{got.tolist()} "
                 f"({got.dtype}). See the contract in pack_step's docstring.")
-        assert (meta.max_seqlen_q, meta.max_seqlen_k) == (step.meta.max_seqlen_q, step.meta.max_seqlen_k), (
+        assert (meta.max_seqlen_q, meta.max_seqlen_k) == (step.meta.max_seqlen_q,
+                                                          step.meta.max_seqlen_k), (
             f"{where}: max_seqlen_q, max_seqlen_k should be {step.meta.max_seqlen_q}, "
             f"{step.meta.max_seqlen_k}, got {meta.max_seqlen_q}, {meta.max_seqlen_k}")
 
@@ -71,11 +76,13 @@ def test_ch01_pack_step_matches_the_engine(tiny_llama):
 def test_ch01_greedy_generate_equals_transformers(tiny_model):
     model = load_model(Path(tiny_model))
     prompts, lengths = random_prompts([5, 19], 512, seed=2), [9, 6]
-    got = [ch01.greedy_generate(model, prompt, n, block_size=4) for prompt, n in zip(prompts, lengths)]
+    got = [ch01.greedy_generate(model, prompt, n, block_size=4)
+           for prompt, n in zip(prompts, lengths)]
     expected = [reference.token_ids for reference in hf_greedy(tiny_model, prompts, lengths)]
     for index, (g, e) in enumerate(zip(got, expected)):
         assert g == e, (f"prompt {index}: transformers' greedy generate gives {e}, yours gave {g}. "
-                        "Hint: check the positions and that every call writes its tokens to the cache.")
+                        "Hint: check the positions and that every call writes its tokens to the "
+                        "cache.")
 
 
 def test_ch01_decode_feeds_only_the_newest_token(llama):
@@ -92,9 +99,9 @@ def test_ch01_decode_feeds_only_the_newest_token(llama):
     finally:
         del llama.forward
     expected = [7, 1, 1, 1, 1]
-    assert calls == expected, (
-        f"expected model calls with {expected} input tokens (one prefill of the prompt, then one token "
-        f"per decode: the cache holds the rest), got {calls}.")
+    assert calls == expected, (f"expected model calls with {expected} input tokens (one prefill of "
+                               "the prompt, then one token per decode: the cache holds the rest), "
+                               f"got {calls}.")
 
 
 def test_ch01_decode_reads_the_cache(llama):
@@ -108,5 +115,6 @@ def test_ch01_decode_reads_the_cache(llama):
     empty = ch01.allocate_kv_cache(llama.args, 16, block_size=4)
     without = llama(ids, positions, empty, meta, torch.tensor([0]))
     assert not torch.allclose(with_cache, without), \
-        "a decode after the prefill gave the same logits as one over an empty cache: the prefill's K/V " \
-        "never reached the slots the decode reads. Check slot_mapping and block_tables."
+        "a decode after the prefill gave the same logits as one over an empty cache: " \
+        "the prefill's K/V never reached the slots the decode reads. Check slot_mapping and " \
+        "block_tables."

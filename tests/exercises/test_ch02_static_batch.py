@@ -30,7 +30,8 @@ def test_ch02_left_padded_batch_generates_like_each_prompt_alone(tiny_model):
     model.generation_config.eos_token_id = None
     with torch.no_grad():
         out = model.generate(input_ids, attention_mask=attention_mask, max_new_tokens=new_tokens,
-                             do_sample=False, pad_token_id=0, output_logits=True, return_dict_in_generate=True)
+                             do_sample=False, pad_token_id=0, output_logits=True,
+                             return_dict_in_generate=True)
     alone = hf_greedy(tiny_model, prompts, [new_tokens] * len(prompts))
     width = input_ids.shape[1]
     for row, reference in enumerate(alone):
@@ -42,10 +43,11 @@ def test_ch02_left_padded_batch_generates_like_each_prompt_alone(tiny_model):
         try:
             compare(reference, got, tops, f"row {row}")
         except AssertionError as error:
-            raise AssertionError(
-                f"{error}.\nprompt {row} alone generates {reference.token_ids}; in your padded batch it "
-                f"generated {got}. Hint: pads go on the LEFT and the mask must be 0 exactly on them.\n"
-                f"your input_ids: {input_ids.tolist()}\nyour mask: {attention_mask.tolist()}") from None
+            raise AssertionError(f"{error}.\nprompt {row} alone generates {reference.token_ids}; "
+                                 f"in your padded batch it generated {got}. Hint: pads go on the "
+                                 "LEFT and the mask must be 0 exactly on them.\nyour input_ids: "
+                                 f"{input_ids.tolist()}\nyour mask: "
+                                 f"{attention_mask.tolist()}") from None
 
 
 def test_ch02_padding_and_positions_match_the_static_engine(tiny_llama):
@@ -65,7 +67,8 @@ def test_ch02_padding_and_positions_match_the_static_engine(tiny_llama):
                                 ("attention_mask", attention_mask, expected_mask),
                                 ("positions", positions, expected_positions)]:
         assert tuple(got.shape) == tuple(expected.shape) and torch.equal(got.long(), expected), (
-            f"the static engine packs {name} = {expected.tolist()} for prompts of lengths {LENGTHS}; "
+            f"the static engine packs {name} = {expected.tolist()} for prompts of lengths "
+            f"{LENGTHS}; "
             f"yours: {got.tolist()}")
 
 
@@ -78,12 +81,17 @@ def test_ch02_static_stats_match_the_static_scheduler(workload, batch_size):
     idle = sum(1 for step in run.steps for _, kind, _ in step.rows if kind == "idle")
     expected = {
         "num_steps": run.num_steps,
-        "num_pad_tokens": sum(step.num_pad_tokens for step in run.steps) - idle,   # ghosts count there too
+        # ghosts count there too
+        "num_pad_tokens": sum(step.num_pad_tokens for step in run.steps) - idle,
         "num_idle_slot_steps": idle,
         "slot_utilisation": run.slot_utilisation(),
     }
     for name, value in expected.items():
-        assert getattr(got, name) == pytest.approx(value), (
-            f"{workload.name} (prompts {workload.prompt_lens}, answers {workload.output_lens}, batch "
-            f"size {batch_size}): minicb's static scheduler gives {name} = {value}, yours "
-            f"{getattr(got, name)}. Hint: one prefill step per batch already yields each row's first token.")
+        assert getattr(got, name) == pytest.approx(value), (f"{workload.name} (prompts "
+                                                            f"{workload.prompt_lens}, answers "
+                                                            f"{workload.output_lens}, batch size "
+                                                            f"{batch_size}): minicb's static "
+                                                            f"scheduler gives {name} = {value}, "
+                                                            f"yours {getattr(got, name)}. Hint: "
+                                                            "one prefill step per batch already "
+                                                            "yields each row's first token.")

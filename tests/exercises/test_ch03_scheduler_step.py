@@ -20,11 +20,13 @@ SCENARIOS = {
                         dict(max_num_seqs=4, max_num_batched_tokens=16)),
     "evictions": (fixed("tight KV", [9, 7, 12, 5, 8], [20, 15, 10, 18, 6]),
                   dict(max_num_seqs=4, block_size=4, num_kv_blocks=12)),
-    "evictions-and-chunks": (fixed("tight KV", [9, 7, 12, 5, 8], [20, 15, 10, 18, 6]),
-                             dict(max_num_seqs=4, block_size=4, num_kv_blocks=12, max_num_batched_tokens=6)),
+    "evictions-and-chunks": (
+        fixed("tight KV", [9, 7, 12, 5, 8], [20, 15, 10, 18, 6]),
+        dict(max_num_seqs=4, block_size=4, num_kv_blocks=12, max_num_batched_tokens=6)),
     "arrivals": (mixed(n=14, seed=7).with_arrivals(poisson_arrivals(14, rate=0.4, seed=7)),
                  dict(max_num_seqs=3, max_num_batched_tokens=64)),
-    "contiguous-kv": (mixed(n=10, seed=8), dict(max_num_seqs=4, kv_cache="contiguous", num_kv_blocks=30)),
+    "contiguous-kv": (mixed(n=10, seed=8),
+                      dict(max_num_seqs=4, kv_cache="contiguous", num_kv_blocks=30)),
 }
 
 
@@ -48,25 +50,30 @@ def assert_same_schedule(expected: SimResult, got: SimResult, where: str) -> Non
         if have.preempted != want.preempted:
             problems.append(f"evicted should be {want.preempted}, yours {have.preempted}")
         if have.block_tables != want.block_tables or have.num_free_blocks != want.num_free_blocks:
-            problems.append(f"block tables should be {want.block_tables} ({want.num_free_blocks} free), "
-                            f"yours {have.block_tables} ({have.num_free_blocks} free)")
+            problems.append(f"block tables should be {want.block_tables} ({want.num_free_blocks} "
+                            f"free), yours {have.block_tables} ({have.num_free_blocks} free)")
         if problems:
             previous = describe(expected.steps[step - 2].rows) if step > 1 else "(first step)"
             raise AssertionError(
                 f"{where}, step {step}: " + "; ".join(problems) +
-                f".\nThe step before ran [{previous}]. Hint: running requests first in their order, "
-                "then admissions in arrival order; evict the latest arrival; admit no one after an eviction.")
+                f".\nThe step before ran [{previous}]. Hint: running requests first in their "
+                f"order, "
+                "then admissions in arrival order; evict the latest arrival; admit no one after an "
+                "eviction.")
     assert got.num_steps == expected.num_steps, \
-        f"{where}: minicb's scheduler serves everyone in {expected.num_steps} steps, yours in {got.num_steps}"
+        f"{where}: minicb's scheduler serves everyone in {expected.num_steps} steps, yours in " \
+        f"{got.num_steps}"
 
 
 def test_ch03_seed_example_takes_10_steps(monkeypatch):
     """The book's example: 4, 4, 10, 10 on four slots, two 4s waiting: 10 steps, not 14."""
     got = run_yours(monkeypatch, seed_example(), max_num_seqs=4)
     expected = simulate(seed_example(), max_num_seqs=4)
-    assert got.num_steps == expected.num_steps == 10, (
-        f"continuous batching serves the seed example in {expected.num_steps} steps; yours took "
-        f"{got.num_steps}. Hint: a finished request's slot goes to a waiting one at the very next step.")
+    assert got.num_steps == expected.num_steps == 10, ("continuous batching serves the seed "
+                                                       f"example in {expected.num_steps} steps; "
+                                                       f"yours took {got.num_steps}. Hint: a "
+                                                       "finished request's slot goes to a waiting "
+                                                       "one at the very next step.")
     assert got.finish_steps() == expected.finish_steps(), \
         f"finish steps should be {expected.finish_steps()}, yours {got.finish_steps()}"
 
@@ -92,7 +99,8 @@ def test_ch03_step_respects_slots_and_budget(monkeypatch):
         tokens = sum(n for _, _, n in step.rows)
         assert tokens <= knobs["max_num_batched_tokens"], (
             f"step {step.step} carries {tokens} tokens, over max_num_batched_tokens="
-            f"{knobs['max_num_batched_tokens']}: [{describe(step.rows)}]. Hint: chunk long prompts.")
+            f"{knobs['max_num_batched_tokens']}: [{describe(step.rows)}]. Hint: chunk long "
+            "prompts.")
         assert len(step.rows) <= knobs["max_num_seqs"], \
             f"step {step.step} runs {len(step.rows)} requests on {knobs['max_num_seqs']} slots"
 
@@ -105,13 +113,16 @@ def test_ch03_real_engine_with_evictions_equals_transformers(monkeypatch, tiny_m
     completions = generate_completions(llm, prompts, lengths)
     engine = llm.llm_engine
     assert isinstance(engine.scheduler, ch03.StepScheduler)
-    for index, (reference, completion) in enumerate(zip(hf_greedy(tiny_model, prompts, lengths), completions)):
+    for index, (reference, completion) in enumerate(zip(hf_greedy(tiny_model, prompts, lengths),
+                                                        completions)):
         try:
             compare(reference, completion.token_ids, completion.logprobs, f"request {index}")
         except AssertionError as error:
-            raise AssertionError(f"{error}. transformers generates {reference.token_ids}, the engine with your "
-                                 f"scheduler {completion.token_ids}. Hint: an evicted request must "
-                                 "recompute from token 0.") from None
-    assert engine.scheduler.num_preemptions > 0, "this setting should force evictions; none happened"
+            raise AssertionError(f"{error}. transformers generates {reference.token_ids}, the "
+                                 f"engine with your scheduler {completion.token_ids}. Hint: an "
+                                 "evicted request must recompute from token 0.") from None
+    assert engine.scheduler.num_preemptions > 0, ("this setting should force evictions; none "
+                                                  "happened")
     assert engine.kv.num_free_blocks() == engine.kv.num_blocks, \
-        f"{engine.kv.num_blocks - engine.kv.num_free_blocks()} KV blocks still held after every request finished"
+        f"{engine.kv.num_blocks - engine.kv.num_free_blocks()} KV blocks still held after every " \
+        "request finished"

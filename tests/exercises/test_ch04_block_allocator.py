@@ -25,7 +25,8 @@ def test_ch04_allocator_never_double_allocates():
     taken = [allocator.allocate() for _ in range(6)]
     assert sorted(taken) == list(range(6)), \
         f"6 allocations from a pool of 6 should hand out each block 0-5 once, got {taken}"
-    assert allocator.num_free() == 0, f"all 6 blocks are taken, yet num_free() = {allocator.num_free()}"
+    assert allocator.num_free() == 0, ("all 6 blocks are taken, yet num_free() = "
+                                       f"{allocator.num_free()}")
     with pytest.raises(RuntimeError):
         allocator.allocate()
     for block in taken[:3]:
@@ -33,7 +34,8 @@ def test_ch04_allocator_never_double_allocates():
         allocator.push_free(block)
     again = [allocator.allocate() for _ in range(3)]
     assert sorted(again) == sorted(taken[:3]), \
-        f"after freeing {taken[:3]}, the next three allocations should reuse exactly them, got {again}"
+        f"after freeing {taken[:3]}, the next three allocations should reuse exactly them, got " \
+        f"{again}"
 
 
 def test_ch04_allocator_refuses_misuse():
@@ -79,8 +81,10 @@ def test_ch04_allocator_behaves_like_minicbs(seed):
                 move = f"release({block}) then push_free if unreferenced"
         history.append(f"{move} → {expected}")
         recent = "\n  ".join(history[-6:])
-        assert got == expected, f"after these operations:\n  {recent}\nexpected {expected}, got {got}"
-        assert list(yours.ref_counts) == minicb.ref_counts and yours.num_free() == minicb.num_free(), (
+        assert got == expected, (f"after these operations:\n  {recent}\nexpected {expected}, got "
+                                 f"{got}")
+        assert (list(yours.ref_counts) == minicb.ref_counts and yours.num_free()
+                == minicb.num_free()), (
             f"after these operations:\n  {recent}\nexpected ref_counts {minicb.ref_counts} and "
             f"{minicb.num_free()} free, got {list(yours.ref_counts)} and {yours.num_free()} free. "
             "Hint: the free list is a stack: the block pushed last is allocated first.")
@@ -111,13 +115,17 @@ def test_ch04_real_engine_on_your_allocator_equals_transformers(tiny_model):
             try:
                 compare(reference, completion.token_ids, completion.logprobs, label)
             except AssertionError as error:
-                raise AssertionError(f"{error}. With your allocator the engine generated {completion.token_ids}, "
-                                     f"transformers {reference.token_ids}: a block was probably handed out "
-                                     "while someone still held it.") from None
-    assert llm.llm_engine.scheduler.num_preemptions > 0, "this setting should force evictions; none happened"
-    assert shared, "parallel samples should have shared their prompt's blocks through share(); none were"
+                raise AssertionError(f"{error}. With your allocator the engine generated "
+                                     f"{completion.token_ids}, transformers {reference.token_ids}: "
+                                     "a block was probably handed out while someone still held "
+                                     "it.") from None
+    assert llm.llm_engine.scheduler.num_preemptions > 0, ("this setting should force evictions; "
+                                                          "none happened")
+    assert shared, ("parallel samples should have shared their prompt's blocks through share(); "
+                    "none were")
     assert allocator.num_free() == kv.num_blocks and not any(allocator.ref_counts), (
-        f"every request finished, so all {kv.num_blocks} blocks should be free again (each once); num_free() "
+        f"every request finished, so all {kv.num_blocks} blocks should be free again (each once); "
+        f"num_free() "
         f"= {allocator.num_free()}, ref_counts = {list(allocator.ref_counts)}")
 
 
@@ -134,7 +142,8 @@ def test_ch04_slot_mapping_matches_the_engine(tiny_llama):
             got = ch04.slot_mapping(row.block_table, row.num_cached, len(row.token_ids), 4)
             assert list(got) == expected, (
                 f"step {number}, request {row.request_id}: positions {row.num_cached}.."
-                f"{row.num_cached + len(row.token_ids) - 1} with block table {row.block_table} (block_size 4) "
+                f"{row.num_cached + len(row.token_ids) - 1} with block table {row.block_table} "
+                f"(block_size 4) "
                 f"go to slots {expected}, yours {list(got)}")
             rows_checked += 1
     assert rows_checked > 20

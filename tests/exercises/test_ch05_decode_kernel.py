@@ -40,7 +40,8 @@ def decode_batch(head_dim: int, block_size: int, group: int, num_kv_heads: int, 
         tables[row, :count] = torch.tensor([order.pop() for _ in range(count)])
     shape = (num_blocks, block_size, num_kv_heads, head_dim)
     return dict(
-        q=torch.randn(len(seq_lens), num_kv_heads * group, head_dim, generator=generator).to(DEVICE),
+        q=torch.randn(len(seq_lens), num_kv_heads * group, head_dim,
+                      generator=generator).to(DEVICE),
         k_cache=torch.randn(shape, generator=generator).to(DEVICE),
         v_cache=torch.randn(shape, generator=generator).to(DEVICE),
         seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE),
@@ -53,9 +54,9 @@ def reference(batch: dict) -> torch.Tensor:
     """minicb's oracle, with one query per request (a decode: cu_seqlens_q = 0, 1, 2, ...)."""
     num_seqs = batch["seq_lens"].shape[0]
     cu_seqlens_q = torch.arange(num_seqs + 1, dtype=torch.int32, device=DEVICE)
-    return kernels.paged_attention_reference(batch["q"], batch["k_cache"], batch["v_cache"], cu_seqlens_q,
-                                             batch["seq_lens"], batch["block_tables"], batch["scale"], 1,
-                                             int(batch["seq_lens"].max()))
+    return kernels.paged_attention_reference(batch["q"], batch["k_cache"], batch["v_cache"],
+                                             cu_seqlens_q, batch["seq_lens"], batch["block_tables"],
+                                             batch["scale"], 1, int(batch["seq_lens"].max()))
 
 
 @pytest.mark.parametrize("case", CASES, ids=[f"d{c[0]}-bs{c[1]}-g{c[2]}-kv{c[3]}" for c in CASES])
@@ -65,21 +66,23 @@ def test_ch05_decode_kernel_matches_the_reference(case):
     got = ch05.paged_decode(**batch)
     expected = reference(batch)
     assert got.shape == expected.shape and got.dtype == expected.dtype, (
-        f"expected an output of shape {tuple(expected.shape)} and {expected.dtype}, got {tuple(got.shape)} "
+        f"expected an output of shape {tuple(expected.shape)} and {expected.dtype}, got "
+        f"{tuple(got.shape)} "
         f"{got.dtype}")
     error = (got - expected).abs().amax(dim=(1, 2))
     bad = [(n, float(e)) for n, e in zip(seq_lens, error) if not e <= 1e-4]
-    assert not bad, (
-        f"head_dim {head_dim}, block_size {block_size}, {group} query heads per KV head: the output differs "
-        f"from the reference for (seq_len, max abs error) {bad}. Hint: wrong only past {ch05.BLOCK_N} keys "
-        "points at the rescaling between tiles (alpha); only at some short lengths, at the key mask or "
-        "the block lookup; at every length, at the scores or the GQA head.")
+    assert not bad, (f"head_dim {head_dim}, block_size {block_size}, {group} query heads per KV "
+                     "head: the output differs from the reference for (seq_len, max abs error) "
+                     f"{bad}. Hint: wrong only past {ch05.BLOCK_N} keys points at the rescaling "
+                     "between tiles (alpha); only at some short lengths, at the key mask or the "
+                     "block lookup; at every length, at the scores or the GQA head.")
 
 
 def test_ch05_engine_decodes_with_your_kernel(tiny_llama):
     """minicb's engine with every decode-only step's attention done by your kernel."""
     llm = LLM(tiny_llama, attention="torch", block_size=4, max_num_seqs=2, device=DEVICE)
-    attention = llm.llm_engine.model.model.layers[0].self_attn.attention      # shared by every layer
+    # shared by every layer
+    attention = llm.llm_engine.model.model.layers[0].self_attn.attention
     torch_attend, calls = attention._attend, []
 
     def attend(q, k_cache, v_cache, meta, scale):
@@ -92,9 +95,11 @@ def test_ch05_engine_decodes_with_your_kernel(tiny_llama):
     prompts, lengths = random_prompts([6, 9], 512, seed=13), [7, 5]
     completions = generate_completions(llm, prompts, lengths)
     assert calls, "no decode step reached the kernel"
-    for index, (expected, completion) in enumerate(zip(hf_greedy(tiny_llama, prompts, lengths), completions)):
+    for index, (expected, completion) in enumerate(zip(hf_greedy(tiny_llama, prompts, lengths),
+                                                       completions)):
         try:
             compare(expected, completion.token_ids, completion.logprobs, f"request {index}")
         except AssertionError as error:
-            raise AssertionError(f"{error}. With your kernel in the engine: {completion.token_ids}; transformers: "
+            raise AssertionError(f"{error}. With your kernel in the engine: "
+                                 f"{completion.token_ids}; transformers: "
                                  f"{expected.token_ids}.") from None
