@@ -12,7 +12,7 @@ TORCH_SPEC ?= torch==2.13.0
 STAMP      := $(VENV)/.minicb-installed
 CH         ?=
 
-.PHONY: setup browser-setup test test-gpu lab demo lint grade env-check clean
+.PHONY: setup browser-setup test test-gpu lab demo lint grade env-check guidellm clean
 
 setup: $(STAMP)
 
@@ -64,6 +64,23 @@ lint: setup
 # Grade the student's exercises/ (all chapters, or one: make grade CH=04).
 grade: setup
 	MINICB_IMPL=exercises TRITON_INTERPRET=1 $(BIN)/python -m pytest tests/exercises $(if $(CH),-k "ch$(CH)",) -p no:cacheprovider
+
+# A third-party load tester against minicb serve (benchmarks/serving.md): guidellm in its own
+# environment, the server on 127.0.0.1, completions and chat; results in benchmarks/results/.
+GUIDELLM := .venv-guidellm/bin/guidellm
+GUIDELLM_RUN = HF_HUB_OFFLINE=1 $(GUIDELLM) run --profile kind=constant,rate=4 \
+	--constraint kind=max_requests,count=60 --data kind=synthetic_text,prompt_tokens=64,output_tokens=48 \
+	--tokenizer kind=huggingface_auto,model=$$($(BIN)/python -c "import minicb; print(minicb.default_model_path())") \
+	--disable-console-interactive
+guidellm: setup
+	@test -x $(GUIDELLM) || ($(PYTHON) -m venv .venv-guidellm && .venv-guidellm/bin/pip install --quiet $(TORCH_SPEC) \
+	  && .venv-guidellm/bin/pip install --quiet guidellm)
+	@$(BIN)/python -m minicb serve --port 8765 --served-model-name minicb --max-num-seqs 32 --log-level warning & \
+	  server=$$!; trap "kill $$server" EXIT; sleep 15; \
+	  $(GUIDELLM_RUN) --backend kind=openai_http,target=http://127.0.0.1:8765,model=minicb,request_format=/v1/completions \
+	    --output kind=json,path=benchmarks/results/guidellm-completions.json && \
+	  $(GUIDELLM_RUN) --backend kind=openai_http,target=http://127.0.0.1:8765,model=minicb,request_format=/v1/chat/completions \
+	    --output kind=json,path=benchmarks/results/guidellm-chat.json
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -744,3 +744,24 @@ def test_a_huge_prompt_is_tokenised_off_the_engine_thread_without_stalling_a_str
     assert refused["response"].status_code == 400 and "max_model_len" in refused["response"].text
     assert together <= 2 * alone + 0.25, (f"the stream stalled: longest gap {together:.3f} s, "
                                           f"alone {alone:.3f} s")
+
+
+def test_continuous_usage_and_content_parts_as_load_testers_send_them(server):
+    """guidellm asks for usage in every chunk (stream_options.continuous_usage_stats, vLLM's
+    extension) and sends chat content as a list of text parts."""
+    body = {"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 6, "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    with httpx.stream("POST", server.url + "/v1/completions", json=body) as stream:
+        chunks = [json.loads(line[6:]) for line in stream.iter_lines()
+                  if line.startswith("data: {")]
+    counts = [c["usage"]["completion_tokens"] for c in chunks if c["choices"]]
+    assert counts == sorted(counts) and counts[-1] == 6 and all(c["usage"]["prompt_tokens"] == 3
+                                                                for c in chunks)
+    parts = {"model": "tiny", "max_tokens": 3, "messages": [
+        {"role": "user",
+         "content": [{"type": "text", "text": "def add"}, {"type": "text", "text": "(a, b):"}]}]}
+    assert httpx.post(server.url + "/v1/chat/completions", json=parts).status_code == 200
+    parts["messages"][0]["content"] = [{"type": "image_url", "image_url": {"url": "x"}}]
+    refused = httpx.post(server.url + "/v1/chat/completions", json=parts)
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "messages"

@@ -124,6 +124,7 @@ class AsyncLLMEngine:
         # used by the worker call only, one per sample: (request id, sample index) -> detokenizer
         self._detokenizers: dict[tuple[str, int], IncrementalDetokenizer] = {}
         self._ids = itertools.count()
+        self._validating = 0          # samples of requests being tokenised (they count as waiting)
         self._finish_times: deque[float] = deque(maxlen=1024)   # when recent samples finished
         self._wake: asyncio.Event | None = None
         self._loop_task: asyncio.Task | None = None
@@ -133,7 +134,8 @@ class AsyncLLMEngine:
     @property
     def num_waiting(self) -> int:
         """Sequences waiting: every sample of a parallel-sampling request counts."""
-        return sum(add.params.n for add in self._pending_adds) + self.engine.num_waiting
+        return (self._validating + sum(add.params.n for add in self._pending_adds)
+                + self.engine.num_waiting)
 
     @property
     def num_running(self) -> int:
@@ -196,10 +198,12 @@ class AsyncLLMEngine:
         if request_id in self._streams:
             raise ValueError(f"request id {request_id!r} is already in use; ids must be unique.")
         # tokenise and check here, off the engine's thread: a long prompt never stalls the steps
-        token_ids = await asyncio.to_thread(self.engine.validate, prompt, params)
-        # filled meanwhile
-        if self.max_queue_len is not None and self.num_waiting >= self.max_queue_len:
-            raise QueueFullError(self.num_waiting, self.max_queue_len, self.retry_after())
+        # (it holds its place in the queue meanwhile)
+        self._validating += params.n
+        try:
+            token_ids = await asyncio.to_thread(self.engine.validate, prompt, params)
+        finally:
+            self._validating -= params.n
         if request_id in self._streams:
             raise ValueError(f"request id {request_id!r} is already in use; ids must be unique.")
         stream = self._streams[request_id] = RequestStream(request_id, params.n)

@@ -51,6 +51,8 @@ class ParsedRequest:
     require_fit: bool          # max_tokens was given: prompt + max_tokens must fit max_model_len
     # an extension (as in vLLM): under the priority policy, lower is served first
     priority: int = 0
+    # stream_options.continuous_usage_stats (vLLM's extension): every chunk carries usage so far
+    continuous_usage: bool = False
 
 
 # the most samples (`n`) one request may ask for: each is a sequence in the batch, holding a slot
@@ -156,16 +158,18 @@ def _check_fields(body: dict) -> None:
 def _options(body: dict, prompt, params: SamplingParams, require_fit: bool) -> ParsedRequest:
     stream = _field(body, "stream", (bool,), "true or false", False)
     options = body.get("stream_options") or {}
-    if not isinstance(options, dict) or set(options) - {"include_usage"}:
-        raise APIError("'stream_options' must be an object with at most 'include_usage'.",
+    if not isinstance(options, dict) or set(options) - {"include_usage", "continuous_usage_stats"}:
+        raise APIError("'stream_options' must be an object with at most 'include_usage' and "
+                       "'continuous_usage_stats'.",
                        param="stream_options")
     include_usage = _field(options, "include_usage", (bool,), "true or false", False)
+    continuous = _field(options, "continuous_usage_stats", (bool,), "true or false", False)
     priority = _field(body, "priority", *_INT, 0)
     if not -2**31 <= priority < 2**31:
         raise APIError(f"'priority' must be a 32-bit integer (got {priority}).", param="priority")
     return ParsedRequest(prompt, params, stream, include_usage,
                          _field(body, "return_token_ids", (bool,), "true or false", False),
-                         require_fit, priority)
+                         require_fit, priority, continuous)
 
 
 def parse_completion(body: dict, model_name: str, max_model_len: int) -> ParsedRequest:
@@ -185,6 +189,17 @@ def parse_completion(body: dict, model_name: str, max_model_len: int) -> ParsedR
     return _options(body, prompt, params, require_fit)
 
 
+def _text_content(content: str | list) -> str:
+    """A message's content: a string, or OpenAI's list of parts, of which this server reads text."""
+    if isinstance(content, str):
+        return content
+    if not all(isinstance(part, dict) and part.get("type") == "text"
+               and isinstance(part.get("text"), str) for part in content):
+        raise APIError("a message's content must be a string or a list of {\"type\": \"text\", "
+                       "\"text\": str} parts; this model reads text only.", param="messages")
+    return "".join(part["text"] for part in content)
+
+
 def parse_chat(body: dict, model_name: str, max_model_len: int, tokenizer) -> ParsedRequest:
     """POST /v1/chat/completions: messages rendered through the tokenizer's chat template."""
     _check_model(body, model_name)
@@ -197,11 +212,12 @@ def parse_chat(body: dict, model_name: str, max_model_len: int, tokenizer) -> Pa
                        code="chat_template_missing")
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages or not all(
-        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-        for m in messages):
+        isinstance(m, dict) and isinstance(m.get("role"), str)
+        and isinstance(m.get("content"), (str, list)) for m in messages):
         raise APIError(
             "'messages' must be a non-empty list of {\"role\": str, \"content\": str} objects.",
             param="messages")
+    messages = [{"role": m["role"], "content": _text_content(m["content"])} for m in messages]
     try:
         prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     except Exception as error:   # the template is the checkpoint's own Jinja code
@@ -264,8 +280,9 @@ _COMMON = {
     "stop": {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
     "stop_token_ids": {"type": "array", "items": {"type": "integer", "minimum": 0}},
     "stream": {"type": "boolean"},
-    "stream_options": {"type": "object", "properties": {"include_usage": {"type": "boolean"}},
-                       "additionalProperties": False},
+    "stream_options": {"type": "object", "additionalProperties": False,
+                       "properties": {"include_usage": {"type": "boolean"},
+                                      "continuous_usage_stats": {"type": "boolean"}}},
     "ignore_eos": {"type": "boolean"}, "priority": {"type": "integer"},
     "return_token_ids": {"type": "boolean"},
     "user": {"type": "string"},

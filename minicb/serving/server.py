@@ -271,6 +271,7 @@ async def _events(engine: AsyncLLMEngine, stream: RequestStream, parsed: ParsedR
     try:
         # choices yet to send a chunk (a chat's first one has the role)
         unsent = set(range(stream.n))
+        so_far: dict[int, int] = {}         # tokens streamed per choice (continuous usage)
         num_prompt_tokens = num_output_tokens = 0
         failed = False
         async for delta in stream:
@@ -284,7 +285,10 @@ async def _events(engine: AsyncLLMEngine, stream: RequestStream, parsed: ParsedR
             entry = choice(chat, delta.text, finish, ids, delta=True, first=delta.index in unsent,
                            index=delta.index)
             unsent.discard(delta.index)
-            yield _sse(response(chat, response_id, model_name, [entry], None, chunk=True))
+            so_far[delta.index] = so_far.get(delta.index, 0) + len(delta.token_ids)
+            running_usage = usage(delta.num_prompt_tokens, sum(so_far.values())) \
+                if parsed.continuous_usage else None
+            yield _sse(response(chat, response_id, model_name, [entry], running_usage, chunk=True))
             if delta.finished:
                 num_prompt_tokens = max(num_prompt_tokens, delta.num_prompt_tokens)
                 num_output_tokens += delta.num_output_tokens
