@@ -22,6 +22,7 @@ from minicb.bench.common import (
     workload_facts,
     write_results,
 )
+from minicb.config import blocks_for
 from minicb.sim import SimResult, simulate
 
 KV_CACHES = ("contiguous", "paged")
@@ -65,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     workload = load_workload(args.workload, args.num_prompts)
     max_model_len = args.max_model_len or max(r.prompt_len + r.output_len
                                               for r in workload.requests)
-    blocks_per_seq = -(-max_model_len // args.block_size)
+    blocks_per_seq = blocks_for(max_model_len, args.block_size)
     num_kv_blocks = args.num_kv_blocks or 32 * blocks_per_seq
     runs = []
     for kv_cache in KV_CACHES:

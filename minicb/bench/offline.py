@@ -41,7 +41,7 @@ from minicb.bench.common import (
 )
 from minicb.bench.machine import describe, machine_info
 from minicb.bench.peers import SystemRun, hf_continuous, hf_one_at_a_time, hf_static_batches
-from minicb.config import EngineConfig
+from minicb.config import EngineConfig, blocks_for
 from minicb.metrics import summarize
 
 SYSTEMS = {
@@ -162,9 +162,9 @@ def run_system(name: str, model_path: str, hf_model, args, prompts: list[list[in
             run = hf_static_batches(hf_model, prompts, output_lens, pad, args.max_num_seqs,
                                     bar.update)
         else:
-            kv_tokens = (args.num_kv_blocks or args.max_num_seqs *
-                         -(-args.max_model_len // args.block_size)) \
-                * args.block_size
+            blocks = args.num_kv_blocks or args.max_num_seqs * blocks_for(args.max_model_len,
+                                                                           args.block_size)
+            kv_tokens = blocks * args.block_size
             run = hf_continuous(hf_model, prompts, output_lens, pad, args.max_num_seqs,
                                 args.hf_max_batch_tokens, kv_tokens, args.hf_page_size, bar.update)
     return run, probe.peak_bytes

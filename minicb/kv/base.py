@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
+from minicb.config import blocks_for
 from minicb.kv.prefix import PrefixCacheStats
 
 
@@ -24,7 +25,7 @@ class KVManager(ABC):
         self.block_size = block_size
 
     def blocks_for(self, num_tokens: int) -> int:
-        return -(-num_tokens // self.block_size)
+        return blocks_for(num_tokens, self.block_size)
 
     @abstractmethod
     def num_free_blocks(self) -> int: ...

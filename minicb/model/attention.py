@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from minicb.config import blocks_for
+
 
 @dataclass
 class AttentionMetadata:
@@ -90,7 +92,7 @@ class TorchPlan:
 
         def blocks_of(table: torch.Tensor, num_keys: int) -> torch.Tensor:
             # only the blocks that hold keys (a contiguous reservation's table is longer)
-            return table[:, :-(-num_keys // block_size)].long().contiguous()
+            return table[:, :blocks_for(num_keys, block_size)].long().contiguous()
 
         decode = None
         rows = [i for i, n in enumerate(q_lens) if n == 1]

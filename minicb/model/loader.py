@@ -9,11 +9,13 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+from minicb.config import DTYPES as DTYPE_NAMES
 from minicb.model.llama import LlamaForCausalLM, ModelArgs, rope_inv_freq
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM")
 SUPPORTED_ROPE_TYPES = ("default", "llama3")
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# the torch dtype of each name EngineConfig accepts
+DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}
 
 
 def resolve_model_path(model: str | os.PathLike | None) -> Path:

@@ -11,6 +11,7 @@ from pathlib import Path
 from matplotlib.figure import Figure
 from matplotlib.patches import FancyArrowPatch, Rectangle
 
+from minicb.config import blocks_for
 from minicb.viz.base import PALETTE, new_figure
 
 
@@ -21,7 +22,7 @@ def paged_lookup(block_table: Sequence[int], block_size: int, seq_len: int, num_
     Each logical block i of the request points at physical block block_table[i]; `position`, if
     given, is highlighted with its block, offset and slot (block * block_size + offset).
     """
-    needed = -(-seq_len // block_size)
+    needed = blocks_for(seq_len, block_size)
     if len(block_table) < needed:
         raise ValueError(f"{seq_len} keys need {needed} blocks of {block_size}; the table has "
                          f"{len(block_table)}.")
