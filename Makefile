@@ -23,7 +23,8 @@ $(STAMP): pyproject.toml
 	@echo "setup: torch ($(TORCH_SPEC))"
 	@$(BIN)/python -m pip install --quiet $(TORCH_SPEC)
 	@echo "setup: minicb and what it needs (transformers, triton, jupyterlab, ...)"
-	@$(BIN)/python -m pip install --quiet -e ".[dev]"
+	@# setuptools warns at length about every editable install; nothing in it concerns a reader
+	@PYTHONWARNINGS=ignore $(BIN)/python -m pip install --quiet -e ".[dev]"
 	@$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
 	@echo "setup: checking the environment (python -m minicb env-check prints every line)"
 	@$(BIN)/python -m minicb env-check | tail -n 1
