@@ -47,6 +47,8 @@ class Source:
     def __str__(self) -> str:
         return f"{self.header()}\n{self.numbered()}"
 
+    __repr__ = __str__          # the plain-text form a notebook stores beside the Markdown
+
     def _repr_markdown_(self) -> str:
         return f"**`{self.header()}`**\n\n```python\n{self.numbered()}```\n"
 

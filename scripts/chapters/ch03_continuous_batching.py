@@ -50,26 +50,180 @@ CELLS = [
     3. **builds** the batch: one token for every running request, the prompt of every new one;
     4. **runs** one forward pass and appends each request's new token.
 
-    Here is the whole idea as a toy, with answers as plain counters (a request of *n* tokens needs
-    *n* steps, its prefill included):
+    The diagram of one step, the loop every continuous-batching engine runs:
+
+    ```
+           ┌──────────────────────────── one step ─────────────────────────────┐
+    waiting │ 1. remove finished ─▶ 2. admit while slots, ─▶ 3. pack one batch ─▶ │─▶ 4. run the model,
+    queue ─▶│    (free their KV)      token budget and KV       (no padding)     │   append a token each
+           └──────────────────────────────▲─────────────────────────────────────┘          │
+                                          └──────────── next step ◀────────────────────────┘
+    ```
+
+    ### Build it: a scheduler step in thirty lines
+
+    A request here is a few counters: its prompt length, the tokens it may generate, how many of
+    its tokens already have K/V in the cache (`computed`) and how many it has generated. The
+    step's plan is a list of (request, tokens to compute). Running requests go first, one token
+    each (or the next chunk of a long prompt); then waiting requests are admitted, in arrival
+    order, while a slot is free and the step's token budget lasts. A prompt longer than what is
+    left of the budget is **chunked**: this step computes what fits, the next steps the rest.
     """),
     ("code", """
-    def toy_continuous(answer_lengths, slots):
-        waiting = list(enumerate(answer_lengths))
-        running, finished_at, step = {}, {}, 0
-        while waiting or running:
-            step += 1
-            while waiting and len(running) < slots:        # admit into free slots
-                request, tokens_left = waiting.pop(0)
-                running[request] = tokens_left
-            for request in list(running):                   # one step: a token for everyone running
-                running[request] -= 1
-                if running[request] == 0:                   # remove finished: the slot is free next step
-                    del running[request]
-                    finished_at[request] = step
-        return finished_at
+    from dataclasses import dataclass
 
-    print(toy_continuous([4, 4, 10, 10, 4, 4], slots=4))
+
+    @dataclass
+    class Req:
+        name: str
+        prompt_len: int
+        max_tokens: int
+        computed: int = 0           # tokens whose K/V are in the cache
+        generated: int = 0          # output tokens so far
+
+        @property
+        def uncomputed(self) -> int:
+            return self.prompt_len + self.generated - self.computed
+
+
+    def schedule(waiting, running, max_num_seqs, token_budget):
+        \"\"\"One step's plan: [(request, tokens)], running requests first, then admissions.\"\"\"
+        plan, budget = [], token_budget
+        for r in running:                                    # everyone running: a token, or a chunk
+            n = min(r.uncomputed, budget)
+            if n:
+                plan.append((r, n))
+                budget -= n
+        while waiting and len(running) < max_num_seqs and budget > 0:
+            r = waiting.pop(0)                               # admit in arrival order
+            running.append(r)
+            plan.append((r, min(r.uncomputed, budget)))      # a long prompt is chunked
+            budget -= plan[-1][1]
+        return plan
+
+
+    def serve(requests, max_num_seqs, token_budget):
+        \"\"\"Run every request to the end; return each step's rows (name, kind, tokens).\"\"\"
+        waiting, running, steps = list(requests), [], []
+        while waiting or running:
+            plan = schedule(waiting, running, max_num_seqs, token_budget)
+            steps.append([(r.name, "prefill" if r.uncomputed > 1 or r.generated == 0 else "decode", n)
+                          for r, n in plan])
+            for r, n in plan:                                # the model runs: n more tokens cached
+                r.computed += n
+                if r.uncomputed == 0:                        # all caught up: it gets a new token
+                    r.generated += 1
+            running[:] = [r for r in running if r.generated < r.max_tokens]   # remove finished
+        return steps
+
+
+    seed = serve([Req(n, 1, t) for n, t in zip("ABCDEF", [4, 4, 10, 10, 4, 4])], max_num_seqs=4,
+                 token_budget=64)
+    print(f"{len(seed)} steps; E and F enter at step",
+          [i + 1 for i, rows in enumerate(seed) if any(name in "EF" and kind == "prefill"
+                                                       for name, kind, _ in rows)])
+    """),
+    ("md", """
+    Ten steps, E and F entering at step 5: the worked example, from thirty lines. Your exercise
+    (`exercises/ch03_scheduler_step.py`) grows this toward minicb's: the KV pool, preemption when
+    it runs out, and the victim rule.
+
+    ### Prove it: the same schedule as minicb's, step by step
+
+    Now the same requests go through minicb's own `ContinuousScheduler`, driven by the cost-model
+    runner (`minicb.sim.simulate`: the real scheduler and KV manager, the model replaced by a
+    clock), and the two schedules are compared row by row: which request, prefill or decode, how
+    many tokens. First the seed example, then 40 random requests with prompts up to 300 tokens on
+    a 128-token budget, so long prompts are chunked.
+    """),
+    ("code", """
+    import random
+
+
+    def first_difference(ours, theirs):
+        for step, (a, b) in enumerate(zip(ours, theirs), 1):
+            if a != b:
+                return f"step {step}: ours {a} vs minicb {b}"
+        return None if len(ours) == len(theirs) else f"{len(ours)} steps vs minicb's {len(theirs)}"
+
+
+    def compare(prompt_lens, output_lens, max_num_seqs, token_budget, scheduler_step=None):
+        names = [str(i) for i in range(len(prompt_lens))]
+        ours = serve([Req(n, p, o) for n, p, o in zip(names, prompt_lens, output_lens)],
+                     max_num_seqs, token_budget)
+        real = simulate(fixed("check", prompt_lens, output_lens), max_num_seqs=max_num_seqs,
+                        max_num_batched_tokens=token_budget)
+        theirs = [step.rows for step in real.steps]
+        return len(ours), first_difference(ours, theirs)
+
+
+    rng = random.Random(0)
+    random_prompts = [rng.randint(1, 300) for _ in range(40)]
+    random_outputs = [rng.randint(1, 40) for _ in range(40)]
+    print("seed example:       steps, first difference =", compare([1] * 6, [4, 4, 10, 10, 4, 4], 4, 64))
+    print("40 random requests: steps, first difference =",
+          compare(random_prompts, random_outputs, 8, 128))
+    """),
+    ("md", """
+    No difference in a single row. A check that cannot fail proves nothing, so here is the same
+    comparison with one line of `schedule()` changed: the admitted prompt takes all its tokens
+    instead of what is left of the budget (no chunking).
+    """),
+    ("code", """
+    import inspect
+
+    correct = schedule
+    broken = inspect.getsource(schedule).replace("plan.append((r, min(r.uncomputed, budget)))",
+                                                 "plan.append((r, r.uncomputed))")
+    assert broken != inspect.getsource(schedule), "the line to break was not found"
+    exec(broken)                     # redefines schedule() with that one line changed
+    print("without chunking:   steps, first difference =",
+          compare(random_prompts, random_outputs, 8, 128))
+    schedule = correct
+    """),
+    ("md", """
+    ### Read the real thing
+
+    minicb's scheduler, shown from the installed package (these cells print the code the engine
+    runs, with its file and line numbers). `schedule()` builds the step against a `StepBudget`:
+    """),
+    ("code", """
+    from minicb.scheduler.continuous import ContinuousScheduler, StepBudget
+
+    viz.show_source(ContinuousScheduler.schedule)
+    """),
+    ("code", """
+    viz.show_source(StepBudget)
+    """),
+    ("md", """
+    What production adds to the thirty lines, and why:
+
+    * **Memory.** Before a request takes tokens, the KV manager must find room for their K/V
+      (`kv.can_allocate`). Our version assumed an endless pool.
+    * **Preemption and its victim rule.** When a running request needs a block and none is free,
+      the scheduler evicts one (`_pick_victim`): the latest arrival not yet in this step, or the
+      lowest priority under the priority policy. Latest-first is a heuristic: the newest request
+      has usually computed the least, so recomputing it later costs least, but a late request
+      with a long prompt can have more to lose. Its blocks are freed and it goes back to the
+      front of the queue.
+    * **Admission order.** FCFS is one policy among three; `WaitingQueue.in_order` finds the first
+      pick with one scan and orders the rest as a heap only when a step admits a second.
+    * **The prefill cap and the watermark.** `max_prefill_tokens_per_step` chunks prompts even
+      when the token budget would fit them, so decodes keep flowing; `watermark_blocks` keeps
+      some KV free for running requests to grow into.
+    * **Sharing.** A request may start from KV that is already computed: a cached prefix
+      (chapter 07) or its first sample's prompt (n > 1).
+    """),
+    ("code", """
+    viz.show_source(ContinuousScheduler._admit_waiting)
+    """),
+    ("code", """
+    viz.show_source(ContinuousScheduler._pick_victim)
+    """),
+    ("code", """
+    from minicb.scheduler.queue import WaitingQueue
+
+    viz.show_source(WaitingQueue.in_order)
     """),
     ("md", """
     ## 2. The worked example, on the real scheduler
@@ -89,6 +243,21 @@ CELLS = [
     for name, m in zip("EF", continuous.metrics[4:]):
         print(f"{name} enters at step {m.first_scheduled_step} and finishes at step {m.finished_step}")
     viz.compare_timelines({"static": static, "continuous": continuous}, names=names)
+    """),
+    ("md", """
+    The real scheduler's decisions, step by step (4 slots, a budget of 2,048 tokens; every
+    request here has a one-token prompt): who was admitted, who finished, the KV blocks free after
+    the step, and the token budget the step left unused.
+    """),
+    ("code", """
+    budget = 2048
+    for step in continuous.steps:
+        admitted = [names[r] for r, kind, _ in step.rows if kind == "prefill"]
+        finished = [names[k] for k, v in continuous.finish_steps().items() if v == step.step]
+        used = sum(tokens for _, _, tokens in step.rows)
+        print(f"step {step.step:>2}: admitted {','.join(admitted) or '-':<7} finished "
+              f"{','.join(finished) or '-':<5} free blocks {step.num_free_blocks:>3}  "
+              f"budget left {budget - used}")
     """),
     ("md", """
     Why 10 instead of 14? In the static batch E and F wait for the batch barrier (step 10) and then
