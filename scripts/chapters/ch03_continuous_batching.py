@@ -228,10 +228,10 @@ CELLS = [
     ("md", """
     ## 2. The worked example, on the real scheduler
 
-    The toy is only for reading. From here on, the schedule comes from minicb's
-    `ContinuousScheduler` (`minicb/scheduler/continuous.py`), driven by the cost-model runner: the
-    real scheduler and KV manager, with the model replaced by a clock. Four requests needing 4, 4,
-    10 and 10 tokens fill four slots; two more 4-token requests wait.
+    From here on, the schedules come from minicb's `ContinuousScheduler`
+    (`minicb/scheduler/continuous.py`), driven by the cost-model runner: the real scheduler and KV
+    manager, with the model replaced by a clock. Four requests needing 4, 4, 10 and 10 tokens fill
+    four slots; two more 4-token requests wait.
     """),
     ("code", """
     names = dict(zip("012345", "ABCDEF"))
