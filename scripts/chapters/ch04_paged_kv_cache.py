@@ -47,49 +47,174 @@ CELLS = [
     torch.set_num_threads(1)
     """),
     ("md", """
-    ## 1. Blocks, block tables and the free list
+    ## 1. Build it: blocks, block tables and the free list
 
     The KV pool is one tensor pair per layer, `[num_blocks, block_size, num_kv_heads, head_dim]`
-    (chapter 03's packed-batch contract). Who may write which block is decided by a small
-    bookkeeping object, minicb's `BlockAllocator` (`minicb/kv/blocks.py`): a free list of block
-    ids and a reference count per block. Its free list is a **stack**: the block returned last is
-    handed out first.
-    """),
-    ("code", """
-    allocator = BlockAllocator(num_blocks=8)
-    a = [allocator.allocate() for _ in range(3)]      # request A takes three blocks
-    b = [allocator.allocate() for _ in range(2)]      # request B two
-    print(f"A holds {a}, B holds {b}; {allocator.num_free()} blocks free")
-    for block in reversed(a):                           # A finishes: each block's count drops to 0
-        if allocator.release(block):
-            allocator.push_free(block)
-    c = [allocator.allocate() for _ in range(2)]      # C arrives next
-    print(f"A finished; C gets {c}: A's own blocks, in A's order")
-    """),
-    ("md", """
-    A request's **block table** lists its blocks in logical order. Minicb's `PagedKVManager`
-    (`minicb/kv/paged.py`) keeps one per request and adds a block only when the last one is full.
-    Position *p* of a request lives in block `table[p // block_size]` at offset
-    `p % block_size`, that is in slot `table[p // block_size] * block_size + p % block_size`:
-    the slot number the KV-write kernel of chapter 05 receives in `slot_mapping`.
-    """),
-    ("code", """
-    kv = PagedKVManager(num_blocks=8, block_size=4)
-    first = Request("first", list(range(6)), SamplingParams(max_tokens=8))
-    second = Request("second", list(range(3)), SamplingParams(max_tokens=8))
-    for request, tokens in [(first, 6), (second, 3), (first, 7), (first, 9), (second, 5)]:
-        kv.allocate(request, tokens)                 # room for `tokens` tokens in total
-        print(f"{request.request_id:>6} holds {tokens} tokens: table {kv.block_table(request)}")
+    (chapter 03's packed-batch contract). Who may write which block is plain bookkeeping: a
+    **free list** of block ids and a **reference count** per block (a block several requests
+    share has several holders). The free list is a **stack**: the block returned last is handed
+    out first, so a finished request's blocks go straight to the next request that needs any.
 
-    table, size = kv.block_table(first), kv.block_size
+    A request's **block table** lists its blocks in logical order, and grows one block at a time,
+    only when the last one is full. Position *p* lives in block `table[p // block_size]` at offset
+    `p % block_size`, that is in slot `table[p // block_size] * block_size + p % block_size`: the
+    slot number the KV-write kernel of chapter 05 receives in `slot_mapping`.
+    """),
+    ("code", """
+    class Pool:
+        \"\"\"A free list (a stack) and a reference count per block.\"\"\"
+
+        def __init__(self, num_blocks):
+            self.free_blocks = list(range(num_blocks))[::-1]     # pop() hands out 0, 1, 2, ...
+            self.ref_counts = [0] * num_blocks
+
+        def num_free(self):
+            return len(self.free_blocks)
+
+        def allocate(self):
+            block = self.free_blocks.pop()
+            self.ref_counts[block] = 1
+            return block
+
+        def share(self, block):                     # one more holder (chapter 07, n > 1)
+            self.ref_counts[block] += 1
+
+        def release(self, block):                   # one holder fewer; True when it is free
+            self.ref_counts[block] -= 1
+            return self.ref_counts[block] == 0
+
+        def push_free(self, block):
+            self.free_blocks.append(block)
+
+
+    class Tables:
+        \"\"\"A block table per request, grown on demand and freed at the end.\"\"\"
+
+        def __init__(self, pool, block_size):
+            self.pool, self.block_size, self.tables = pool, block_size, {}
+
+        def grow(self, name, num_tokens):           # room for num_tokens tokens in total
+            table = self.tables.setdefault(name, [])
+            while len(table) * self.block_size < num_tokens:
+                table.append(self.pool.allocate())
+            return table
+
+        def free(self, name):                       # last block first: reused in the same order
+            for block in reversed(self.tables.pop(name, [])):
+                if self.pool.release(block):
+                    self.pool.push_free(block)
+
+
+    ours = Tables(Pool(8), block_size=4)
+    for name, tokens in [("first", 6), ("second", 3), ("first", 7), ("first", 9), ("second", 5)]:
+        print(f"{name:>6} holds {tokens} tokens: table {ours.grow(name, tokens)}")
+    table = ours.tables["first"]
     for position in [0, 5, 8]:
-        block, offset = table[position // size], position % size
-        print(f"position {position} of 'first': block {block}, offset {offset}, slot {block * size + offset}")
+        block, offset = table[position // 4], position % 4
+        print(f"position {position} of 'first': block {block}, offset {offset}, slot {block * 4 + offset}")
+    ours.free("first")
+    print("after 'first' finishes, a newcomer gets", ours.grow("third", 9))
     """),
     ("md", """
     The two requests' blocks interleave in the pool (`first` holds 0, 1, 3; `second` 2, 4), and
-    nobody minds: the table makes each request's scattered blocks read as one sequence.
+    nobody minds: the table makes each request's scattered blocks read as one sequence. When
+    `first` finishes, its blocks go to the next request in its own order. Your exercise
+    (`exercises/ch04_block_allocator.py`) grows this toward minicb's: sharing, copy-on-write,
+    preemption.
 
+    ## Prove it: the same tables as minicb's, and the same tokens inside the engine
+
+    Two checks. First, a random sequence of grows and frees through our `Tables` and through
+    minicb's `PagedKVManager` (`minicb/kv/paged.py`): the block tables must agree after every
+    operation. Second, our `Pool` is plugged into the real engine in place of minicb's allocator,
+    with a pool so small that requests are preempted, and the generated tokens must equal those of
+    the engine with its own allocator.
+    """),
+    ("code", """
+    import random
+
+
+    def tables_agree(make_pool, operations=300, seed=0):
+        rng = random.Random(seed)
+        ours, theirs = Tables(make_pool(64), block_size=4), PagedKVManager(num_blocks=64, block_size=4)
+        requests, lengths = {}, {}
+        for step in range(operations):
+            name = f"r{rng.randrange(8)}"
+            if name in lengths and rng.random() < 0.2:           # finish
+                ours.free(name)
+                theirs.free(requests.pop(name))
+                del lengths[name]
+                continue
+            lengths[name] = lengths.get(name, 0) + rng.randint(1, 6)
+            if sum(-(-n // 4) for n in lengths.values()) > 64:    # the pool is full: skip it
+                lengths[name] -= 1
+                continue
+            request = requests.setdefault(name, Request(name, [1], SamplingParams(max_tokens=8)))
+            theirs.allocate(request, lengths[name])
+            if ours.grow(name, lengths[name]) != theirs.block_table(request):
+                return f"operation {step}: {name} got {ours.tables[name]}, minicb {theirs.block_table(request)}"
+        return "the same tables after every operation"
+
+
+    print("our Pool:", tables_agree(Pool))
+    """),
+    ("code", """
+    def generate(pool_class=None):
+        llm = LLM(max_num_seqs=8, block_size=4, num_kv_blocks=48, max_model_len=256)
+        if pool_class is not None:
+            llm.llm_engine.kv.allocator = pool_class(48)        # ours in place of minicb's
+        prompts = chat(12, seed=3).prompt_token_ids(llm.llm_engine.vocab_size, seed=3)
+        outputs = llm.generate(prompts, SamplingParams(max_tokens=24, temperature=0, ignore_eos=True),
+                               use_tqdm=False)
+        kv = llm.llm_engine.kv
+        return ([o.outputs[0].token_ids for o in outputs], llm.llm_engine.scheduler.num_preemptions,
+                kv.num_free_blocks() == kv.num_blocks)
+
+
+    reference, preempted, _ = generate()
+    tokens, preempted_ours, all_free = generate(Pool)
+    print(f"preemptions {preempted} (minicb's allocator) and {preempted_ours} (ours); "
+          f"same tokens: {tokens == reference}; every block free at the end: {all_free}")
+    """),
+    ("md", """
+    A check that cannot fail proves nothing: the same table comparison with one line of `Pool`
+    changed, a freed block put at the bottom of the stack instead of the top (a queue, not a
+    stack). Every token would still be right, but the blocks are not the ones minicb hands out:
+    """),
+    ("code", """
+    class QueuePool(Pool):
+        def push_free(self, block):
+            self.free_blocks.insert(0, block)                   # the one line changed
+
+
+    print("a queue instead of a stack:", tables_agree(QueuePool))
+    """),
+    ("md", """
+    ## Read the real thing
+
+    minicb's allocator and paged manager, from the installed package:
+    """),
+    ("code", """
+    viz.show_source(BlockAllocator)
+    """),
+    ("code", """
+    viz.show_source(PagedKVManager.allocate)
+    """),
+    ("md", """
+    What production adds to our `Tables`, and why:
+
+    * **Copy-on-write.** Samples of one prompt (n > 1) share its blocks; a sample that is about to
+      write into a shared, partly filled block first gets a copy of it (`_shared_block_to_copy`,
+      and the runner copies it before the forward pass), so the others' K/V never changes.
+    * **The prefix cache** (chapter 07): a freed block whose tokens may be asked for again is
+      parked rather than freed, and handed out only when the free list runs dry (`_new_block`).
+    * **Checks before allocating.** The scheduler asks `can_allocate` first, with a watermark of
+      blocks kept back; when nothing is free it preempts a request instead of failing.
+    """),
+    ("code", """
+    viz.show_source(PagedKVManager.free)
+    """),
+    ("md", """
     ## 2. The block map, step by step
 
     Now the real scheduler and KV manager on the book's worked example (four slots; requests of
