@@ -87,6 +87,137 @@ CELLS = [
     print("K/V projections computed: recompute every step", sum(range(1, steps + 1)), "vs cached", steps)
     """),
     ("md", """
+    ### Build it: prefill and decode with a KV cache, on the real model's weights
+
+    The same idea, now for the whole model: minicb's default model is loaded, and this cell runs
+    its layers by hand (embedding, then per layer RMSNorm, attention with rotary positions, the
+    gated MLP; a last norm and the head), keeping each layer's keys and values in a plain tensor
+    per layer. The prefill pushes the whole prompt through once and fills the cache; every decode
+    step pushes one token and appends one row per layer.
+    """),
+    ("code", """
+    import torch.nn.functional as F
+
+    model = engine.model                     # its weights; the forward below is ours
+    layers, cfg = model.model.layers, model.args
+
+
+    def rms(x, norm):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + norm.eps) * norm.weight
+
+
+    def rotate(x, positions):                # rotary position embedding, Hugging Face style
+        inv_freq = model.model.rotary_emb.inv_freq
+        angles = positions[:, None].float() * inv_freq[None, :]
+        cos, sin = torch.cat([angles, angles], -1).cos()[:, None], torch.cat([angles, angles], -1).sin()[:, None]
+        half = x.shape[-1] // 2
+        return x * cos + torch.cat([-x[..., half:], x[..., :half]], -1) * sin
+
+
+    @torch.inference_mode()
+    def forward(token_ids, cache):
+        \"\"\"Run `token_ids` (the next tokens of one sequence) and return the last one's logits.\"\"\"
+        start = cache[0][0].shape[0] if cache else 0
+        positions = torch.arange(start, start + len(token_ids))
+        x = model.model.embed_tokens(torch.tensor(token_ids))
+        for index, layer in enumerate(layers):
+            attn, h = layer.self_attn, rms(x, layer.input_layernorm)
+            q = rotate(attn.q_proj(h).view(len(token_ids), cfg.num_heads, cfg.head_dim), positions)
+            k = rotate(attn.k_proj(h).view(len(token_ids), cfg.num_kv_heads, cfg.head_dim), positions)
+            v = attn.v_proj(h).view(len(token_ids), cfg.num_kv_heads, cfg.head_dim)
+            if len(cache) <= index:
+                cache.append((k, v))                                  # prefill: the cache starts
+            else:
+                cache[index] = (torch.cat([cache[index][0], k]), torch.cat([cache[index][1], v]))
+            keys, values = cache[index]
+            group = cfg.num_heads // cfg.num_kv_heads                 # grouped-query attention
+            keys, values = keys.repeat_interleave(group, 1), values.repeat_interleave(group, 1)
+            visible = torch.arange(len(keys))[None, :] <= positions[:, None]      # causal
+            out = F.scaled_dot_product_attention(q.transpose(0, 1), keys.transpose(0, 1),
+                                                 values.transpose(0, 1), attn_mask=visible)
+            x = x + attn.o_proj(out.transpose(0, 1).reshape(len(token_ids), -1))
+            mlp, h = layer.mlp, rms(x, layer.post_attention_layernorm)
+            x = x + mlp.down_proj(F.silu(mlp.gate_proj(h)) * mlp.up_proj(h))
+        return model.lm_head(rms(x, model.model.norm))[-1]
+
+
+    def greedy(prompt_ids, max_tokens):
+        cache = []                                                    # one (K, V) pair per layer
+        token = int(forward(prompt_ids, cache).argmax())              # prefill: the first token
+        output = [token]
+        while len(output) < max_tokens and token not in engine.eos_token_ids:
+            token = int(forward([token], cache).argmax())             # decode: one token per step
+            output.append(token)
+        return output
+
+
+    prompt_ids = engine.tokenizer.encode("def fibonacci(n):", add_special_tokens=False)
+    ours = greedy(prompt_ids, 24)
+    print(repr(engine.tokenizer.decode(ours)))
+    """),
+    ("md", """
+    About forty lines, and the model writes Python. Your exercise (`exercises/ch01_kv_loop.py`)
+    grows this toward minicb's: the cache in blocks, and the packed tensors the runner builds.
+
+    ### Prove it: the same tokens as minicb and as Hugging Face transformers
+
+    Three prompts, greedy, through our loop, through minicb's engine and through transformers'
+    `generate` on the same checkpoint. Then the same check with one line of our loop broken: the
+    keys stored without their rotary positions.
+    """),
+    ("code", """
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()       # no loading bar in the page
+    hf = transformers.AutoModelForCausalLM.from_pretrained(engine.model_path, dtype=torch.float32)
+    texts = ["def fibonacci(n):", "def read_lines(path):", "class Stack:"]
+    prompts = [engine.tokenizer.encode(t, add_special_tokens=False) for t in texts]
+    params = SamplingParams(max_tokens=24, temperature=0)
+
+
+    def check(loop):
+        minicb_out = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+        for text, ids, theirs in zip(texts, prompts, minicb_out):
+            with torch.inference_mode():
+                hf_ids = hf.generate(torch.tensor([ids]), max_new_tokens=24, do_sample=False)[0, len(ids):]
+            hf_ids = hf_ids.tolist()[:len(theirs)]
+            print(f"{text!r:28} ours == minicb: {loop(ids, 24) == theirs}   minicb == transformers: "
+                  f"{theirs == hf_ids}")
+
+
+    check(greedy)
+    """),
+    ("code", """
+    import inspect
+
+    correct_forward = forward
+    exec(inspect.getsource(forward).replace(
+        "k = rotate(attn.k_proj(h).view(len(token_ids), cfg.num_kv_heads, cfg.head_dim), positions)",
+        "k = attn.k_proj(h).view(len(token_ids), cfg.num_kv_heads, cfg.head_dim)"))
+    assert forward is not correct_forward, "the line to break was not found"
+    check(greedy)                            # keys without positions: the check fails
+    forward = correct_forward
+    """),
+    ("md", """
+    ### Read the real thing
+
+    minicb's attention layer, from the installed package. It works on a packed batch of many
+    requests at once, writes each token's K/V into a **slot** of the shared paged pool (chapter 04)
+    instead of a growing tensor per request, and leaves the attention itself to a backend
+    (chapter 05):
+    """),
+    ("code", """
+    from minicb.model.llama import SelfAttention
+
+    viz.show_source(SelfAttention.forward)
+    """),
+    ("md", """
+    What production adds to our loop, and why: **batching** (one forward pass serves every
+    running request, chapter 02 and 03), a **preallocated cache** (a growing `torch.cat` copies the
+    whole cache every step; the engine writes into a pool sized once), **RoPE computed once per
+    step** for every layer, and the sampling and stop checks that end a request.
+    """),
+    ("md", """
     ## 2. Prefill, then decode: one request in the engine
 
     Now the real engine (`minicb.LLMEngine`), driven one step at a time. The first step is the
