@@ -113,6 +113,101 @@ CELLS = [
     print("finish step per request:", {names[k]: v for k, v in static.finish_steps().items()})
     """),
     ("md", """
+    ### Build it: a static batch by hand
+
+    Everything above in twenty-five lines, on Hugging Face transformers' implementation of the
+    default model (used here as a plain dense model, the way a static server uses one): left-pad
+    the prompts into a rectangle, mask the padding, give each real token its own position, and
+    decode until the **longest** request is done. A row that has all its tokens keeps computing
+    (its output is thrown away): the barrier.
+    """),
+    ("code", """
+    import transformers
+
+    from minicb import default_model_path
+
+    transformers.utils.logging.disable_progress_bar()
+    hf = transformers.AutoModelForCausalLM.from_pretrained(default_model_path(), dtype=torch.float32)
+    PAD = 0
+
+
+    @torch.inference_mode()
+    def static_batch(prompts, max_tokens):
+        \"\"\"Greedy decoding of one static batch; returns each row's tokens and the steps taken.\"\"\"
+        width = max(len(p) for p in prompts)
+        ids = torch.tensor([[PAD] * (width - len(p)) + p for p in prompts])            # left padding
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])   # 0: a pad
+        outputs, past, steps = [[] for _ in prompts], None, 0
+        while any(len(out) < n for out, n in zip(outputs, max_tokens)):      # the barrier
+            positions = (mask.cumsum(-1) - 1).clamp(min=0)                    # real tokens: 0, 1, ...
+            new = slice(None) if past is None else slice(-1, None)            # prefill, then decode
+            step = hf(input_ids=ids[:, new], attention_mask=mask, position_ids=positions[:, new],
+                      past_key_values=past, use_cache=True)
+            past, steps = step.past_key_values, steps + 1
+            next_ids = step.logits[:, -1].argmax(-1)
+            for out, n, token in zip(outputs, max_tokens, next_ids.tolist()):
+                if len(out) < n:                                              # else: a ghost row
+                    out.append(token)
+            ids = torch.cat([ids, next_ids[:, None]], 1)
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], 1)
+        return outputs, steps
+
+
+    batch_prompts = [[101, 102, 103], [201, 202, 203, 204, 205, 206, 207], [301, 302]]
+    batch_lengths = [3, 9, 5]
+    ours, our_steps = static_batch(batch_prompts, batch_lengths)
+    print(f"{our_steps} steps for answers of {batch_lengths} tokens: the batch lasts as long as its longest")
+    """),
+    ("md", """
+    Your exercise (`exercises/ch02_static_batch.py`) builds the same padding, masks and positions
+    for minicb's packed format, and counts what a static batch wastes.
+
+    ### Prove it: the same tokens and steps as minicb's static scheduler
+
+    The same three prompts through minicb's engine with `scheduler="static"`: the tokens of every
+    row, and the number of steps the batch took. Then the check with one line of `static_batch`
+    changed: padding on the right instead of the left.
+    """),
+    ("code", """
+    def check(batch):
+        llm = LLM(scheduler="static", max_num_seqs=3)
+        params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in batch_lengths]
+        theirs = [o.outputs[0].token_ids for o in llm.generate(batch_prompts, params, use_tqdm=False)]
+        tokens, steps = batch(batch_prompts, batch_lengths)
+        print(f"same tokens as minicb: {tokens == theirs}; steps: ours {steps}, "
+              f"minicb {llm.llm_engine.scheduler.step_count}")
+
+
+    check(static_batch)
+    """),
+    ("code", """
+    import inspect
+
+    correct = static_batch
+    exec(inspect.getsource(static_batch).replace(
+        "ids = torch.tensor([[PAD] * (width - len(p)) + p for p in prompts])",
+        "ids = torch.tensor([p + [PAD] * (width - len(p)) for p in prompts])"))
+    assert static_batch is not correct, "the line to break was not found"
+    check(static_batch)                      # padded on the right: the short rows go wrong
+    static_batch = correct
+    """),
+    ("md", """
+    ### Read the real thing
+
+    minicb's static scheduler forms a batch the way `static_batch` does, and adds what a server
+    needs: each member reserves KV for its whole possible length up front (so a static batch never
+    runs out of memory halfway), the padded prefill must fit the step's token budget, and a
+    finished member stays as a ghost row until the batch ends.
+    """),
+    ("code", """
+    from minicb.scheduler.static import StaticScheduler
+
+    viz.show_source(StaticScheduler._form_batch)
+    """),
+    ("code", """
+    viz.show_source(StaticScheduler.schedule)
+    """),
+    ("md", """
     ## 3. A batch of 6, 50 and 300 tokens
 
     The waste grows with the spread of lengths, and real answers spread widely (chapter 00's
