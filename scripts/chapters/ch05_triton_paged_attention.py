@@ -175,6 +175,117 @@ CELLS = [
     the standard way to compute attention; here it serves a decode and a prefill chunk alike,
     causality masking the keys past each query's position.
 
+    ### Build it: the paged decode kernel in Triton
+
+    Now the recurrence as a Triton kernel for decode steps: one program per (request, query
+    head). It loads its query, walks the request's block table one block at a time, reads that
+    block's keys and values from wherever they sit in the pool, and folds them into the running
+    maximum, denominator and sum. Grouped-query attention is one line: query head `h` reads KV
+    head `h // group`.
+    """),
+    ("code", """
+    @triton.jit
+    def decode_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, out_ptr, scale,
+                      stride_q_seq, stride_q_head, stride_k_block, stride_k_slot, stride_k_head,
+                      stride_table, GROUP: tl.constexpr, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr):
+        seq, head = tl.program_id(0), tl.program_id(1)           # one request, one query head
+        dims, slots = tl.arange(0, HEAD_DIM), tl.arange(0, BLOCK_SIZE)
+        q = tl.load(q_ptr + seq * stride_q_seq + head * stride_q_head + dims)
+        seq_len = tl.load(lens_ptr + seq)
+        m = tl.full([], float("-inf"), tl.float32)               # running max
+        l = tl.zeros([], tl.float32)                             # running denominator
+        acc = tl.zeros([HEAD_DIM], tl.float32)                   # running weighted sum of values
+        for i in range(0, tl.cdiv(seq_len, BLOCK_SIZE)):
+            block = tl.load(tables_ptr + seq * stride_table + i)  # logical block i -> physical
+            valid = i * BLOCK_SIZE + slots < seq_len
+            where = block * stride_k_block + slots[:, None] * stride_k_slot \\
+                + (head // GROUP) * stride_k_head + dims[None, :]
+            k = tl.load(k_ptr + where, mask=valid[:, None], other=0.0)
+            v = tl.load(v_ptr + where, mask=valid[:, None], other=0.0)
+            scores = tl.where(valid, tl.sum(k * q[None, :], axis=1) * scale, float("-inf"))
+            m_new = tl.maximum(m, tl.max(scores, axis=0))
+            alpha = tl.exp(m - m_new)
+            p = tl.exp(scores - m_new)
+            l = l * alpha + tl.sum(p, axis=0)
+            acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
+            m = m_new
+        tl.store(out_ptr + seq * stride_q_seq + head * stride_q_head + dims, acc / l)
+
+
+    def decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale):
+        \"\"\"q [num_seqs, q_heads, head_dim]; caches [num_blocks, block_size, kv_heads, head_dim].\"\"\"
+        out = torch.empty_like(q)
+        num_seqs, num_heads, head_dim = q.shape
+        decode_kernel[(num_seqs, num_heads)](
+            q, k_cache, v_cache, block_tables, seq_lens, out, scale, q.stride(0), q.stride(1),
+            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
+            GROUP=num_heads // k_cache.shape[2], BLOCK_SIZE=k_cache.shape[1], HEAD_DIM=head_dim)
+        return out
+    """),
+    ("md", """
+    Your exercise (`exercises/ch05_decode_kernel.py`) grows this into minicb's kernel: blocks of
+    queries for prefill chunks, causality, and head sizes that are not powers of two.
+
+    ### Prove it: the same attention as the reference and as minicb's kernel
+
+    Four requests of 5 to 37 keys, 4 query heads over 2 KV heads (groups of 2), blocks of 16
+    scattered at random through a 40-block pool, the queries scaled by 50 so that the scores are
+    large. Our kernel against `paged_attention_reference` (plain torch, one request at a time) and
+    minicb's `paged_attention`; then the same with one line changed: no running maximum (the
+    exponentials taken of the raw scores).
+    """),
+    ("code", """
+    def decode_inputs(seed=0):
+        g = torch.Generator().manual_seed(seed)
+        lens = torch.tensor([5, 16, 37, 20], dtype=torch.int32)
+        k_cache = torch.randn(40, 16, 2, 64, generator=g)
+        v_cache = torch.randn(40, 16, 2, 64, generator=g)
+        tables = torch.randperm(40, generator=g)[:12].view(4, 3).to(torch.int32)   # scattered blocks
+        q = torch.randn(4, 4, 64, generator=g) * 50
+        return q, k_cache, v_cache, tables, lens
+
+
+    def check(kernel):
+        q, k_cache, v_cache, tables, lens = decode_inputs()
+        scale = 64 ** -0.5
+        ours = kernel(q, k_cache, v_cache, tables, lens, scale)
+        cu = torch.arange(5, dtype=torch.int32)
+        reference = paged_attention_reference(q, k_cache, v_cache, cu, lens, tables, scale, 1, 37)
+        minicb_out = paged_attention(q, k_cache, v_cache, cu, lens, tables, scale, 1, 37)
+        print(f"finite: {bool(ours.isfinite().all())}; equal to the reference: "
+              f"{torch.allclose(ours, reference, atol=1e-4, rtol=1e-4)}; to minicb's kernel: "
+              f"{torch.allclose(ours, minicb_out, atol=1e-4, rtol=1e-4)}")
+
+
+    check(decode_attention)
+    """),
+    ("code", """
+    import inspect
+    import warnings
+
+    correct_kernel = decode_kernel
+    source = inspect.getsource(decode_kernel.fn).replace(
+        "m_new = tl.maximum(m, tl.max(scores, axis=0))", "m_new = tl.zeros([], tl.float32)")
+    assert "m_new = tl.zeros" in source, "the line to break was not found"
+    exec(source)                             # redefines decode_kernel with no running maximum
+    with warnings.catch_warnings():          # the interpreter warns about the overflow itself
+        warnings.simplefilter("ignore")
+        check(decode_attention)              # large scores overflow exp(): the check fails
+    decode_kernel = correct_kernel
+    """),
+    ("md", """
+    ### Read the real thing
+
+    minicb's kernel, from the installed package: the same walk over the block table, with a tile
+    of queries per program (a prefill chunk's rows, or the query heads of a KV group), causality,
+    and an optional split of the keys into partitions (split-KV, next section):
+    """),
+    ("code", """
+    from minicb.kernels.paged_attention import _paged_attention_kernel
+
+    viz.show_source(_paged_attention_kernel.fn)
+    """),
+    ("md", """
     ## 5. Split-KV decoding and the log-sum-exp merge
 
     A decode launches only `num_seqs × num_kv_heads` programs. One request with 8 KV heads on a
