@@ -122,6 +122,130 @@ CELLS = [
     print(f"{len(chunks)} chunks: {chunks}")
     """),
     ("md", """
+    ### Build it: an asyncio engine loop and a token stream
+
+    What `AsyncLLMEngine` and the server do, in thirty lines: a background task steps the engine
+    whenever it has work, in a worker thread so the event loop keeps serving; every request gets
+    an `asyncio.Queue` that the loop fills with the tokens each step produced and closes with
+    `None`; requests that arrive while a step runs wait in a list and are added between steps (the
+    engine is never touched by two threads at once). The stream turns the queue into
+    server-sent events, `data: {...}` per step and `data: [DONE]` at the end.
+    """),
+    ("code", """
+    import json
+
+
+    class TinyAsyncEngine:
+        def __init__(self, engine):
+            self.engine, self.queues, self.arrivals = engine, {}, []
+            self.wake = asyncio.Event()
+
+        async def generate(self, request_id, prompt, params):
+            self.queues[request_id] = queue = asyncio.Queue()
+            self.arrivals.append((request_id, prompt, params))       # added between two steps
+            self.wake.set()
+            while (token_ids := await queue.get()) is not None:
+                yield token_ids
+
+        async def run(self):
+            while True:
+                for request_id, prompt, params in self.arrivals:
+                    self.engine.add_request(request_id, prompt, params)
+                self.arrivals.clear()
+                if not self.engine.has_unfinished_requests():
+                    self.wake.clear()
+                    await self.wake.wait()
+                    continue
+                for output in await asyncio.to_thread(self.engine.step):    # off the event loop
+                    queue = self.queues[output.request_id]
+                    if output.new_token_ids:
+                        queue.put_nowait(list(output.new_token_ids))
+                    if output.finished:
+                        queue.put_nowait(None)
+
+
+    async def sse(tiny, request_id, prompt, params):
+        \"\"\"The stream a client reads: one event per step with the new text, then [DONE].\"\"\"
+        tokens, sent = [], ""
+        async for token_ids in tiny.generate(request_id, prompt, params):
+            tokens += token_ids
+            text = tiny.engine.tokenizer.decode(tokens, skip_special_tokens=True)
+            yield f"data: {json.dumps({'text': text[len(sent):]})}\\n\\n"
+            sent = text
+        yield "data: [DONE]\\n\\n"
+
+
+    async def stream_all(tiny, prompts, params):
+        async def one(index, prompt):
+            events = [event async for event in sse(tiny, f"r{index}", prompt, params)]
+            return "".join(json.loads(e[6:])["text"] for e in events if e != "data: [DONE]\\n\\n")
+
+        loop = asyncio.create_task(tiny.run())
+        texts = await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
+        loop.cancel()
+        return texts
+
+
+    stream_prompts = ["def fibonacci(n):", "class Stack:", "import os"]
+    stream_params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
+    ours = await stream_all(TinyAsyncEngine(LLMEngine(EngineConfig(max_num_seqs=4))), stream_prompts,
+                            stream_params)
+    for prompt, text in zip(stream_prompts, ours):
+        print(f"{prompt!r:22} -> {text!r}")
+    """),
+    ("md", """
+    Your exercise (`exercises/ch06_serving_metrics.py`) measures such streams: TTFT, TPOT, the
+    gaps between tokens, goodput.
+
+    ### Prove it: the same streamed text as minicb's server
+
+    The three prompts again, streamed concurrently by minicb's server over HTTP, the text put
+    together from its server-sent events; then our loop with one line changed: a finished
+    request's last tokens are dropped (the stream closes before they are queued).
+    """),
+    ("code", """
+    def from_server(prompt):
+        body = {"model": model, "prompt": prompt, "max_tokens": 16, "temperature": 0, "ignore_eos": True,
+                "stream": True}
+        with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as response:
+            return "".join(json.loads(line[6:])["choices"][0]["text"] for line in response.iter_lines()
+                           if line.startswith("data: {") and json.loads(line[6:])["choices"])
+
+
+    theirs = [from_server(p) for p in stream_prompts]
+    print("same streamed text as minicb's server:", ours == theirs)
+    """),
+    ("code", """
+    import inspect
+    import textwrap
+
+    source = textwrap.dedent(inspect.getsource(TinyAsyncEngine.run)).replace(
+        "if output.new_token_ids:", "if output.new_token_ids and not output.finished:")
+    assert "and not output.finished" in source, "the line to break was not found"
+    exec(source)                             # a run() with that one line changed
+
+
+    class BrokenEngine(TinyAsyncEngine):
+        run = run
+
+
+    broken = await stream_all(BrokenEngine(LLMEngine(EngineConfig(max_num_seqs=4))), stream_prompts,
+                              stream_params)
+    print("with the last tokens dropped:", broken == theirs)
+    """),
+    ("md", """
+    ### Read the real thing
+
+    minicb's async engine loop, from the installed package. It adds what a server needs: aborts
+    from clients that hung up (their blocks are freed before the next step), a bounded queue that
+    answers 503 when full, prompts tokenised off the engine's thread, parallel samples sharing one
+    stream, text detokenised incrementally (a token can end in the middle of a character), and a
+    failing step that ends only the requests it involved.
+    """),
+    ("code", """
+    viz.show_source(AsyncLLMEngine._run)
+    """),
+    ("md", """
     `n` asks for several samples of one prompt. The engine computes the prompt once and the
     samples share its KV blocks (chapter 04's copy-on-write), each drawing from its own seed
     stream (`seed`, `seed + 1`, ...):
