@@ -268,7 +268,9 @@ CELLS = [
     Each decode step reads every weight (and the cache) to produce one token per request:
     arithmetic intensity is about the batch size, far below a GPU's ridge point of hundreds of
     FLOP per byte, so the arithmetic units wait for memory. Batching more requests per step raises
-    the intensity.
+    the intensity of the weight reads (one read of the weights serves every row), not of
+    attention: each request reads its own keys and values, so attention's intensity stays about
+    the number of query heads per KV head whatever the batch.
     *A common wrong answer:* "because the KV cache is large": the cache adds traffic, but even with
     no cache a batch-1 decode is memory-bound, because the weights are read for a single token.
 

@@ -342,8 +342,9 @@ CELLS = [
     ## Interview questions
 
     **What does the KV cache save, and what does it cost?**
-    It saves recomputing every earlier token's keys and values at every step (quadratic work
-    becomes linear); it costs memory that grows with every token of every running request, and
+    It saves recomputing every earlier token's keys and values at every step: each step projects
+    one new token instead of all of them (attention itself still reads every earlier key, so its
+    total work over a sequence stays quadratic); it costs memory that grows with every token of every running request, and
     that memory, not compute, ends up limiting how many requests a GPU serves at once.
     *A common wrong answer:* "the KV cache saves memory."
 

@@ -19,7 +19,7 @@ CELLS = [
     1. find where a token's K/V lives from its position, the block size and the block table;
     2. explain why a free list that is a stack hands a finished request's blocks to the next one;
     3. name the two kinds of fragmentation of a contiguous layout and measure what paging saves;
-    4. explain preemption by recomputation, and why it leaves every answer unchanged;
+    4. explain preemption by recomputation, and when it leaves every answer unchanged;
     5. say what a block's reference count is for (prefix caching, parallel samples, copy-on-write).
     """),
     ("md", """
@@ -304,7 +304,8 @@ CELLS = [
     Paging admits a request with only the blocks its first step needs, and lets it grow. That is
     what packs so many requests in, but it is a bet: if they all grow, the pool runs dry in the
     middle of their answers. Then minicb's continuous scheduler **preempts**: it picks a victim
-    among the running requests (the latest arrival, which has the least work to lose), frees all
+    among the running requests (the latest arrival: a heuristic, since it has usually computed the
+    least, though a late request with a long prompt may have more to lose), frees all
     its blocks and puts it back at the head of the waiting queue. When it is readmitted it
     **recomputes** its prompt and the tokens it had already generated, as a prefill, and carries
     on. (The alternative, swapping its blocks to CPU memory and back, is the other option the
@@ -351,9 +352,12 @@ CELLS = [
     print("same tokens:", answers["default pool"] == answers["12 blocks"])
     """),
     ("md", """
-    Every answer is the same, token for token: a recomputed prefill writes the K/V the request
-    had before (up to floating-point rounding), so greedy decoding picks the same tokens again,
-    and a seeded request keeps its own random generator. The price is time, in extra steps:
+    Every answer is the same, token for token, and here that is exact: in float32 on this CPU the
+    recomputed prefill writes the K/V the request had before bit for bit, so greedy decoding picks
+    the same tokens again, and a seeded request keeps its own random generator. It holds only up
+    to rounding in general: in half precision, or with kernels whose summation order depends on
+    the batch's shape, the recomputed K/V can differ in the last bits, and a near-tie between two
+    tokens can then go the other way. The price is time, in extra steps:
     every request with a preemption in the list above computed part of its work twice.
 
     ## 5. Reference counts: one block, several holders
@@ -418,7 +422,7 @@ CELLS = [
     2. In the block map, why did E and F get B's blocks and not A's?
     3. Which kind of fragmentation does paging remove entirely, and which does it only bound?
        By how much?
-    4. Why does preemption by recomputation leave every answer unchanged, and what does it cost?
+    4. When does preemption by recomputation leave every answer unchanged, and what does it cost?
     5. When does a block shared by four samples go back on the free list?
 
     ## Interview questions

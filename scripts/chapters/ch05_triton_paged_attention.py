@@ -124,7 +124,8 @@ CELLS = [
     """),
     ("md", """
     The program holds the queries of every query head that shares this KV head (grouped-query
-    attention: 4 query heads per KV head here), so each key tile is loaded once for all of them.
+    attention: 4 query heads over 2 KV heads here, groups of 2), so each key tile is loaded once
+    for all of them.
     Both requests decode one token; the kernel against minicb's torch reference (which gathers
     each request's keys into a tensor and runs a plain softmax):
     """),
