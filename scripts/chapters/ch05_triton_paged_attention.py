@@ -409,9 +409,16 @@ CELLS = [
 
 
     print("C kernel built with:", cpu_kernel.available()[1])
-    torch_ms, cpu_ms = best_ms(paged_attention_torch), best_ms(paged_attention_cpu)
-    print(f"torch backend (gather + SDPA): {torch_ms:6.2f} ms\\nC kernel:                      {cpu_ms:6.2f} ms"
-          f"   ({torch_ms / cpu_ms:.1f}x faster)")
+    omp = cpu_kernel._library()              # the kernel's OpenMP runtime (torch has its own)
+    default_threads = omp.omp_get_max_threads()
+    for threads in (1, 2):                   # both on the same number of threads
+        torch.set_num_threads(threads)
+        omp.omp_set_num_threads(threads)
+        torch_ms, cpu_ms = best_ms(paged_attention_torch), best_ms(paged_attention_cpu)
+        print(f"{threads} thread(s): torch backend (gather + SDPA) {torch_ms:6.2f} ms, "
+              f"C kernel {cpu_ms:6.2f} ms ({torch_ms / cpu_ms:.1f}x faster)")
+    torch.set_num_threads(1)
+    omp.omp_set_num_threads(default_threads)
     """),
     ("code", """
     error = (paged_attention_cpu(q, k_cache, v_cache, decode_meta(), head_dim**-0.5)
@@ -537,8 +544,10 @@ CELLS = [
     A library attention call wants each request's keys in one tensor, so the fallback gathers
     every decode row's blocks into a tensor padded to the longest row, then reads it again:
     several passes over padded K/V for an operation bound by memory traffic. A kernel that follows
-    the block table and reads each real key once does one pass (minicb's C kernel, on a 64-row
-    decode step of a 2-core CPU: about 5x faster on one thread, 10x on two).
+    the block table and reads each real key once does one pass (minicb's C kernel against gather
+    + SDPA, both on the same threads, one layer of a 64-row decode step on the 2-core EPYC this
+    book was built on: 5.9x and 6.2x on one thread, 4.8x to 11.6x on two, which moved with the
+    other work on the machine; section 6 measures it on yours).
     *A common wrong answer:* "paging costs nothing": on any device it costs the table lookups,
     and a gather-based fallback also costs the copies.
 
