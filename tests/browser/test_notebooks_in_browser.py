@@ -162,7 +162,8 @@ def test_the_chapter_runs_and_its_widgets_work_in_jupyterlab(lab, browser, name)
     shot = RESULTS / f"{Path(name).stem}.png"
     problems: list[str] = []
     try:
-        browser.get(f"{lab.url}/lab/tree/{name}?token={lab.token}")
+        # ?reset: a fresh workspace, so no tab (or kernel) of an earlier chapter comes back
+        browser.get(f"{lab.url}/lab/tree/{name}?reset&token={lab.token}")
         wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, ".jp-NotebookPanel .jp-Cell"), 60,
                  f"{name} to open")
         wait_for(lambda: kernel_status(browser) == "idle", 60, "the kernel to start")
