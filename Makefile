@@ -10,6 +10,9 @@ BIN        := $(VENV)/bin
 # multi-GB CUDA build. CUDA users: make test TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128"
 TORCH_SPEC ?= torch==2.13.0
 STAMP      := $(VENV)/.minicb-installed
+# matplotlib's font cache lives with the environment that built it: a cache shared through ~/.cache
+# can name font files of a deleted environment, and its warnings would land in the notebooks
+export MPLCONFIGDIR := $(abspath $(VENV))/matplotlib
 CH         ?=
 
 .PHONY: setup browser-setup test test-gpu lab demo lint grade env-check guidellm clean
@@ -26,6 +29,7 @@ $(STAMP): pyproject.toml
 	@# setuptools warns at length about every editable install; nothing in it concerns a reader
 	@PYTHONWARNINGS=ignore $(BIN)/python -m pip install --quiet -e ".[dev]"
 	@$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
+	@$(BIN)/python -c "import matplotlib.font_manager" 2>/dev/null   # build the font cache now
 	@echo "setup: checking the environment (python -m minicb env-check prints every line)"
 	@$(BIN)/python -m minicb env-check | tail -n 1
 	@touch $(STAMP)
