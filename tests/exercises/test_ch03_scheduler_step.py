@@ -126,3 +126,25 @@ def test_ch03_real_engine_with_evictions_equals_transformers(monkeypatch, tiny_m
     assert engine.kv.num_free_blocks() == engine.kv.num_blocks, \
         f"{engine.kv.num_blocks - engine.kv.num_free_blocks()} KV blocks still held after every " \
         "request finished"
+
+
+def test_ch03_victim_is_the_latest_arrival_not_yet_scheduled():
+    """pick_victim's contract, with running requests out of arrival order (as after re-admission):
+    a request already given its tokens this step is never the victim."""
+    from minicb.config import EngineConfig
+    from minicb.request import Request
+    from minicb.sampling import SamplingParams
+
+    scheduler = ch03.StepScheduler(EngineConfig(), None, None, lambda: 0.0)
+    arrivals = {"a": 0, "d": 3, "b": 1, "c": 2}
+    scheduler.running = [Request(rid, [1, 2, 3], SamplingParams(max_tokens=4), arrival_index=index)
+                         for rid, index in arrivals.items()]
+    for scheduled, expected in [(set(), "d"), ({"d"}, "c"), ({"a", "d"}, "c"),
+                                ({"d", "c"}, "b"), ({"d", "c", "b"}, "a")]:
+        scheduler.scheduled_ids = set(scheduled)
+        victim = scheduler.pick_victim()
+        assert victim is not None and victim.request_id == expected, (
+            f"with running {list(arrivals)} (arrival indices {list(arrivals.values())}) and "
+            f"scheduled_ids {sorted(scheduled)}, your pick_victim() returned "
+            f"{getattr(victim, 'request_id', victim)!r}; the victim is {expected!r}, the latest "
+            "arrival among the requests not scheduled this step.")
