@@ -79,7 +79,7 @@ def run_docstring_examples(module: ModuleType) -> None:
             raise failure.exc_info[1].with_traceback(failure.exc_info[2]) from None
         except doctest.DocTestFailure as failure:
             raise AssertionError(
-                f"the worked example in {test.name} gave a different result.\n"
+                f"the worked example in {test.name.removeprefix('graded_')} gave a different result.\n"
                 f"  example:  {failure.example.source.strip()}\n"
                 f"  expected: {failure.example.want.strip()}\n"
                 f"  got:      {failure.got.strip()}") from None
