@@ -30,10 +30,25 @@ SCENARIOS = {
 }
 
 
+MAX_STEPS = 400     # every scenario finishes in far fewer with minicb's scheduler
+
+
+class StepLimited(ch03.StepScheduler):
+    """Your scheduler, stopped with a clear message when it runs MAX_STEPS steps."""
+
+    def schedule(self):
+        if self.step_count >= MAX_STEPS:
+            raise AssertionError(
+                f"no progress after {MAX_STEPS} steps: {len(self.waiting)} requests waiting, "
+                f"{len(self.running)} running. Check that admitted requests leave the waiting "
+                "queue and that every step gives running requests their tokens.")
+        return super().schedule()
+
+
 def run_yours(monkeypatch, workload: Workload, **knobs) -> SimResult:
     """The cost-model simulator with your scheduler as the engine's "continuous" scheduler."""
     with monkeypatch.context() as patch:
-        patch.setitem(minicb.scheduler.SCHEDULER_CLASSES, "continuous", ch03.StepScheduler)
+        patch.setitem(minicb.scheduler.SCHEDULER_CLASSES, "continuous", StepLimited)
         return simulate(workload, record_blocks=True, **knobs)
 
 
@@ -107,7 +122,7 @@ def test_ch03_step_respects_slots_and_budget(monkeypatch):
 
 def test_ch03_real_engine_with_evictions_equals_transformers(monkeypatch, tiny_model):
     """Your scheduler drives a real model through chunking and evictions; outputs stay exact."""
-    monkeypatch.setitem(minicb.scheduler.SCHEDULER_CLASSES, "continuous", ch03.StepScheduler)
+    monkeypatch.setitem(minicb.scheduler.SCHEDULER_CLASSES, "continuous", StepLimited)
     llm = LLM(tiny_model, block_size=4, num_kv_blocks=9, max_num_seqs=3, max_num_batched_tokens=8)
     prompts, lengths = random_prompts([10, 7, 12], 512, seed=9), [12, 10, 8]
     completions = generate_completions(llm, prompts, lengths)

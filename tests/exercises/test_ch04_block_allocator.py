@@ -80,9 +80,10 @@ def test_ch04_allocator_behaves_like_minicbs(seed):
                     minicb.push_free(block)
                     yours.push_free(block)
                 move = f"release({block}) then push_free if unreferenced"
-        recent = "\n  ".join(history[-5:] + [f"{move}: should return {expected}, yours {got}"])
+        recent = "\n  ".join(history[-5:])
         history.append(f"{move} (returned {got})")
-        assert got == expected, (f"after these operations:\n  {recent}")
+        assert got == expected, (f"{move} should return {expected}, yours returned {got}, after "
+                                 f"these operations:\n  {recent}")
         assert (list(yours.ref_counts) == minicb.ref_counts and yours.num_free()
                 == minicb.num_free()), (
             f"after these operations:\n  {recent}\nexpected ref_counts {minicb.ref_counts} and "
