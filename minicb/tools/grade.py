@@ -90,7 +90,8 @@ def parse_report(report: Path) -> list[Check]:
 
 def _first_line(message: str, width: int = 200) -> str:
     """The failure message on one line (its own lines joined), shortened to `width`."""
-    line = " ".join(message.removeprefix("AssertionError: ").split())
+    message = message.removeprefix("AssertionError: ").split("\nassert ")[0]  # pytest's echo
+    line = " ".join(message.split())
     return line if len(line) <= width else line[:width - 3] + "..."
 
 
