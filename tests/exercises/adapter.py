@@ -27,6 +27,7 @@ CHAPTERS = {
     "04": "ch04_block_allocator",
     "05": "ch05_decode_kernel",
     "06": "ch06_serving_metrics",
+    "07": "ch07_prefix_cache",
 }
 IMPLEMENTATIONS = ("solutions", "exercises")
 
