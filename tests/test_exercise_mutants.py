@@ -81,3 +81,12 @@ def test_the_unmutated_copy_passes_the_checks_that_kill_mutants(tmp_path):
                          cwd=ROOT, env=env, capture_output=True, text=True,
                          timeout=MUTANT_RUN_TIMEOUT_S * 2)
     assert run.returncode == 0, f"a copy of solutions/ fails its own checks:\n{run.stdout[-3000:]}"
+
+
+def test_the_readme_reports_every_mutant():
+    readme = (ROOT / "exercises" / "README.md").read_text()
+    count = len(MUTANTS)
+    assert f"Mutation score: {count} of {count} mutants caught (100%)" in readme, \
+        f"exercises/README.md should report the mutation score over all {count} mutants"
+    missing = [name for name in MUTANTS if f"`{name}`" not in readme]
+    assert not missing, f"exercises/README.md does not list the mutants {missing}"

@@ -48,7 +48,7 @@ def implementation() -> str:
 
 
 def chapter(number: str) -> ModuleType:
-    """The module of chapter `number` ("01" … "06") from the graded implementation."""
+    """The module of chapter `number` ("01" … "07") from the graded implementation."""
     folder = os.environ.get("MINICB_GRADE_DIR")
     if not folder:
         return importlib.import_module(f"{implementation()}.{CHAPTERS[number]}")
@@ -80,7 +80,8 @@ def run_docstring_examples(module: ModuleType) -> None:
             raise failure.exc_info[1].with_traceback(failure.exc_info[2]) from None
         except doctest.DocTestFailure as failure:
             raise AssertionError(
-                f"the worked example in {test.name.removeprefix('graded_')} gave a different result.\n"
+                f"the worked example in {test.name.removeprefix('graded_')} gave a different "
+                "result.\n"
                 f"  example:  {failure.example.source.strip()}\n"
                 f"  expected: {failure.example.want.strip()}\n"
                 f"  got:      {failure.got.strip()}") from None

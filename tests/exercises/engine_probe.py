@@ -16,7 +16,6 @@ from minicb import LLM, CompletionOutput, SamplingParams
 from minicb.model.attention import AttentionMetadata
 from minicb.workload import fixed
 
-
 _probe_ids = itertools.count()
 
 

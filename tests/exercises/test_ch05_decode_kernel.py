@@ -71,7 +71,8 @@ def reference(batch: dict) -> torch.Tensor:
 def case_id(case) -> str:
     head_dim, block_size, group, num_kv_heads, _, q_scale, dtype = case
     return (f"d{head_dim}-bs{block_size}-g{group}-kv{num_kv_heads}"
-            + (f"-q{q_scale:g}x" if q_scale != 1 else "") + ("-bf16" if dtype is torch.bfloat16 else ""))
+            + (f"-q{q_scale:g}x" if q_scale != 1 else "")
+            + ("-bf16" if dtype is torch.bfloat16 else ""))
 
 
 @pytest.mark.parametrize("case", CASES, ids=[case_id(c) for c in CASES])
