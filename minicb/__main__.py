@@ -16,7 +16,8 @@ COMMANDS = {
              "the terminal tour: one workload through naive, static and continuous"),
     "env-check": ("minicb.tools.env_check",
                   "print OK/FAIL per dependency, the device and Triton's mode"),
-    "grade": ("minicb.tools.grade", "grade a student's exercises/ (folder or zip); Gradescope JSON"),
+    "grade": ("minicb.tools.grade",
+              "grade a student's exercises/ (folder or zip); Gradescope JSON"),
 }
 
 
