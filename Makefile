@@ -66,9 +66,9 @@ env-check: setup
 lint: setup
 	$(BIN)/ruff check minicb kernels tests exercises solutions scripts
 
-# Grade the student's exercises/ (all chapters, or one: make grade CH=04).
+# Grade the student's exercises/ (all chapters, or one: make grade CH=04); V=1 adds tracebacks.
 grade: setup
-	MINICB_IMPL=exercises TRITON_INTERPRET=1 $(BIN)/python -m pytest tests/exercises $(if $(CH),-k "ch$(CH)",) -p no:cacheprovider
+	@$(BIN)/python -m minicb grade exercises $(if $(CH),--chapter $(CH),) $(if $(V),--verbose,)
 
 # A third-party load tester against minicb serve (benchmarks/serving.md): guidellm in its own
 # environment, the server on 127.0.0.1, completions and chat; results in benchmarks/results/.

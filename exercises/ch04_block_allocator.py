@@ -21,6 +21,8 @@ Grade it: make grade CH=04
 
 from __future__ import annotations
 
+from minicb.kv.base import KVManager
+
 
 class BlockAllocator:
     """Hands out block ids from a free list; a block returns when its reference count hits 0.
@@ -86,3 +88,89 @@ def slot_mapping(block_table: list[int], start: int, num_tokens: int, block_size
     """
     raise NotImplementedError(
         "slot_mapping: which block holds position p, at which offset, and where that block starts")
+
+
+class PagedManager(KVManager):
+    """The paged KV manager: a block table per request, grown on demand, shared by forks.
+
+    minicb's engine calls (prefix caching aside, which chapter 07 adds):
+      can_allocate(request, num_tokens)  would room for num_tokens of the request fit now?
+      allocate(request, num_tokens)      grow the request's table to hold num_tokens tokens
+      free(request)                      give back its blocks (finished, aborted or evicted)
+      fork(parent, child, num_tokens)    a parallel sample: the child shares the parent's blocks
+                                         holding the first num_tokens tokens (the prompt)
+      block_table(request), pop_block_copies()
+
+    Copy-on-write: when num_tokens ends inside a block, that last shared block is partly
+    filled, and the child writes its next token there. So fork records the block's index in
+    `copy_before_write`; the child's next allocate takes a fresh block, records (shared, fresh)
+    in `block_copies` (the runner copies the KV), releases its reference to the shared block and
+    puts the fresh one in its table. If by then every other holder let go (reference count 1),
+    it writes in place instead.
+
+    >>> from types import SimpleNamespace as Req
+    >>> kv = PagedManager(num_blocks=6, block_size=4)
+    >>> parent, child = Req(request_id="p"), Req(request_id="c")
+    >>> kv.allocate(parent, 6); kv.block_table(parent), kv.num_free_blocks()
+    ([0, 1], 4)
+    >>> kv.fork(parent, child, 6); kv.allocator.ref_counts[:2]
+    6
+    [2, 2]
+    >>> kv.can_allocate(child, 7), kv.allocate(child, 7), kv.block_table(child)
+    (True, None, [0, 2])
+    >>> kv.pop_block_copies(), kv.allocator.ref_counts[:3]
+    ([(1, 2)], [2, 1, 1])
+    >>> kv.free(parent); kv.free(child); kv.num_free_blocks()
+    6
+    """
+
+    supports_sharing = True
+
+    def __init__(self, num_blocks: int, block_size: int):
+        super().__init__(num_blocks, block_size)
+        self.allocator = BlockAllocator(num_blocks)
+        self.tables: dict[str, list[int]] = {}
+        self.copy_before_write: dict[str, int] = {}   # request id → index of a block to copy
+        self.block_copies: list[tuple[int, int]] = []  # (source, destination) for the runner
+
+    def num_free_blocks(self) -> int:
+        return self.allocator.num_free()
+
+    def block_table(self, request) -> list[int]:
+        return self.tables.get(request.request_id, [])
+
+    def num_reserved_slots(self) -> int:
+        return sum(len(table) for table in self.tables.values()) * self.block_size
+
+    def pop_block_copies(self) -> list[tuple[int, int]]:
+        copies, self.block_copies = self.block_copies, []
+        return copies
+
+    def block_to_copy(self, request) -> int | None:
+        """The index (in the request's table) of the shared block it must copy before writing:
+        its `copy_before_write` entry, unless that block's reference count is back to 1."""
+        raise NotImplementedError(
+            "block_to_copy: the recorded index, unless the request is now the block's only holder")
+
+    def can_allocate(self, request, num_tokens: int, reserve_blocks: int = 0) -> bool:
+        """True when the blocks missing for num_tokens (blocks_for(num_tokens) minus the table's
+        length, at least 0), plus one if a block must be copied, plus reserve_blocks, are free."""
+        raise NotImplementedError(
+            "can_allocate: missing blocks + a copy + the reserve, against the free blocks")
+
+    def allocate(self, request, num_tokens: int) -> None:
+        """Copy the shared partial block if needed (then forget the copy_before_write entry),
+        then append fresh blocks until the table holds blocks_for(num_tokens)."""
+        raise NotImplementedError(
+            "allocate: copy-on-write first, then append allocate()d blocks up to blocks_for")
+
+    def free(self, request) -> None:
+        """Release every block of the request, last first; push_free those nobody holds now."""
+        raise NotImplementedError(
+            "free: drop the table and pending copy; release each block, free it at count 0")
+
+    def fork(self, parent, child, num_tokens: int) -> int:
+        """The child's table: the parent's first blocks_for(num_tokens) blocks, each shared;
+        mark the last one for copy-on-write if num_tokens ends inside it. Return num_tokens."""
+        raise NotImplementedError(
+            "fork: share the prompt's blocks; a partly filled last one is copied on write")

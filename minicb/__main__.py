@@ -9,13 +9,15 @@ import sys
 # name -> (module with main(argv), one line of help)
 COMMANDS = {
     "serve": ("minicb.serving.server", "an OpenAI-compatible HTTP server"),
-    "bench": ("minicb.bench", "benchmarks: offline | serve | load-study | kernels | memory | "
-              "overhead "
-                              "| policies | prefix"),
+    "bench": ("minicb.bench",
+              "benchmarks: offline, serve, load-study, kernels, memory, overhead, policies, "
+              "prefix"),
     "demo": ("minicb.tools.demo",
              "the terminal tour: one workload through naive, static and continuous"),
     "env-check": ("minicb.tools.env_check",
                   "print OK/FAIL per dependency, the device and Triton's mode"),
+    "grade": ("minicb.tools.grade",
+              "grade a student's exercises/ (folder or zip); Gradescope JSON"),
 }
 
 

@@ -1,14 +1,17 @@
 """The one door between the exercise tests and the code they grade.
 
 MINICB_IMPL=solutions (the default) grades solutions/, MINICB_IMPL=exercises grades the
-student's exercises/ (`make grade`). Tests never import either package directly, so the same
-tests grade both.
+student's exercises/ (`make grade`), and MINICB_GRADE_DIR=/some/folder grades the chapter files in
+that folder (`python -m minicb grade PATH`: a student's copy, or a mutant of the solutions). Tests
+never import any of them directly, so the same tests grade all.
 """
 
 from __future__ import annotations
 
+import contextlib
 import doctest
 import importlib
+import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -24,6 +27,7 @@ CHAPTERS = {
     "04": "ch04_block_allocator",
     "05": "ch05_decode_kernel",
     "06": "ch06_serving_metrics",
+    "07": "ch07_prefix_cache",
 }
 IMPLEMENTATIONS = ("solutions", "exercises")
 
@@ -44,8 +48,22 @@ def implementation() -> str:
 
 
 def chapter(number: str) -> ModuleType:
-    """The module of chapter `number` ("01" … "06") from the graded implementation."""
-    return importlib.import_module(f"{implementation()}.{CHAPTERS[number]}")
+    """The module of chapter `number` ("01" … "07") from the graded implementation."""
+    folder = os.environ.get("MINICB_GRADE_DIR")
+    if not folder:
+        return importlib.import_module(f"{implementation()}.{CHAPTERS[number]}")
+    name = f"graded_{CHAPTERS[number]}"
+    if name in sys.modules:
+        return sys.modules[name]
+    path = Path(folder) / f"{CHAPTERS[number]}.py"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing: the graded folder must hold "
+                                f"{CHAPTERS[number]}.py (a copy of exercises/).")
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module       # before running it: dataclasses and Triton look it up
+    spec.loader.exec_module(module)
+    return module
 
 
 def run_docstring_examples(module: ModuleType) -> None:
@@ -62,7 +80,18 @@ def run_docstring_examples(module: ModuleType) -> None:
             raise failure.exc_info[1].with_traceback(failure.exc_info[2]) from None
         except doctest.DocTestFailure as failure:
             raise AssertionError(
-                f"the worked example in {test.name} gave a different result.\n"
+                f"the worked example in {test.name.removeprefix('graded_')} gave a different "
+                "result.\n"
                 f"  example:  {failure.example.source.strip()}\n"
                 f"  expected: {failure.example.want.strip()}\n"
                 f"  got:      {failure.got.strip()}") from None
+
+
+@contextlib.contextmanager
+def must_raise(error: type[BaseException], call: str):
+    """Like pytest.raises, but a call that returns instead of raising is named in the failure."""
+    try:
+        yield
+    except error:
+        return
+    raise AssertionError(f"{call} should raise {error.__name__}; yours returned without raising.")

@@ -7,6 +7,7 @@ at the moment the runner saw them.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -14,6 +15,8 @@ import torch
 from minicb import LLM, CompletionOutput, SamplingParams
 from minicb.model.attention import AttentionMetadata
 from minicb.workload import fixed
+
+_probe_ids = itertools.count()
 
 
 @dataclass
@@ -69,8 +72,29 @@ def generate_ids(llm: LLM, prompts: list[list[int]], max_tokens: list[int]) -> l
 
 def generate_completions(llm: LLM, prompts: list[list[int]],
                          max_tokens: list[int]) -> list[CompletionOutput]:
-    outputs = llm.generate(prompts, [greedy(n) for n in max_tokens], use_tqdm=False)
-    return [out.outputs[0] for out in outputs]
+    """LLM.generate's loop with a step limit: code under test that stalls fails, never hangs."""
+    engine = llm.llm_engine
+    request_ids = [f"probe-{next(_probe_ids)}" for _ in prompts]
+    for request_id, prompt, count in zip(request_ids, prompts, max_tokens):
+        engine.add_request(request_id, prompt, greedy(count),
+                           prompt_token_ids=engine.validate(prompt, greedy(count)))
+    max_steps = 4 * (sum(map(len, prompts)) + sum(max_tokens)) + 50
+    finished: dict[str, CompletionOutput] = {}
+    for _ in range(max_steps):
+        if not engine.has_unfinished_requests():
+            break
+        for output in engine.step():
+            if output.finished:
+                finished[output.request_id] = output.outputs[0]
+    if engine.has_unfinished_requests():
+        waiting, running = engine.num_waiting, engine.num_running
+        for request_id in request_ids:
+            engine.abort(request_id)
+        raise AssertionError(
+            f"no progress after {max_steps} steps: {len(finished)} of {len(prompts)} requests "
+            f"finished, {waiting} still waiting and {running} running. Check that admitted "
+            "requests leave the waiting queue and that every step schedules some work.")
+    return [finished[request_id] for request_id in request_ids]
 
 
 def random_prompts(lengths: list[int], vocab_size: int, seed: int = 0) -> list[list[int]]:

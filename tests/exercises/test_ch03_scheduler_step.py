@@ -30,10 +30,25 @@ SCENARIOS = {
 }
 
 
+MAX_STEPS = 400     # every scenario finishes in far fewer with minicb's scheduler
+
+
+class StepLimited(ch03.StepScheduler):
+    """Your scheduler, stopped with a clear message when it runs MAX_STEPS steps."""
+
+    def schedule(self):
+        if self.step_count >= MAX_STEPS:
+            raise AssertionError(
+                f"no progress after {MAX_STEPS} steps: {len(self.waiting)} requests waiting, "
+                f"{len(self.running)} running. Check that admitted requests leave the waiting "
+                "queue and that every step gives running requests their tokens.")
+        return super().schedule()
+
+
 def run_yours(monkeypatch, workload: Workload, **knobs) -> SimResult:
     """The cost-model simulator with your scheduler as the engine's "continuous" scheduler."""
     with monkeypatch.context() as patch:
-        patch.setitem(minicb.scheduler.SCHEDULER_CLASSES, "continuous", ch03.StepScheduler)
+        patch.setitem(minicb.scheduler.SCHEDULER_CLASSES, "continuous", StepLimited)
         return simulate(workload, record_blocks=True, **knobs)
 
 
@@ -107,7 +122,7 @@ def test_ch03_step_respects_slots_and_budget(monkeypatch):
 
 def test_ch03_real_engine_with_evictions_equals_transformers(monkeypatch, tiny_model):
     """Your scheduler drives a real model through chunking and evictions; outputs stay exact."""
-    monkeypatch.setitem(minicb.scheduler.SCHEDULER_CLASSES, "continuous", ch03.StepScheduler)
+    monkeypatch.setitem(minicb.scheduler.SCHEDULER_CLASSES, "continuous", StepLimited)
     llm = LLM(tiny_model, block_size=4, num_kv_blocks=9, max_num_seqs=3, max_num_batched_tokens=8)
     prompts, lengths = random_prompts([10, 7, 12], 512, seed=9), [12, 10, 8]
     completions = generate_completions(llm, prompts, lengths)
@@ -126,3 +141,25 @@ def test_ch03_real_engine_with_evictions_equals_transformers(monkeypatch, tiny_m
     assert engine.kv.num_free_blocks() == engine.kv.num_blocks, \
         f"{engine.kv.num_blocks - engine.kv.num_free_blocks()} KV blocks still held after every " \
         "request finished"
+
+
+def test_ch03_victim_is_the_latest_arrival_not_yet_scheduled():
+    """pick_victim's contract, with running requests out of arrival order (as after re-admission):
+    a request already given its tokens this step is never the victim."""
+    from minicb.config import EngineConfig
+    from minicb.request import Request
+    from minicb.sampling import SamplingParams
+
+    scheduler = ch03.StepScheduler(EngineConfig(), None, None, lambda: 0.0)
+    arrivals = {"a": 0, "d": 3, "b": 1, "c": 2}
+    scheduler.running = [Request(rid, [1, 2, 3], SamplingParams(max_tokens=4), arrival_index=index)
+                         for rid, index in arrivals.items()]
+    for scheduled, expected in [(set(), "d"), ({"d"}, "c"), ({"a", "d"}, "c"),
+                                ({"d", "c"}, "b"), ({"d", "c", "b"}, "a")]:
+        scheduler.scheduled_ids = set(scheduled)
+        victim = scheduler.pick_victim()
+        assert victim is not None and victim.request_id == expected, (
+            f"with running {list(arrivals)} (arrival indices {list(arrivals.values())}) and "
+            f"scheduled_ids {sorted(scheduled)}, your pick_victim() returned "
+            f"{getattr(victim, 'request_id', victim)!r}; the victim is {expected!r}, the latest "
+            "arrival among the requests not scheduled this step.")

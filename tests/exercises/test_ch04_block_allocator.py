@@ -6,7 +6,7 @@ import random
 from dataclasses import replace
 
 import pytest
-from adapter import chapter, run_docstring_examples
+from adapter import chapter, must_raise, run_docstring_examples
 from engine_probe import generate_ids, greedy, random_prompts, record_packed_steps
 from reference import compare, hf_greedy
 
@@ -27,7 +27,7 @@ def test_ch04_allocator_never_double_allocates():
         f"6 allocations from a pool of 6 should hand out each block 0-5 once, got {taken}"
     assert allocator.num_free() == 0, ("all 6 blocks are taken, yet num_free() = "
                                        f"{allocator.num_free()}")
-    with pytest.raises(RuntimeError):
+    with must_raise(RuntimeError, "allocate() on a pool with no free block"):
         allocator.allocate()
     for block in taken[:3]:
         assert allocator.release(block), f"block {block} had one holder: release should return True"
@@ -41,10 +41,10 @@ def test_ch04_allocator_never_double_allocates():
 def test_ch04_allocator_refuses_misuse():
     allocator = ch04.BlockAllocator(3)
     block = allocator.allocate()
-    with pytest.raises(RuntimeError, match="."):
+    with must_raise(RuntimeError, "share(2) of a block never allocated"):
         allocator.share(2)              # never allocated: sharing it would resurrect a free block
     assert allocator.release(block) is True
-    with pytest.raises(RuntimeError, match="."):
+    with must_raise(RuntimeError, f"a second release({block}) of a block with no holder"):
         allocator.release(block)        # a second release of a block with no holder left
 
 
@@ -60,7 +60,8 @@ def test_ch04_allocator_behaves_like_minicbs(seed):
         if move == "allocate":
             if minicb.num_free() == 0:
                 history.append("allocate() on an empty pool")
-                with pytest.raises(RuntimeError):
+                with must_raise(RuntimeError, "after these operations:\n  "
+                                + "\n  ".join(history[-6:]) + "\nallocate()"):
                     yours.allocate()
                 continue
             expected, got = minicb.allocate(), yours.allocate()
@@ -79,10 +80,10 @@ def test_ch04_allocator_behaves_like_minicbs(seed):
                     minicb.push_free(block)
                     yours.push_free(block)
                 move = f"release({block}) then push_free if unreferenced"
-        history.append(f"{move} → {expected}")
-        recent = "\n  ".join(history[-6:])
-        assert got == expected, (f"after these operations:\n  {recent}\nexpected {expected}, got "
-                                 f"{got}")
+        recent = "\n  ".join(history[-5:])
+        history.append(f"{move} (returned {got})")
+        assert got == expected, (f"{move} should return {expected}, yours returned {got}, after "
+                                 f"these operations:\n  {recent}")
         assert (list(yours.ref_counts) == minicb.ref_counts and yours.num_free()
                 == minicb.num_free()), (
             f"after these operations:\n  {recent}\nexpected ref_counts {minicb.ref_counts} and "
