@@ -70,6 +70,8 @@ class EngineConfig:
                                      "max_num_seqs "
                                      "requests of max_model_len tokens, so preemption is never "
                                      "needed)")
+    cpu_threads: int | None = knob(None, "CPU threads of a model step (default: torch's count, "
+                                   "fewer while other programs keep cores busy; minicb/threads.py)")
     seed: int = knob(0, "seed of the sampler's default generator")
     policy: str = knob("fcfs", "admission order; under 'priority' a lower value goes first, as in "
                        "vLLM; "
@@ -149,6 +151,9 @@ class EngineConfig:
         _check(self.max_model_len is None or (isinstance(self.max_model_len, int)
                                               and self.max_model_len >= 2),
                f"max_model_len must be an integer >= 2 or None (got {self.max_model_len!r}).")
+        _check(self.cpu_threads is None or (_is_int(self.cpu_threads) and self.cpu_threads >= 1),
+               f"cpu_threads must be None (follow the machine's load) or an integer >= 1 (got "
+               f"{self.cpu_threads!r}).")
         _check(self.num_kv_blocks is None or (isinstance(self.num_kv_blocks, int)
                                               and self.num_kv_blocks >= 1),
                f"num_kv_blocks must be an integer >= 1 or None (got {self.num_kv_blocks!r}).")

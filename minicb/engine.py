@@ -19,6 +19,7 @@ from minicb.request import Request, RequestStatus
 from minicb.runner import ModelRunner, check_kv_fits
 from minicb.sampling import SamplingParams, _check_text
 from minicb.scheduler import make_scheduler
+from minicb.threads import ThreadPolicy
 
 Prompt = str | Sequence[int]
 # characters a string prompt may have: far more than any context here, and small enough that
@@ -37,6 +38,8 @@ class LLMEngine:
         self.tokenizer = load_tokenizer(path)
         config.attention = resolve_backend(config.attention, config.device, config.dtype)
         self.model = load_model(path, config.device, config.dtype, config.attention)
+        # on a CPU, how many threads each step uses: the cores other programs leave free
+        self.threads = (ThreadPolicy(config.cpu_threads) if config.device == "cpu" else None)
         config.finalize(self.model.args.max_position_embeddings)
         check_kv_fits(config, self.model.args)
         self.vocab_size = self.model.args.vocab_size
@@ -184,6 +187,8 @@ class LLMEngine:
         plan = self.scheduler.schedule()
         touched: list[Request] = []
         if not plan.is_empty:
+            if self.threads is not None:
+                self.threads.before_step()
             sampled = self.runner.execute(plan)
             rows = [s.request for s in plan.seqs if s.needs_logits]
             for request, error in zip(rows, sampled.errors or ()):

@@ -26,6 +26,13 @@ RANDOM_MODELS = {
                        num_key_value_heads=2, max_position_embeddings=32768, rope_theta=1_000_000.0,
                        rms_norm_eps=1e-6, tie_word_embeddings=True, bos_token_id=151643,
                        eos_token_id=151643),
+    # a ~100M-parameter Llama with grouped-query attention, for CPU runs a size above the
+    # default model: its matrix products, not the per-operation overhead, fill a step
+    "llama-100m": dict(architecture="Llama", vocab_size=4096, hidden_size=1024,
+                       intermediate_size=2816, num_hidden_layers=8, num_attention_heads=16,
+                       num_key_value_heads=8, max_position_embeddings=1024, rope_theta=10000.0,
+                       rms_norm_eps=1e-5, tie_word_embeddings=False, bos_token_id=1,
+                       eos_token_id=2),
 }
 
 
@@ -72,9 +79,13 @@ def display_path(path: str | Path) -> str:
 
 
 def weight_bytes(model: torch.nn.Module) -> int:
-    """Bytes of the model's distinct parameters (a tied embedding counts once)."""
-    unique = {p.data_ptr(): p for p in model.parameters()}
-    return sum(p.numel() * p.element_size() for p in unique.values())
+    """Bytes of the model's distinct parameters: a tied embedding counts once, and so do weights
+    that are views of one fused matrix (minicb's q/k/v and gate/up)."""
+    storages = {}
+    for p in model.parameters():
+        storage = p.untyped_storage()
+        storages[storage.data_ptr()] = storage.nbytes()
+    return sum(storages.values())
 
 
 # --- workloads ----------------------------------------------------------------------------------

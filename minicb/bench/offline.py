@@ -59,7 +59,7 @@ MINICB_KNOBS = {"naive": dict(scheduler="naive", kv_cache="contiguous"),
                 "continuous-paged": dict(scheduler="continuous", kv_cache="paged")}
 # (system, baseline, factor): the continuous engine's targets on this benchmark
 ENGINE_FLAGS = ("attention", "device", "dtype", "max_num_seqs", "max_num_batched_tokens",
-                "max_model_len", "block_size", "num_kv_blocks")
+                "max_model_len", "block_size", "num_kv_blocks", "cpu_threads")
 TARGETS = [("continuous-paged", "hf-generate", 10.0),
            ("continuous-paged", "hf-generate-batch", 2.0), ("continuous-paged", "static", 1.5)]
 
@@ -70,7 +70,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--model", default=None,
                    help="checkpoint directory (default: minicb's default model)")
     p.add_argument("--random-model", default=None,
-                   help="build a random-weight model of this shape: qwen2-0.5b")
+                   help="build a random-weight model of this shape: qwen2-0.5b or llama-100m")
     p.add_argument("--workload", default="long-tail",
                    help="a name from minicb.workload (default long-tail)")
     p.add_argument("--num-prompts", type=int, default=None, help="fewer requests for a quicker run")

@@ -111,3 +111,32 @@ def plot_overhead(payload: dict):
     ax.set_title(f"CPU side of the loop vs the model\n{describe(payload['machine'])}", fontsize=10)
     fig.tight_layout()
     return fig
+
+
+def plot_neighbour(payload: dict):
+    """Each system's throughput quiet and beside a busy neighbour, with the slowdown."""
+    systems = payload["systems"]
+    names = [s["system"] for s in systems]
+    fig, ax = plt.subplots(figsize=(9, 0.6 * len(systems) + 1.8))
+    ys = list(range(len(systems)))
+    width = 0.4
+    colors = [PEER_COLOR if n.startswith("hf-") else MINICB_COLOR for n in names]
+    ax.barh([y - width / 2 for y in ys], [s["quiet_tok_s"] for s in systems], width,
+            color=colors, label="quiet machine")
+    bars = ax.barh([y + width / 2 for y in ys], [s["loaded_tok_s"] for s in systems], width,
+                   color=colors, alpha=0.45, hatch="//", label="one core busy")
+    for bar, s in zip(bars, systems):
+        ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2,
+                f" -{s['slowdown']:.0%}" if s["slowdown"] >= 0 else f" +{-s['slowdown']:.0%}",
+                va="center", fontsize=8)
+    ax.set_yticks(ys, names)
+    ax.invert_yaxis()
+    ax.set_xlim(0, 1.18 * max(max(s["quiet_tok_s"], s["loaded_tok_s"]) for s in systems))
+    ax.set_xlabel("output tokens per second, pooled over repeats (label: the loss when one core "
+                  "is busy)")
+    ax.legend(loc="lower right", fontsize=8)
+    w = payload["workload"]
+    ax.set_title(f"{payload['model']['label']}, {w['name']} ({w['num_requests']} requests)\n"
+                 f"{describe(payload['machine'])}", fontsize=9)
+    fig.tight_layout()
+    return fig

@@ -144,6 +144,7 @@ def load_model(path: Path, device: str = "cpu", dtype: str = "float32",
                          f"{missing[:5]}, unexpected {unexpected[:5]}.")
     if args.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
+    model.fuse_projections()
     return model.eval()
 
 

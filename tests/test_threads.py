@@ -1,0 +1,107 @@
+"""The CPU thread policy: the cores other programs leave free, read from the machine."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from minicb import threads as policy_module
+from minicb.bench.neighbour import BusyNeighbour
+from minicb.config import EngineConfig
+from minicb.threads import ThreadPolicy, machine_busy_seconds, threads_for
+
+
+@pytest.fixture(autouse=True)
+def restore_threads():
+    before = torch.get_num_threads()
+    saved = policy_module._last_set
+    yield
+    torch.set_num_threads(before)
+    policy_module._last_set = saved
+
+
+@pytest.mark.parametrize("free, current, most, expected", [
+    (2.0, 2, 2, 2), (1.0, 2, 2, 1), (0.2, 2, 2, 1),     # a busy core takes one thread away
+    (1.6, 2, 2, 2),      # inside the slack around 1.5: keep two
+    (1.3, 2, 2, 1),      # past it: one
+    (1.6, 1, 2, 1),      # coming back needs more than the midpoint
+    (1.7, 1, 2, 2),
+    (7.9, 4, 8, 8), (3.0, 8, 8, 3), (16.0, 2, 4, 4),     # never above the ceiling
+])
+def test_threads_for(free, current, most, expected):
+    assert threads_for(free, current, most, hysteresis=0.15) == expected
+
+
+def test_observe_lowers_and_restores_the_count():
+    policy = ThreadPolicy(most=2, cores=2, interval=0.0)
+    assert policy.threads == 2 and torch.get_num_threads() == 2
+    # over one second the machine was busy 1.9 CPU seconds, 0.9 of them ours: a neighbour
+    policy.observe(1.0, 1.9, 0.9)
+    assert policy.neighbours == pytest.approx(1.0)
+    assert policy.threads == 1 and torch.get_num_threads() == 1
+    policy.observe(1.0, 1.05, 1.0)         # the neighbour left
+    assert policy.threads == 2 and torch.get_num_threads() == 2
+    assert policy.changes == 2
+
+
+def test_a_fixed_count_never_moves():
+    policy = ThreadPolicy(fixed=1, most=2, cores=2)
+    policy.observe(1.0, 0.0, 0.0)
+    assert policy.threads == 1 and policy.before_step() == 1 and torch.get_num_threads() == 1
+    for bad in (0, -1, 1.5, "2"):
+        with pytest.raises(ValueError, match="cpu_threads must be"):
+            ThreadPolicy(fixed=bad)
+    with pytest.raises(ValueError, match="cpu_threads must be None"):
+        EngineConfig(cpu_threads=0)
+
+
+def test_a_later_engine_starts_from_the_users_ceiling():
+    torch.set_num_threads(2)
+    first = ThreadPolicy(most=2, cores=2)
+    first.observe(1.0, 2.0, 1.0)           # lowered to one under load
+    assert torch.get_num_threads() == 1
+    second = ThreadPolicy(cores=2)
+    assert second.most == 2                # not the 1 the first one left behind
+    torch.set_num_threads(1)               # but a user's own choice is the ceiling
+    policy_module._last_set = None
+    assert ThreadPolicy(cores=2).most == 1
+
+
+def test_proc_stat_parsing(tmp_path):
+    stat = tmp_path / "stat"
+    # user nice system idle iowait irq softirq steal guest guest_nice
+    stat.write_text("cpu  100 20 30 5000 70 4 6 10 0 0\ncpu0 1 2 3 4 5 6 7 8 0 0\n")
+    import os
+    assert machine_busy_seconds(str(stat)) == pytest.approx(170 / os.sysconf("SC_CLK_TCK"))
+    stat.write_text("intr 1 2 3\n")
+    assert machine_busy_seconds(str(stat)) is None
+    assert machine_busy_seconds(str(tmp_path / "missing")) is None
+
+
+@pytest.mark.skipif(machine_busy_seconds() is None, reason="needs Linux's /proc/stat")
+def test_a_real_busy_neighbour_is_seen():
+    policy = ThreadPolicy(most=2, cores=2, interval=0.0)
+    with BusyNeighbour(deadline=30):
+        policy.before_step()
+        time.sleep(1.0)
+        policy.before_step()
+    # the busy loop is one whole core; other programs can only add to it
+    assert policy.neighbours > 0.6
+    assert policy.threads == 1
+
+
+def test_engine_step_consults_the_policy(monkeypatch):
+    from minicb import LLM, SamplingParams
+
+    llm = LLM(max_num_seqs=4)
+    calls = []
+    original = llm.llm_engine.threads.before_step
+    monkeypatch.setattr(llm.llm_engine.threads, "before_step",
+                        lambda: calls.append(1) or original())
+    llm.generate([[5, 6, 7]], SamplingParams(max_tokens=3, temperature=0, ignore_eos=True),
+                 use_tqdm=False)
+    assert len(calls) == 3                 # one prefill step and two decode steps
+    fixed = LLM(max_num_seqs=4, cpu_threads=1).llm_engine.threads
+    assert not fixed.adaptive and fixed.threads == 1
