@@ -1,7 +1,9 @@
 """The cost-model runner: the REAL scheduler and KV manager, with the model replaced by a clock.
 
-Each step costs `step_overhead + prefill_token * prefill tokens + decode_seq * decode rows`
-(padding and a static batch's idle rows included: they are computed too). No tensors, so
+Each step costs `step_overhead + prefill_token * prefill tokens + decode_seq * decode rows +
+context_token * keys the decode rows read` (padding and a static batch's idle rows included: they
+are computed too). `minicb.calibrate` fits those four numbers to the real engine's step times on
+this machine, and gives a second set for a GPU from published measurements. No tensors, so
 notebooks can schedule thousands of requests in a second, and the book's worked examples come out
 of the same code that serves real requests.
 """
@@ -32,15 +34,21 @@ from minicb.workload import Workload, poisson_arrivals
 @dataclass
 class CostModel:
     """Virtual time per step. The defaults make one decode step cost 1 unit at any batch size
-    (decode is memory-bound: a bigger batch rides along almost free) and a prefill token 1/64."""
+    (decode is memory-bound: a bigger batch rides along almost free) and a prefill token 1/64.
+
+    A calibrated model (`minicb.calibrate`) counts seconds and adds the cost of attention: every
+    decode row reads all the keys its request has cached, `context_token` per key."""
 
     step_overhead: float = 1.0
     prefill_token: float = 1.0 / 64
     decode_seq: float = 0.0
+    context_token: float = 0.0
+    name: str = field(default="", compare=False)
+    unit: str = field(default="time unit", compare=False)
 
-    def step_time(self, prefill_tokens: int, decode_rows: int) -> float:
+    def step_time(self, prefill_tokens: int, decode_rows: int, context_tokens: int = 0) -> float:
         return (self.step_overhead + self.prefill_token * prefill_tokens + self.decode_seq
-                * decode_rows)
+                * decode_rows + self.context_token * context_tokens)
 
 
 @dataclass
@@ -169,8 +177,11 @@ def simulate(workload: Workload, cost: CostModel | None = None, record_blocks: b
             scheduler.step_count -= 1   # an empty step is not a step
             continue
         start = clock.now
+        # keys the decode rows read: each request's cache, including this step's token
+        context = sum(s.request.num_computed_tokens + s.num_tokens for s in plan.seqs
+                      if not s.is_prefill) if cost.context_token else 0
         clock.now += cost.step_time(plan.num_prefill_tokens + plan.num_pad_tokens,
-                                    plan.num_decode_rows)
+                                    plan.num_decode_rows, context)
         rows = [(s.request.request_id,
                  "idle" if s.ghost else "prefill" if s.is_prefill else "decode",
                  s.num_tokens) for s in plan.seqs]

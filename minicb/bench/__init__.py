@@ -24,6 +24,8 @@ BENCHMARKS = {
                  "the scheduler's CPU time per step against the model's step"),
     "policies": ("minicb.bench.policies", "admission policies and their latency trade-offs"),
     "prefix": ("minicb.bench.prefix", "prefix caching on shared-prefix traffic"),
+    "calibrate": ("minicb.bench.calibrate",
+                  "fit the cost model's four terms to this machine's real step times"),
     "neighbour": ("minicb.bench.neighbour",
                   "each system quiet and beside a busy loop on one core: the slowdown"),
 }

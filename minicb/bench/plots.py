@@ -140,3 +140,29 @@ def plot_neighbour(payload: dict):
                  f"{describe(payload['machine'])}", fontsize=9)
     fig.tight_layout()
     return fig
+
+
+def plot_calibration(payload: dict):
+    """Measured step time against the fitted cost model, one point per step shape."""
+    samples, predicted = payload["samples"], payload["predicted"]
+    fig, ax = plt.subplots(figsize=(6, 5))
+    measured = [s["seconds"] * 1e3 for s in samples]
+    model = [p * 1e3 for p in predicted]
+    sizes = [12 + 4 * s["decode_rows"] ** 0.5 for s in samples]
+    colors = [s["prefill_tokens"] for s in samples]
+    points = ax.scatter(measured, model, s=sizes, c=colors, cmap="viridis")
+    top = 1.1 * max(measured + model)
+    ax.plot([0, top], [0, top], color="grey", lw=1, ls="--", label="model = measured")
+    ax.set_xlim(0, top)
+    ax.set_ylim(0, top)
+    ax.set_xlabel("measured step time (ms)")
+    ax.set_ylabel("cost model (ms)")
+    fig.colorbar(points, ax=ax, label="prompt tokens in the step")
+    fit = payload["fit"]
+    ax.set_title(f"{fit['step_overhead'] * 1e3:.2f} ms + {fit['prefill_token'] * 1e6:.0f} "
+                 f"us/prompt token + {fit['decode_seq'] * 1e3:.3f} ms/row + "
+                 f"{fit['context_token'] * 1e6:.2f} us/key\nR² {payload['r2']:.3f}; "
+                 f"{describe(payload['machine'])}", fontsize=8)
+    ax.legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    return fig

@@ -82,14 +82,20 @@ def tradeoff_curve(points: Sequence[Mapping], x: str, y: str, label: str | None 
     for point in points:
         groups.setdefault(point[group] if group else None, []).append(point)
     fig, (ax,) = new_figure(width, 3.6)
-    for colour, (key, members) in zip(PALETTE * 4, groups.items()):
-        ax.plot([p[x] for p in members], [p[y] for p in members], "o-", color=colour,
-                label=None if key is None else f"{group}={key}")
+    # each line its own marker and its own side for the labels, so lines that run close together
+    # (or on top of each other) stay readable: the first line is drawn last, on top
+    markers, offsets = "osD^v", [(5, 5), (5, -11), (-16, 5), (-16, -11), (5, 12)]
+    for index, (colour, (key, members)) in reversed(list(enumerate(zip(PALETTE * 4,
+                                                                        groups.items())))):
+        ax.plot([p[x] for p in members], [p[y] for p in members], marker=markers[index % 5],
+                linestyle="-", color=colour, zorder=3 + len(groups) - index,
+                markersize=7 - min(index, 3), label=None if key is None else f"{group}={key}")
         for p in members if label else ():
-            ax.annotate(str(p[label]), (p[x], p[y]), textcoords="offset points", xytext=(4, 4),
-                        fontsize=8)
+            ax.annotate(str(p[label]), (p[x], p[y]), textcoords="offset points",
+                        xytext=offsets[index % 5], fontsize=8, color=colour)
     if group:
-        ax.legend(fontsize=8)
+        handles, labels = ax.get_legend_handles_labels()
+        ax.legend(handles[::-1], labels[::-1], fontsize=8)      # back in the groups' order
     if logy:
         ax.set_yscale("log")
     ax.set_xlabel(xlabel or x)

@@ -125,20 +125,38 @@ def slot_timeline(result: SimResult, num_slots: int | None = None,
 
 
 def compare_timelines(results: Mapping[str, SimResult], num_slots: int | None = None,
-                      names: Mapping[str, str] | None = None, width: float = 8.0) -> Figure:
-    """Several schedules of the same workload stacked on one step axis, labelled by the keys;
-    each drawn with its own max_num_seqs slots unless num_slots is given."""
+                      names: Mapping[str, str] | None = None, width: float = 8.0,
+                      share_steps: bool | None = None) -> Figure:
+    """Several schedules of the same workload stacked, labelled by the keys; each drawn with its
+    own max_num_seqs slots unless num_slots is given.
+
+    They share one step axis when their lengths are comparable (the longest at most twice the
+    shortest), so the eye compares lengths directly; otherwise each panel gets its own axis, so a
+    short schedule is not squashed into a corner, and its end is marked with its step count.
+    `share_steps` forces either."""
     slots = [num_slots or r.config.max_num_seqs for r in results.values()]
     heights = [0.6 + slots_height(n) for n in slots]
-    longest = max(r.num_steps for r in results.values())
-    fig, axes = new_figure(width, sum(heights) + 0.6, rows=len(results), sharex=True,
+    lengths = [max(r.num_steps, 1) for r in results.values()]
+    longest = max(lengths)
+    if share_steps is None:
+        share_steps = longest <= 2 * min(lengths)
+    fig, axes = new_figure(width, sum(heights) + 0.6 + (0 if share_steps else 0.3 * len(results)),
+                           rows=len(results), sharex=share_steps,
                            gridspec_kw={"height_ratios": heights})
     for ax, n, (label, result) in zip(axes, slots, results.items()):
         busy = f"{result.slot_utilisation():.0%} of slot-steps busy"
         title = f"{label}: {result.num_steps} steps, {busy}"
-        draw_slots(ax, result, n, names, title, longest)
-    for ax in axes[:-1]:
-        ax.set_xlabel("")
+        if not share_steps and result.num_steps < longest:
+            title += f" (its own step axis; the longest takes {longest})"
+        draw_slots(ax, result, n, names, title, longest if share_steps else result.num_steps)
+        if not share_steps:
+            ax.axvline(result.num_steps + 0.5, color="black", linewidth=1.2)
+            ax.annotate(f"end: step {result.num_steps}", (result.num_steps + 0.5, n - 0.5),
+                        xytext=(-4, 0), textcoords="offset points", ha="right", va="bottom",
+                        fontsize=8)
+    if share_steps:
+        for ax in axes[:-1]:
+            ax.set_xlabel("")
     slot_legend(fig)
     return fig
 

@@ -1,0 +1,155 @@
+"""Calibrate the cost model: what a step really costs, on this machine and on a GPU.
+
+`minicb.sim` charges each step `step_overhead + prefill_token * P + decode_seq * R +
+context_token * C` for P prompt tokens, R decode rows and C keys those rows read. The book's
+default numbers (1, 1/64, 0 or 0.05, 0) are a caricature of a GPU; this module replaces them with
+measurements:
+
+* `measure_steps` runs the real engine through steps of chosen shapes (decode rows, context
+  length, a prompt of P tokens joining) and times each one;
+* `fit` finds the four numbers by least squares (none negative) and says how well they fit;
+* `A100_LLAMA2_7B` is the same four numbers for a GPU, derived from published measurements
+  (see its comment), so the chapters can run the same experiment under both.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from minicb.sim import CostModel
+
+TERMS = ("step_overhead", "prefill_token", "decode_seq", "context_token")
+
+# A GPU, from published figures. lmdeploy's benchmark of Llama-2-7B in fp16 on one A100-80GB
+# (TurboMind engine, v0.1.0a1; InternLM/lmdeploy, docs/en/benchmark/a100_fp16.md, "Static
+# Inference Benchmark") reports, for 128 output tokens after a 1-token prompt, 100.02 output
+# tokens/s at batch 1 (10.0 ms per step) and 4,154.81 at batch 64 (15.4 ms per step); with 2,048
+# prompt and 2,048 output tokens at batch 16 the median time per token is 25 ms (about 3,072 keys
+# per row); and the first token after a 2,048-token prompt at batch 1 takes 0.139 s against
+# 0.022 s after 128 tokens. Solving for the four terms: 10.0 ms per step, 0.067 ms per decode row,
+# 0.285 us per key read (Llama-2-7B keeps 0.5 MiB of K and V per token: at the A100's 2.0 TB/s
+# that alone is 0.26 us) and 61 us per prompt token (13.4 GFLOP per token at the A100's 312 dense
+# TFLOP/s would be 43 us). A derived model, not a measurement of ours.
+A100_LLAMA2_7B = CostModel(step_overhead=10.0e-3, prefill_token=61e-6, decode_seq=0.067e-3,
+                           context_token=0.285e-6, name="A100-80GB, Llama-2-7B fp16 (published)",
+                           unit="s")
+
+
+@dataclass
+class StepSample:
+    prefill_tokens: int
+    decode_rows: int
+    context_tokens: int
+    seconds: float          # the median of the repeats
+
+
+@dataclass
+class Fit:
+    cost: CostModel
+    samples: list[StepSample]
+    predicted: list[float]
+    r2: float
+    worst_error: float      # the largest |predicted - measured| / measured
+
+    def table(self) -> list[dict]:
+        return [{"prompt tokens": s.prefill_tokens, "decode rows": s.decode_rows,
+                 "keys read": s.context_tokens, "measured ms": round(s.seconds * 1e3, 2),
+                 "model ms": round(p * 1e3, 2)} for s, p in zip(self.samples, self.predicted)]
+
+
+def fit(samples: list[StepSample], name: str = "this machine") -> Fit:
+    """Least squares over the four terms, in relative error (a 2 ms step counts as much as a
+    40 ms one: the small decode steps are most of a run), with any term that would come out
+    negative dropped (a step cannot get cheaper with more work) and the rest refitted."""
+    features = np.array([[1.0, s.prefill_tokens, s.decode_rows, s.context_tokens]
+                         for s in samples])
+    target = np.array([s.seconds for s in samples])
+    weight = 1.0 / target
+    active = list(range(len(TERMS)))
+    while True:
+        coef, *_ = np.linalg.lstsq(features[:, active] * weight[:, None], target * weight,
+                                   rcond=None)
+        if (coef >= 0).all() or len(active) == 1:
+            break
+        active.pop(int(np.argmin(coef)))
+    values = dict.fromkeys(TERMS, 0.0)
+    for index, value in zip(active, coef):
+        values[TERMS[index]] = max(float(value), 0.0)
+    cost = CostModel(**values, name=name, unit="s")
+    predicted = [cost.step_time(s.prefill_tokens, s.decode_rows, s.context_tokens)
+                 for s in samples]
+    residual = target - np.array(predicted)
+    spread = ((target - target.mean()) ** 2).sum()
+    r2 = float(1 - (residual ** 2).sum() / spread) if spread > 0 else 1.0
+    worst = float(max(abs(r) / t for r, t in zip(residual, target)))
+    return Fit(cost, samples, predicted, r2, worst)
+
+
+def measure_steps(llm=None, rows: tuple[int, ...] = (1, 4, 16, 48),
+                  contexts: tuple[int, ...] = (16, 384), prompts: tuple[int, ...] = (64, 256),
+                  repeats: int = 5, seed: int = 0) -> list[StepSample]:
+    """Time real engine steps of known shapes.
+
+    For each context length and number of rows: that many requests with prompts of that length
+    are prefilled, then `repeats` pure decode steps are timed; then, for each prompt length, a
+    new request joins and the step that carries its whole prompt beside the decodes is timed
+    (`repeats` times, one newcomer each). Each sample is the median of its repeats."""
+    from minicb import LLM, SamplingParams
+
+    if llm is None:
+        llm = LLM(max_num_seqs=max(rows) + 1,
+                  max_num_batched_tokens=max(max(rows) * max(contexts), max(prompts) + max(rows)))
+    engine = llm.llm_engine
+    rng = np.random.default_rng(seed)
+    vocab = engine.vocab_size
+    samples: list[StepSample] = []
+    counter = 0
+
+    def ids(n: int) -> list[int]:
+        return rng.integers(3, vocab, size=n).tolist()
+
+    def timed_step() -> float:
+        start = time.perf_counter()
+        engine.step()
+        return time.perf_counter() - start
+
+    for context in contexts:
+        for r in rows:
+            long = SamplingParams(max_tokens=10_000, temperature=0, ignore_eos=True)
+            group = []
+            for _ in range(r):
+                counter += 1
+                group.append(f"calibrate-{counter}")
+                engine.add_request(group[-1], None, long, prompt_token_ids=ids(context))
+            while any(req.is_prefilling for req in engine.scheduler.running) or \
+                    engine.num_waiting:
+                engine.step()
+            engine.step()                      # one decode to settle
+            keys = lambda: sum(req.num_computed_tokens + 1 for req in engine.scheduler.running)
+            before = keys()
+            times = [timed_step() for _ in range(repeats)]
+            samples.append(StepSample(0, r, before + r * (repeats // 2), statistics.median(times)))
+            for prompt in prompts:
+                times = []
+                for _ in range(repeats):
+                    counter += 1
+                    before = keys()
+                    engine.add_request(f"calibrate-{counter}", None,
+                                       SamplingParams(max_tokens=1, temperature=0,
+                                                      ignore_eos=True),
+                                       prompt_token_ids=ids(prompt))
+                    times.append(timed_step())
+                samples.append(StepSample(prompt, r, before, statistics.median(times)))
+            for request_id in group:
+                engine.abort(request_id)
+            engine.step()                      # let the aborts land
+    return samples
+
+
+def calibrate(llm=None, **kwargs) -> Fit:
+    """Measure this machine's steps and fit the cost model to them."""
+    return fit(measure_steps(llm, **kwargs))

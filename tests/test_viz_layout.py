@@ -1,0 +1,45 @@
+"""Figures stay readable: timelines of very different lengths, lines that run close together."""
+
+from __future__ import annotations
+
+from minicb import viz
+from minicb.sim import simulate
+from minicb.workload import chat, seed_example
+
+
+def test_timelines_of_comparable_length_share_one_step_axis():
+    runs = {"static": simulate(seed_example(), scheduler="static", max_num_seqs=4),
+            "continuous": simulate(seed_example(), scheduler="continuous", max_num_seqs=4)}
+    fig = viz.compare_timelines(runs)
+    limits = [ax.get_xlim() for ax in fig.axes[:2]]
+    assert limits[0] == limits[1] == (0.5, 14.5)
+
+
+def test_a_short_timeline_gets_its_own_axis_and_a_marked_end():
+    traffic = chat(24, seed=0)
+    runs = {f"{n} slots": simulate(traffic, max_num_seqs=n, max_num_batched_tokens=256)
+            for n in (1, 8)}
+    steps = [r.num_steps for r in runs.values()]
+    assert steps[0] > 2 * steps[1]          # the case this layout exists for
+    fig = viz.compare_timelines(runs)
+    for ax, n in zip(fig.axes, steps):
+        assert ax.get_xlim() == (0.5, n + 0.5)
+        assert any(t.get_text() == f"end: step {n}" for t in ax.texts)
+    forced = viz.compare_timelines(runs, share_steps=True)
+    assert forced.axes[1].get_xlim() == (0.5, steps[0] + 0.5)
+
+
+def test_tradeoff_lines_keep_their_own_markers_and_label_sides():
+    points = [{"x": x, "y": 1.0, "budget": b, "seqs": s}          # two lines on top of each other
+              for b in (64, 256) for s, x in ((4, 1.0), (16, 2.0))]
+    fig = viz.tradeoff_curve(points, x="x", y="y", label="seqs", group="budget")
+    ax = fig.axes[0]
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    assert lines["budget=64"].get_marker() != lines["budget=256"].get_marker()
+    # the first group is drawn on top of the others
+    assert lines["budget=64"].get_zorder() > lines["budget=256"].get_zorder()
+    offsets = {}
+    for text in ax.texts:
+        offsets.setdefault(text.get_color(), set()).add(tuple(text.xyann))
+    assert len(offsets) == 2 and len(set.union(*offsets.values())) == 2
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["budget=64", "budget=256"]
