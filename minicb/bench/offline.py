@@ -53,6 +53,8 @@ SYSTEMS = {
     "continuous-contiguous": "minicb continuous batching, contiguous KV",
     "continuous-paged": "minicb continuous batching, paged KV",
 }
+# systems outside this process and environment, added with --peers
+PEERS = {"vllm": "vLLM's CPU build (its own environment: make peer-vllm)"}
 MINICB_KNOBS = {"naive": dict(scheduler="naive", kv_cache="contiguous"),
                 "static": dict(scheduler="static", kv_cache="contiguous"),
                 "continuous-contiguous": dict(scheduler="continuous", kv_cache="contiguous"),
@@ -61,7 +63,8 @@ MINICB_KNOBS = {"naive": dict(scheduler="naive", kv_cache="contiguous"),
 ENGINE_FLAGS = ("attention", "device", "dtype", "max_num_seqs", "max_num_batched_tokens",
                 "max_model_len", "block_size", "num_kv_blocks", "cpu_threads")
 TARGETS = [("continuous-paged", "hf-generate", 10.0),
-           ("continuous-paged", "hf-generate-batch", 2.0), ("continuous-paged", "static", 1.5)]
+           ("continuous-paged", "hf-generate-batch", 2.0), ("continuous-paged", "static", 1.5),
+           ("continuous-paged", "vllm", 1.0)]
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -75,6 +78,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="a name from minicb.workload (default long-tail)")
     p.add_argument("--num-prompts", type=int, default=None, help="fewer requests for a quicker run")
     p.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=list(SYSTEMS))
+    p.add_argument("--peers", nargs="+", default=[], choices=list(PEERS),
+                   help="also run these engines, each in its own environment, on the same "
+                        "weights, prompts and lengths (vllm: build it with `make peer-vllm`)")
     p.add_argument("--hf-page-size", type=int, default=256,
                    help="page size of transformers' paged cache")
     p.add_argument("--hf-max-batch-tokens", type=int, default=512,
@@ -153,6 +159,12 @@ def run_system(name: str, model_path: str, hf_model, args, prompts: list[list[in
     if name in MINICB_KNOBS:
         run = run_minicb(name, model_path, args, prompts, output_lens, progress)
         return run, run.settings["peak_growth_bytes"] + run.settings["kv_pool_bytes"]
+    if name == "vllm":
+        from minicb.bench.vllm_peer import run_vllm
+
+        run = run_vllm(model_path, prompts, output_lens, args.max_model_len,
+                       {"max_num_seqs": args.max_num_seqs, "dtype": args.dtype})
+        return run, 0
     pad = hf_model.generation_config.pad_token_id or 0
     with tqdm(total=len(prompts), desc="requests", disable=not progress) as bar, \
             PeakMemory(args.device) as probe:
@@ -184,7 +196,7 @@ def load_hf_model(path: str, device: str, dtype: str):
 
 def summarize_run(name: str, run: SystemRun, peak_bytes: int) -> dict:
     s = summarize(run.metrics)
-    return {"system": name, "label": SYSTEMS[name], "requests": s.num_requests,
+    return {"system": name, "label": SYSTEMS.get(name) or PEERS[name], "requests": s.num_requests,
             "output_tokens": s.output_tokens, "duration_s": s.duration,
             "output_throughput": s.output_throughput, "cpu_seconds": run.cpu_seconds,
             "output_per_cpu_second": s.output_tokens / max(run.cpu_seconds, 1e-9),
@@ -207,6 +219,11 @@ def check_targets(rows: dict[str, dict]) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv or [])
+    if args.peers:
+        from minicb.bench.vllm_peer import check_available
+
+        check_available()           # before any system runs: a missing peer fails at once
+        args.systems = [*args.systems, *[p for p in args.peers if p not in args.systems]]
     if args.threads:
         torch.set_num_threads(args.threads)
     progress = not args.no_progress
@@ -228,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     runs: dict[str, SystemRun] = {}
     rows: dict[str, dict] = {}
     for index, name in enumerate(args.systems):
-        print(f"[{index + 1}/{len(args.systems)}] {SYSTEMS[name]}")
+        print(f"[{index + 1}/{len(args.systems)}] {SYSTEMS.get(name) or PEERS[name]}")
         hf_model = get_hf_model() if name.startswith("hf-") else None
         run, peak = run_system(name, model_path, hf_model, args, prompts, output_lens, progress)
         runs[name], rows[name] = run, summarize_run(name, run, peak)

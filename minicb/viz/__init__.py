@@ -24,6 +24,12 @@ from minicb.viz.curves import (
            roofline,
            tradeoff_curve,
 )
+from minicb.viz.kernel_plans import (
+           decode_grid_picture,
+           decode_programs,
+           split_kv_picture,
+           split_ranges,
+)
 from minicb.viz.kernels import paged_lookup, recorded_kernel_results
 from minicb.viz.knobs import knob_row, knob_sweep, knob_view, knob_widget
 from minicb.viz.memory import block_map, block_owners, block_reuse, free_blocks_timeline
@@ -36,7 +42,7 @@ from minicb.viz.schedule import (
            slot_grid,
            slot_timeline,
 )
-from minicb.viz.serving import step_costs
+from minicb.viz.serving import load_study_plot, rate_label, step_costs
 from minicb.viz.source import show_source
 
 __all__ = ["PALETTE", "format_table", "new_figure", "request_colour", "attention_mask",
@@ -46,4 +52,5 @@ __all__ = ["PALETTE", "format_table", "new_figure", "request_colour", "attention
            "block_map", "block_owners", "block_reuse", "free_blocks_timeline", "book_interview",
            "interview_markdown", "quiz_card", "quiz_widget", "compare_timelines", "draw_slots",
            "kv_usage", "kv_usage_timeline", "slot_grid", "slot_timeline", "step_costs",
-           "show_source"]
+           "show_source", "load_study_plot", "rate_label", "decode_grid_picture",
+           "decode_programs", "split_kv_picture", "split_ranges"]

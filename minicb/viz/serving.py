@@ -44,3 +44,25 @@ def step_costs(results: Mapping[str, SimResult], title: str | None = None,
     if title:
         fig.suptitle(title, fontsize=10)
     return fig
+
+
+def rate_label(rate: float) -> str:
+    """An offered load as a reader says it: '4/s', or 'all at once' for an infinite rate."""
+    return "all at once" if rate == float("inf") else f"{rate:g}/s"
+
+
+def load_study_plot(rows: list[dict], title: str | None = None) -> Figure:
+    """A load study (minicb.bench.load_study rows) drawn like chapters 00 and 03's trade-offs:
+    throughput across, p95 time to first token up (log), one line per scheduler, each point
+    labelled with the offered load."""
+    from minicb.viz.curves import tradeoff_curve
+
+    points = [{**r, "offered": rate_label(r["request_rate"])}
+              for r in sorted(rows, key=lambda r: (r["scheduler"], r["request_rate"]))]
+    fig = tradeoff_curve(points, x="output_throughput", y="ttft_p95_s", label="offered",
+                         group="scheduler", logy=True, xlabel="output tokens per second",
+                         ylabel="p95 time to first token (s)",
+                         title=title or "each line a scheduler; each point an offered load")
+    ax = fig.axes[0]
+    ax.set_xlim(0, 1.25 * max(r["output_throughput"] for r in rows))
+    return fig

@@ -278,6 +278,31 @@ CELLS = [
     viz.slot_timeline(story, names=names, title="A leaves after step 3; D takes its slot at step 4")
     """),
     ("md", """
+    ### Apply it: five requests on four slots
+
+    This section's example in miniature, to do on paper before running the cell. Five requests
+    need answers of 2, 9, 4, 12 and 3 tokens; there are four slots, and each step gives every
+    running request one token. How many steps does a static batch take, and how many does
+    continuous batching take? In which step does the 3-token request start, and in which does it
+    finish? Then put in five lengths of your own and predict again.
+    """),
+    ("code", """
+    lengths = [2, 9, 4, 12, 3]          # try your own five
+    five = fixed("five requests", [4] * 5, lengths)
+    for scheduler in ["static", "continuous"]:
+        result = simulate(five, scheduler=scheduler, max_num_seqs=4)
+        spans = ", ".join(f"{n}: {m.first_scheduled_step}-{m.finished_step}" for n, m in zip(lengths, result.metrics))
+        print(f"{scheduler:>10}: {result.num_steps} steps; first-last step of each answer: {spans}")
+    """),
+    ("md", """
+    The static batch keeps the 3-token request waiting until its longest member (12 tokens) ends,
+    while the slots of the short answers sit empty: 12 + 3 = 15 steps. Continuously, the 3-token
+    request takes the 2-token request's slot at step 3 and is done at step 5; the schedule ends
+    when the 12-token answer does, 12 steps. The rule to carry away: with continuous batching the
+    schedule is as long as the longest *chain* of answers sharing a slot, not the sum of batch
+    maxima.
+    """),
+    ("md", """
     ## 3. Ragged batches: no padding
 
     Because requests join at any step, one step mixes requests at different stages: some decode
@@ -317,6 +342,14 @@ CELLS = [
                        title="one step: three decodes and a 6-token prefill")
     """),
     ("md", """
+    **Padding is not truncation.** Padding *adds* dummy tokens so that rows of different lengths
+    make a rectangle: the model computes them and a mask hides them (chapter 02's waste).
+    Truncation *cuts* tokens off a prompt that is longer than the context allows, and the answer
+    then never sees them. Continuous batching removes padding; it never truncates. A prompt longer
+    than `max_model_len` is refused with an error that names the limit (minicb, like vLLM, leaves
+    the decision of what to cut to the caller).
+    """),
+    ("md", """
     The kernels that compute this efficiently, reading each request's keys from wherever the
     cache keeps them, are chapter 05's subject.
 
@@ -328,6 +361,12 @@ CELLS = [
     * `max_num_batched_tokens`: how many tokens one step may carry, decodes and prefill chunks
       together. A prompt longer than what is left of the budget is split over several steps
       (chunked prefill).
+
+    Every production engine has the same two knobs under its own names: vLLM `max_num_seqs` and
+    `max_num_batched_tokens`; SGLang `--max-running-requests` and `--chunked-prefill-size`
+    (with `--max-prefill-tokens`); Hugging Face TGI `--max-batch-size` and
+    `--max-batch-total-tokens` (with `--max-batch-prefill-tokens`); TensorRT-LLM `max_batch_size`
+    and `max_num_tokens`.
 
     Their effect depends on the traffic, so measure. Below, 200 requests with long-tailed prompts
     (16–512 tokens) and answers arrive as a Poisson process at 0.1 requests per time unit, and the
@@ -353,7 +392,7 @@ CELLS = [
     * **`max_num_seqs`**: at this load, 4 slots cannot keep up: requests queue and TTFT p95 runs
       into the thousands. More slots raise throughput and cut the queue, but every step carries
       more rows, so each user's stream slows: with a budget of 256 or more, TPOT p50 roughly
-      doubles from 16 to 64 slots. On a GPU more slots also means more KV memory (section 6),
+      doubles from 16 to 64 slots. On a GPU more slots also means more KV memory (section 7),
       which is what finally caps it.
     * **`max_num_batched_tokens`**: a small budget chops long prompts into chunks spread over
       many steps, so a newcomer's first token comes later (higher TTFT), but no single step is
@@ -393,7 +432,96 @@ CELLS = [
     viz.compare_timelines(settings)
     """),
     ("md", """
-    ## 5. Measured on the real model
+    ## 5. Is the cost model right? Calibrate it
+
+    Every number in section 4 came from a cost model someone made up: 1 unit per step, 0.05 per
+    running request, 1/64 per prompt token. A conclusion drawn from a made-up model is only as
+    good as the model, so measure what a step really costs. `minicb.calibrate` runs the real
+    engine through steps of known shapes (1 to 48 decode rows, short and long contexts, a 64- or
+    256-token prompt joining) and fits four terms by least squares:
+
+    > step time = overhead + *a* × prompt tokens + *b* × decode rows + *c* × keys the decode rows read
+
+    The last term is new: a decode row reads every key its request has cached, so attention's
+    cost grows with the context, not only with the batch. On your machine (wall-clock, so these
+    numbers are yours):
+    """),
+    ("code", """
+    # NBVAL_IGNORE_OUTPUT
+    import math
+
+    from minicb.calibrate import A100_LLAMA2_7B, REFERENCE_CPU, calibrate
+    from minicb.sim import serve_at_rates
+
+    fit = calibrate(repeats=5)          # about ten seconds of real steps, 24 shapes
+    print(viz.format_table(fit.table()))
+    c = fit.cost
+    print(f"this machine: {c.step_overhead * 1e3:.2f} ms per step + {c.prefill_token * 1e6:.0f} us per prompt token + "
+          f"{c.decode_seq * 1e3:.3f} ms per decode row + {c.context_token * 1e6:.2f} us per key read "
+          f"(R^2 {fit.r2:.3f}, worst error {fit.worst_error:.0%})")
+    """),
+    ("md", """
+    The rest of the section uses two fixed calibrations, so its numbers are the same on every run:
+    `REFERENCE_CPU`, the same measurement on this book's 2-core CPU
+    (`python -m minicb bench calibrate`, results in `benchmarks/results/calibration.json`), and
+    `A100_LLAMA2_7B`, the four terms solved from lmdeploy's published benchmark of Llama-2-7B in
+    fp16 on an A100-80GB (batch 1 against batch 64 at short context, batch 16 at long context,
+    the first token after 128 and 2,048 prompt tokens; the derivation is in
+    `minicb/calibrate.py`). Pass `cost=fit.cost` instead to redo it all for your machine. First,
+    what each model says a few typical steps cost, as multiples of one decode step of one request:
+    """),
+    ("code", """
+    caricature = CostModel(step_overhead=1.0, decode_seq=0.05, prefill_token=1 / 64)
+    models = {"section 4's caricature": caricature, "this book's CPU (measured)": REFERENCE_CPU,
+              "A100 + Llama-2-7B (published)": A100_LLAMA2_7B}
+    shapes = {"1 decode": (0, 1, 256), "16 decodes": (0, 16, 16 * 256), "64 decodes": (0, 64, 64 * 256),
+              "64 decodes, 4x context": (0, 64, 64 * 1024), "512-token prompt": (512, 0, 0)}
+    table = []
+    for name, model in models.items():
+        one = model.step_time(*shapes["1 decode"])
+        row = {"cost model": name, "1 decode step": f"{one * 1e3:.1f} ms" if model.unit == "s" else f"{one:g} unit"}
+        row.update({shape: f"{model.step_time(*args) / one:.1f}x" for shape, args in shapes.items() if shape != "1 decode"})
+        table.append(row)
+    print(viz.format_table(table))
+    """),
+    ("md", """
+    (Every decode row here has 256 keys cached; "4x context" gives each 1,024.) The three disagree
+    where it matters. On the A100, 64 decodes cost 1.6 times one: the weights are read once per
+    step whoever is in it, so a bigger batch rides almost free, which is the premise of this whole
+    book. On this CPU, 64 decodes cost about 6 times one: a CPU has little bandwidth *and* little
+    arithmetic, so at 64 rows the matrix products, not the weight reads, fill the step (a CPU's
+    ridge point is a few FLOP per byte; an A100's is about 150). The made-up model sat in between.
+    Long contexts cost the GPU more (every key is read from memory: 64 rows of 1,024 keys add a
+    third of a step on the A100) and the CPU less, relative to its already expensive rows. A
+    512-token prompt costs about 4 decode steps on the A100 and 20 on this CPU.
+
+    Now section 4's sweep again under both, each at 70% of its own capacity (the rate at which
+    the 64-slot, 2,048-token setting serves the 200 requests when they all arrive at once), so both
+    machines are equally busy:
+    """),
+    ("code", """
+    def sweep(cost):
+        base = long_tail(200, seed=0)
+        capacity = serve_at_rates(base, [math.inf], cost=cost, max_num_seqs=64,
+                                  max_num_batched_tokens=2048)[0]["requests_per_unit"]
+        timed = base.with_arrivals(poisson_arrivals(len(base), 0.7 * capacity, seed=1))
+        rows = viz.knob_sweep(timed, max_num_seqs=[4, 16, 64], max_num_batched_tokens=[64, 256, 2048], cost=cost)
+        return capacity, [{"max_num_seqs": r["max_num_seqs"], "max_num_batched_tokens": r["max_num_batched_tokens"],
+                           "tokens/s": r["tokens_per_unit"], "TTFT p95 ms": r["ttft_p95"] * 1e3,
+                           "TPOT p50 ms": r["tpot_p50"] * 1e3, "ITL p99 ms": r["itl_p99"] * 1e3} for r in rows]
+
+
+    for name in ["this book's CPU (measured)", "A100 + Llama-2-7B (published)"]:
+        capacity, rows = sweep(models[name])
+        print(f"{name}: capacity {capacity:.1f} requests/s, traffic at {0.7 * capacity:.1f}")
+        print(viz.format_table(rows, digits=1))
+        print()
+    """),
+    ("md", """
+    CALIBRATION-CONCLUSIONS
+    """),
+    ("md", """
+    ## 6. Measured on the real model
 
     The same twelve requests (prompts of 24 tokens, answers of 2 to 48 tokens, mostly short)
     through the naive, static and continuous engines with four slots:
@@ -428,7 +556,7 @@ CELLS = [
     latency on GPUs; Anyscale's 2023 benchmark measured up to 23× the throughput of static
     batching with vLLM, and about 8× with continuous batching alone, without paging.)
 
-    ## 6. The memory problem
+    ## 7. The memory problem
 
     Continuous batching makes memory the limit. Requests come and go every step and grow by one
     token per step, and nobody knows in advance how long an answer will be. The simplest answer,
@@ -452,15 +580,57 @@ CELLS = [
     measured the same in real systems: only 20.4–38.2 % of KV memory held token states. Handing
     memory out in small blocks as sequences grow fixes it; that is paged attention, chapter 04.
 
+    Note what this does *not* say: continuous batching does not need paging. Orca, which
+    introduced iteration-level scheduling, had no paged cache; it reserved each request's maximum
+    length up front, as the contiguous manager does above, and the scheduler in this chapter runs
+    unchanged on either manager. What paging adds is memory efficiency: a request holds only the
+    blocks its tokens fill, so the same pool holds more requests, and the continuous scheduler
+    has more requests to keep its slots busy with. The two ideas multiply; neither requires the
+    other.
+
     ## Pause and recall
 
     1. Name the four things the scheduler does every step, in order.
+    <details><summary>Answer</summary>
+
+    Remove the requests that finished (free their slots and KV), admit waiting requests into the
+    free slots and token budget (prefill or a prefill chunk), build one packed batch of everyone's
+    tokens, run one model step and append each request's new token.
+    </details>
+
     2. In the worked example, at which step do E and F enter, and why not earlier or later?
+    <details><summary>Answer</summary>
+
+    At step 5. A and B (4 tokens each) finish at step 4, so their slots are free at the very next
+    step; before that all four slots are busy, and waiting longer would only leave slots empty.
+    </details>
+
     3. Why does a continuous batch not need padding, and what does the attention kernel need to
        know instead?
+    <details><summary>Answer</summary>
+
+    Its rows are packed back to back, each with only its real tokens, so there is no rectangle to
+    fill. The kernel needs each request's segment (`cu_seqlens_q`), each token's position in its
+    own sequence (`positions`), how many keys each request has (`seq_lens`) and where its keys
+    live (`slot_mapping` / block tables).
+    </details>
+
     4. You raise `max_num_batched_tokens` from 256 to 4096. Which metric improves and which gets
        worse?
+    <details><summary>Answer</summary>
+
+    Time to first token improves (a long prompt is prefilled in one step instead of many chunks),
+    and throughput rises a little; the inter-token latency of the requests already decoding gets
+    worse (ITL p99), because a step that carries a big prefill is slow for everyone in it.
+    </details>
+
     5. Why does reserving `max_model_len` per request limit how many requests can run at once?
+    <details><summary>Answer</summary>
+
+    The pool holds pool size / `max_model_len` reservations whatever the answers' real lengths,
+    so with short answers most reserved slots stay empty while new requests wait for a
+    reservation: in section 7, 8 requests ran while 24 of 32 slots sat idle.
+    </details>
 
     ## Interview questions
 
@@ -494,6 +664,15 @@ CELLS = [
     and offline jobs weigh those differently, so the best setting for one is wrong for another.
     Pick the objective (and the SLOs) first, then tune.
     *A common wrong answer:* "one scheduler configuration is best for all traffic."
+
+    ## Sketch it from memory
+
+    Close the notebook and draw, on paper: the per-step loop (four boxes and the arrows between
+    them); the worked example's continuous schedule as a grid of four slots by ten steps, with A
+    to F in their cells; one packed batch of two decodes and a 3-token prefill with its
+    `cu_seqlens_q`, `positions` and `seq_lens`; and the curve of TTFT against
+    `max_num_batched_tokens`. Then reopen it and check each against sections 1 to 4. Whatever you
+    could not draw is what to reread.
 
     ## Exercise
 

@@ -44,7 +44,7 @@ CELLS = [
     from minicb.serving.async_engine import AsyncLLMEngine
     from minicb.bench.load_study import QUICK, StudyConfig, format_rows, run_study
     from minicb.bench.machine import machine_line
-    from minicb.bench.load_study import plot as plot_study
+    from minicb.calibrate import A100_LLAMA2_7B, REFERENCE_CPU
     from minicb.serving.server import ServerThread, build_app
     from minicb.sim import CostModel, simulate
     from minicb.sim import serve_at_rates
@@ -302,7 +302,7 @@ CELLS = [
     """),
     ("code", """
     # NBVAL_IGNORE_OUTPUT
-    plot_study(rows)
+    viz.load_study_plot(rows, title="the quick load study: each line a server, each point an offered load")
     """),
     ("md", """
     How to read it (the committed numbers come from a shared 2-core CPU, so compare the
@@ -352,7 +352,34 @@ CELLS = [
     curve, and the way to stay there is capacity (more replicas) or admission control (turning
     excess requests away fast, with a 503), not a bigger batch.
 
-    ## 5. Tuning for a product: chat versus an offline batch job
+    **Does the collapse survive a real cost model?** The numbers above come from chapter 03's
+    made-up cost model. Chapter 03 section 5 calibrated two real ones: this book's CPU (measured)
+    and an A100 serving Llama-2-7B (from published measurements). The same experiment under each,
+    with every rate a multiple of that machine's own capacity (requests per second when all 200
+    arrive at once) and SLOs in that machine's own time: first token within 100 decode steps of
+    one request, then at most 5 such steps per token. On the A100 that is TTFT ≤ 1 s and
+    TPOT ≤ 50 ms, a common chat target.
+
+    """),
+    ("code", """
+    fractions = [0.5, 1.0, 1.25, 1.5, 2.0, 3.0]
+    for name, model in [("this book's CPU (measured)", REFERENCE_CPU), ("A100 + Llama-2-7B (published)", A100_LLAMA2_7B)]:
+        one = model.step_time(0, 1, 64)                      # one decode step of one request
+        knobs = dict(max_num_seqs=32, max_num_batched_tokens=512)
+        capacity = serve_at_rates(traffic, [math.inf], cost=model, **knobs)[0]["requests_per_unit"]
+        hw_slo = dict(slo_ttft=100 * one, slo_tpot=5 * one)
+        rows_hw = serve_at_rates(traffic, [f * capacity for f in fractions], cost=model, **knobs, **hw_slo)
+        print(f"{name}: capacity {capacity:.1f} requests/s; SLO: TTFT <= {hw_slo['slo_ttft'] * 1e3:.0f} ms, "
+              f"TPOT <= {hw_slo['slo_tpot'] * 1e3:.1f} ms")
+        print(viz.format_table([{"offered (x capacity)": f, "served /s": r["requests_per_unit"], "goodput /s": r["goodput"],
+                                 "within SLO": f"{r['slo_share']:.0%}", "TTFT p95 ms": r["ttft_p95"] * 1e3,
+                                 "TPOT p95 ms": r["tpot_p95"] * 1e3} for f, r in zip(fractions, rows_hw)], digits=1))
+        print()
+    """),
+    ("md", """
+    GOODPUT-CONCLUSIONS
+
+    ## 6. Tuning for a product: chat versus an offline batch job
 
     The same knobs, two objectives. A **chat product** lives by its SLOs at its expected load
     (here 0.12 requests per unit). An **offline batch job** (summarising a million documents
@@ -393,12 +420,48 @@ CELLS = [
     ## Pause and recall
 
     1. Why does the async engine run each step in a worker thread?
+    <details><summary>Answer</summary>
+
+    A step is seconds of blocking computation from the event loop's point of view; run on the
+    loop, it would freeze every connection (no new requests accepted, no tokens streamed, no
+    disconnects noticed) for its whole duration. In a worker thread, the loop keeps serving HTTP
+    while the model computes, and hands arrivals and aborts to the engine between steps.
+    </details>
+
     2. What does `stream=True` change for the user, and what does it not change?
+    <details><summary>Answer</summary>
+
+    The user sees the first token after TTFT and reads the rest as it is produced, and can stop
+    early (which frees the request's KV blocks). It does not make generation faster: the last
+    token arrives when it would have anyway.
+    </details>
+
     3. Why must a load test send requests at their own arrival times rather than one after the
        previous one's answer?
+    <details><summary>Answer</summary>
+
+    A closed loop sends less when the server slows down, so it never builds the queue that real
+    users build, and it reports latencies far better than real traffic would meet. Timed
+    (open-loop) arrivals keep coming whatever the server does, which is what users do.
+    </details>
+
     4. Define goodput. Why can it fall while throughput rises?
+    <details><summary>Answer</summary>
+
+    The requests per second that met every latency target (TTFT and TPOT). Past capacity, more
+    load still adds tokens per second, but it lengthens every step and the queue, so more and more
+    requests miss a target and stop counting.
+    </details>
+
     5. Which knob would you turn up for an overnight batch job, and why would the same setting
        not help a chat product at its expected load?
+    <details><summary>Answer</summary>
+
+    `max_num_seqs` (and the token budget): with everything queued at once, more slots mean bigger
+    batches and a shorter total time. At a chat product's expected load only a few requests are
+    in flight at once, so extra slots sit empty and change nothing, while a large token budget
+    makes a long prompt stall everyone's stream.
+    </details>
 
     ## Interview questions
 

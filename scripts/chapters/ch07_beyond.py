@@ -42,14 +42,14 @@ CELLS = [
     import torch
     from IPython.display import Markdown
 
-    from minicb import viz
+    from minicb import LLM, SamplingParams, viz
     from minicb.bench import policies as bench_policies
     from minicb.bench.prefix import run_once, shared_prefix_prompts
     from minicb.model.default import default_model_path
     from minicb.metrics import summarize
     from minicb.sim import CostModel, simulate
     from minicb.viz import step_costs
-    from minicb.workload import Workload, WorkloadRequest, long_tail
+    from minicb.workload import Workload, WorkloadRequest, chat, long_tail
 
     torch.manual_seed(0)
     # the default model is tiny: one thread is about as fast as several and keeps timings steady
@@ -221,11 +221,57 @@ CELLS = [
     them every step. `python -m minicb bench overhead` measures it next to the model's step.
 
     The same fixed cost hides inside the model's step: every operation pays for its dispatch
-    whatever its size. On a 2-core CPU, a one-row decode step of the default model runs about 200
-    operations in ~5 ms, of which well under a millisecond is arithmetic; minicb's CPU attention
-    kernel, its one-call RMSNorm and its three-operation RoPE exist to cut that count. On a GPU the
-    cost per operation is a kernel launch, and the cure is the first item below.
+    whatever its size. On a 2-core CPU, a one-row decode step of the default model takes about
+    2.5 ms on one thread: its 17 matrix products read the 20 MB of weights (about 1.5 ms, the
+    memory-bound floor at this machine's bandwidth), and about a hundred small operations of a
+    few microseconds each take most of the rest. On a GPU the cost per operation is a kernel
+    launch, and the cure is the first item of section 5, CUDA graphs: record the step once,
+    replay it with one call.
 
+    **The CPU analogue, measured.** Three ways to cut the per-step cost on a CPU were tried on
+    this book's 2-core machine, and kept only where they won:
+
+    * *Fewer, larger operations.* At load time minicb concatenates each layer's q, k and v weights
+      into one matrix, and gate and up into another (vLLM does the same), so a layer runs 4
+      matrix products instead of 7; the separate weights become views of the fused ones, so no
+      memory is added. Measured on the chat workload, fused against separate in one process,
+      alternating: about 2% faster on one thread, no difference on two. Kept: it never loses.
+    * *Compiling the step* (`torch.compile` with inductor, as vLLM's CPU backend does) is the
+      closest thing to a CUDA graph a CPU has: the small operations between matrix products are
+      fused into generated C++ loops. Compiling each layer's MLP and norms made a one-row step
+      slower (2.3 → 3.0 ms: the compiled functions' guards cost more than the operations they
+      replaced), and compiling the whole model recompiled at every change of the attention
+      metadata. Not kept; making it pay needs the attention call registered as an opaque custom
+      operation and the batch shapes bucketed, as vLLM does.
+    * *Threads that fit the machine.* Not a fixed cost but the largest effect of the three: with
+      another program busy on one of the two cores, two torch threads spin at every operation's
+      barrier waiting for the thread that shares the busy core, and throughput fell by about
+      70%. minicb's engine now reads, every quarter second, how much CPU other programs use
+      (`/proc/stat` minus its own time) and runs each step on the cores left free
+      (`minicb/threads.py`); the same test then loses about 20%
+      (`python -m minicb bench neighbour`, `benchmarks/README.md`).
+
+    What is left per step is the weights' read and the arithmetic, which is where a decode step
+    should spend its time. Here is the fusion's effect on your machine:
+    """),
+    ("code", """
+    # NBVAL_IGNORE_OUTPUT
+    llm = LLM(max_num_seqs=32)
+    layers = llm.llm_engine.model.model.layers
+    fused = [(layer.self_attn.qkv_proj, layer.mlp.gate_up_proj) for layer in layers]
+    prompts = chat(32, seed=0).prompt_token_ids(llm.llm_engine.vocab_size, seed=0)
+    params = SamplingParams(max_tokens=48, temperature=0, ignore_eos=True)
+    timings = {"fused": [], "separate": []}
+    for repeat in range(3):
+        for mode in timings:
+            for layer, (qkv, gate_up) in zip(layers, fused):
+                layer.self_attn.qkv_proj, layer.mlp.gate_up_proj = (qkv, gate_up) if mode == "fused" else (None, None)
+            start = time.perf_counter()
+            llm.generate(prompts, params, use_tqdm=False)
+            timings[mode].append(time.perf_counter() - start)
+    for mode, seconds in timings.items():
+        print(f"{mode:>8} projections: {32 * 48 / min(seconds):6.0f} output tokens/s (best of 3)")
+    """),
     ## 5. What production engines add
 
     minicb stops where the ideas of this book stop. Production engines (vLLM, SGLang, TensorRT-LLM)
@@ -288,11 +334,49 @@ CELLS = [
 
     1. Why does one long prefill hurt requests that are only decoding? Which knob fixes it, and
        what does it cost the long request?
+    <details><summary>Answer</summary>
+
+    Everyone in a step waits for the whole step, and a step that carries thousands of prompt
+    tokens takes many times a decode step, so every running stream stutters. A token budget
+    (`max_num_batched_tokens`, with chunked prefill) or a cap on prompt tokens per step
+    (`max_prefill_tokens_per_step`) splits the prompt over several steps; the long request pays
+    with a later first token.
+    </details>
+
     2. Why does prefill-first with a small budget stall decodes, and decode-first not?
+    <details><summary>Answer</summary>
+
+    Prefill-first hands the budget to waiting prompts before the running requests; when the
+    prompts fill it, the running requests get no token that step. Decode-first gives every running
+    request its one token first and lets prompts fill only what is left, so decodes never wait.
+    </details>
+
     3. What names a cached block, and why must the name include every token before the block?
+    <details><summary>Answer</summary>
+
+    A hash of the block's tokens chained with the hash of the block before it. A block's keys
+    and values depend on every earlier token (attention saw them all), so the same 16 tokens after
+    a different prefix have different K and V and must not match.
+    </details>
+
     4. Shortest prompt first lowers median TTFT. What does it do to the longest wait, and which
        knob bounds it?
+    <details><summary>Answer</summary>
+
+    It lengthens it: a long prompt can be passed over again and again while shorter ones keep
+    arriving (starvation). Ageing bounds it: `max_wait_steps` moves a request that has waited
+    that many steps to the front.
+    </details>
+
     5. Why does speculative decoding leave the output distribution unchanged?
+    <details><summary>Answer</summary>
+
+    The large model scores every drafted token, and each is accepted with probability
+    min(1, p_large / p_draft); on a rejection the token is resampled from the normalised
+    difference max(0, p_large − p_draft). That rule makes every emitted token distributed
+    exactly as the large model alone would have sampled it; the drafter only changes how many
+    tokens each large-model pass yields.
+    </details>
 
     ## Interview questions
 

@@ -1,0 +1,103 @@
+"""vLLM's CPU build as a peer in `python -m minicb bench offline --peers vllm`.
+
+vLLM lives in its own environment (`make peer-vllm` builds `.venv-vllm`): it pins its own torch
+and would not share minicb's. So the benchmark writes the workload (the same token-id prompts,
+output lengths and checkpoint every other system gets) to a file, runs `vllm_driver.py` under
+`scripts/vllm_python` (`.venv-vllm`'s python with tcmalloc and vLLM's OpenMP preloaded), and
+reads back vLLM's tokens and each token's time, which become a `SystemRun` like any other:
+the same table, the same greedy-agreement check against transformers.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from minicb.bench.peers import SystemRun, request_metrics
+
+ROOT = Path(__file__).resolve().parents[2]
+DRIVER = Path(__file__).with_name("vllm_driver.py")
+LAUNCHER = ROOT / "scripts" / "vllm_python"
+# what vLLM ran best with on a 2-core CPU (benchmarks/vllm.md): its default scheduler limits,
+# compiled model (its default), 1 GiB of KV cache, which holds the whole workload
+DEFAULT_SETTINGS = {"max_num_seqs": 64, "dtype": "float32", "kv_cache_gib": 1}
+
+
+class VLLMUnavailable(RuntimeError):
+    pass
+
+
+def venv_dir() -> Path:
+    return Path(os.environ.get("MINICB_VLLM_VENV") or ROOT / ".venv-vllm")
+
+
+def check_available() -> None:
+    """Raise VLLMUnavailable, naming the fix, unless vLLM's environment is built."""
+    python = venv_dir() / "bin" / "python"
+    if not python.exists():
+        raise VLLMUnavailable(f"vLLM's environment {venv_dir()} does not exist; build it with "
+                              "`make peer-vllm` (about 5 minutes, needs the package index).")
+    if not LAUNCHER.exists():
+        raise VLLMUnavailable(f"{LAUNCHER} is missing; vLLM runs only from a source checkout "
+                              "of minicb (the launcher lives in scripts/).")
+
+
+def driver_request(model_path: str, prompts: list[list[int]], output_lens: list[int],
+                   max_model_len: int, settings: dict | None = None) -> dict:
+    """The JSON the driver reads: one workload, one set of engine settings."""
+    if len(prompts) != len(output_lens):
+        raise ValueError(f"{len(prompts)} prompts but {len(output_lens)} output lengths")
+    merged = {**DEFAULT_SETTINGS, "max_model_len": max_model_len, **(settings or {})}
+    return {"model": str(model_path), "prompts": [list(map(int, p)) for p in prompts],
+            "output_lens": [int(n) for n in output_lens], "settings": merged}
+
+
+def command(request_file: Path, result_file: Path) -> list[str]:
+    return [str(LAUNCHER), str(DRIVER), str(request_file), str(result_file)]
+
+
+def parse_result(result: dict, prompts: list[list[int]], output_lens: list[int]) -> SystemRun:
+    """vLLM's result as a SystemRun (token ids, and per-request metrics from token times)."""
+    outputs, token_times = result["outputs"], result["token_times"]
+    if len(outputs) != len(prompts) or any(o is None for o in outputs):
+        missing = [i for i, o in enumerate(outputs) if o is None]
+        raise RuntimeError(f"vLLM finished {len(prompts) - len(missing)} of {len(prompts)} "
+                           f"requests (missing {missing[:5]}).")
+    for index, (tokens, wanted) in enumerate(zip(outputs, output_lens)):
+        if len(tokens) != wanted:
+            raise RuntimeError(f"vLLM returned {len(tokens)} tokens for request {index}, not "
+                               f"{wanted}: the systems would not be doing the same work.")
+    metrics = [request_metrics(result["arrival"], times, finished, len(prompt))
+               for times, finished, prompt in zip(token_times, result["finished"], prompts)]
+    settings = {"vllm_version": result["vllm_version"], **result["settings"],
+                "startup_s": result["startup_s"]}
+    return SystemRun(outputs, metrics, settings, cpu_seconds=result.get("cpu_seconds", math.nan))
+
+
+def run_vllm(model_path: str, prompts: list[list[int]], output_lens: list[int],
+             max_model_len: int, settings: dict | None = None, timeout: float = 3600) -> SystemRun:
+    """Serve the workload with vLLM in its own environment; return what it produced."""
+    check_available()
+    request = driver_request(model_path, prompts, output_lens, max_model_len, settings)
+    with tempfile.TemporaryDirectory(prefix="minicb-vllm-") as work:
+        request_file, result_file = Path(work) / "request.json", Path(work) / "result.json"
+        request_file.write_text(json.dumps(request))
+        done = subprocess.run(command(request_file, result_file), capture_output=True, text=True,
+                              timeout=timeout)
+        if done.returncode != 0 or not result_file.exists():
+            tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-15:])
+            raise RuntimeError(f"vLLM's run failed (exit {done.returncode}):\n{tail}")
+        result = json.loads(result_file.read_text())
+    # vLLM computes in a separate engine process that outlives no measurement window of ours, so
+    # its CPU time is not known: its tokens per CPU second are left blank (NaN)
+    return parse_result(result, prompts, output_lens)
+
+
+if __name__ == "__main__":
+    check_available()
+    print("vLLM environment:", venv_dir(), file=sys.stderr)

@@ -1,0 +1,136 @@
+"""vLLM as a measured peer: the hand-over to its own environment and back, without vLLM, and
+for real where `make peer-vllm` has built it."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import types
+
+import pytest
+
+from minicb.bench import vllm_peer
+from minicb.bench.vllm_peer import VLLMUnavailable, driver_request, parse_result
+
+
+def load_driver():
+    spec = importlib.util.spec_from_file_location("vllm_driver", vllm_peer.DRIVER)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_request_carries_the_same_workload_and_merged_settings():
+    request = driver_request("/models/x", [[1, 2, 3], [4]], [5, 2], 512, {"max_num_seqs": 8})
+    assert request["prompts"] == [[1, 2, 3], [4]] and request["output_lens"] == [5, 2]
+    assert request["settings"]["max_num_seqs"] == 8             # the caller's knob wins
+    assert request["settings"]["max_model_len"] == 512
+    assert request["settings"]["dtype"] == "float32"            # the default stays
+    json.dumps(request)                                         # all plain JSON
+    with pytest.raises(ValueError, match="2 prompts but 1 output"):
+        driver_request("/models/x", [[1], [2]], [3], 512)
+
+
+def test_missing_environment_names_the_fix(tmp_path, monkeypatch):
+    monkeypatch.setenv("MINICB_VLLM_VENV", str(tmp_path / "nowhere"))
+    with pytest.raises(VLLMUnavailable, match="make peer-vllm"):
+        vllm_peer.check_available()
+    from minicb.bench import offline
+
+    with pytest.raises(VLLMUnavailable, match="make peer-vllm"):   # before any system runs
+        offline.main(["--num-prompts", "2", "--systems", "continuous-paged", "--peers", "vllm",
+                      "--out-dir", str(tmp_path)])
+
+
+def result_for(outputs, times):
+    return {"vllm_version": "0.0-test", "settings": {"max_num_seqs": 4}, "startup_s": 1.0,
+            "wall_s": 2.0, "arrival": 100.0, "outputs": outputs, "token_times": times,
+            "finished": [t[-1] if t else None for t in times]}
+
+
+def test_parse_result_checks_the_work_and_times_each_token():
+    run = parse_result(result_for([[7, 8, 9], [5]], [[100.5, 100.6, 100.7], [100.2]]),
+                       [[1, 2], [3]], [3, 1])
+    assert run.outputs == [[7, 8, 9], [5]]
+    assert run.metrics[0].ttft == pytest.approx(0.5)
+    assert run.metrics[0].tpot == pytest.approx(0.1)
+    assert run.settings["vllm_version"] == "0.0-test"
+    with pytest.raises(RuntimeError, match="2 tokens for request 0, not 3"):
+        parse_result(result_for([[7, 8], [5]], [[100.5, 100.6], [100.2]]), [[1], [3]], [3, 1])
+    with pytest.raises(RuntimeError, match="finished 1 of 2"):
+        parse_result(result_for([[7, 8, 9], None], [[100.5, 100.6, 100.7], []]), [[1], [3]],
+                     [3, 1])
+
+
+class FakeOutput:
+    def __init__(self, request_id, token_ids, finished):
+        self.request_id, self.finished = request_id, finished
+        self.outputs = [types.SimpleNamespace(token_ids=token_ids)]
+
+
+class FakeEngine:
+    """Steps like vLLM's engine: every unfinished request gains one token per step, outputs are
+    cumulative, a request is reported finished when it has max_tokens."""
+
+    def __init__(self):
+        self.requests = {}
+
+    def add_request(self, request_id, prompt, params):
+        self.requests[request_id] = (prompt["prompt_token_ids"], params.max_tokens, [])
+
+    def has_unfinished_requests(self):
+        return any(len(done) < wanted for _, wanted, done in self.requests.values())
+
+    def step(self):
+        outs = []
+        for request_id, (prompt, wanted, done) in self.requests.items():
+            if len(done) < wanted:
+                done.append(prompt[0] + len(done))
+                outs.append(FakeOutput(request_id, list(done), len(done) == wanted))
+        return outs
+
+
+def test_driver_collects_every_token_and_its_time(monkeypatch):
+    fake = types.ModuleType("vllm")
+    fake.__version__ = "fake"
+    fake.SamplingParams = lambda **kw: types.SimpleNamespace(**kw)
+
+    class LLM:
+        def __init__(self, **kwargs):
+            self.kwargs, self.llm_engine = kwargs, FakeEngine()
+
+        def generate(self, prompts, params, use_tqdm=False):
+            return []
+
+    fake.LLM = LLM
+    monkeypatch.setitem(sys.modules, "vllm", fake)
+    driver = load_driver()
+    request = driver_request("/m", [[10, 1], [20], [30, 3, 3]], [3, 1, 2], 64)
+    result = driver.run(request)
+    assert result["outputs"] == [[10, 11, 12], [20], [30, 31]]
+    assert [len(t) for t in result["token_times"]] == [3, 1, 2]
+    assert all(t == sorted(t) for t in result["token_times"])
+    assert result["finished"][1] <= result["finished"][0]      # the 1-token request ends first
+    run = parse_result(result, request["prompts"], request["output_lens"])
+    assert run.outputs == result["outputs"]
+
+
+def test_driver_refuses_to_run_without_arguments(capsys):
+    assert load_driver().main([]) == 2
+
+
+needs_vllm = pytest.mark.skipif(not (vllm_peer.venv_dir() / ".installed").exists(),
+                                reason="vLLM's environment is not built (make peer-vllm); the "
+                                       "tests above cover the hand-over")
+
+
+@needs_vllm
+def test_vllm_agrees_with_transformers_on_the_default_model():
+    from minicb import default_model_path
+    from tests.reference import hf_greedy
+
+    prompts = [[5, 6, 7, 8, 9], [100, 200, 300]]
+    run = vllm_peer.run_vllm(str(default_model_path()), prompts, [6, 4], 64)
+    references = hf_greedy(str(default_model_path()), prompts, [6, 4])
+    assert run.outputs == [r.token_ids for r in references]
