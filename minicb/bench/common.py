@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import inspect
 import json
+import math
 import tempfile
 import threading
 import time
@@ -211,10 +212,14 @@ def _jsonable(value):
 
 
 def format_table(rows: list[dict], columns: list[tuple[str, str, str]]) -> str:
-    """A plain-text table. columns: (key, header, format spec); missing values print as '-'."""
+    """A plain-text table. columns: (key, header, format spec); missing values (None, NaN) print
+    as '-'."""
+    def missing(value) -> bool:
+        return value is None or (isinstance(value, float) and math.isnan(value))
+
     cells = [[header for _, header, _ in columns]]
     for row in rows:
-        cells.append(["-" if row.get(key) is None else format(row[key], spec) for key, _, spec
+        cells.append(["-" if missing(row.get(key)) else format(row[key], spec) for key, _, spec
                       in columns])
     widths = [max(len(r[i]) for r in cells) for i in range(len(columns))]
     lines = ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths)))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -57,8 +58,8 @@ def driver_request(model_path: str, prompts: list[list[int]], output_lens: list[
             "output_lens": [int(n) for n in output_lens], "settings": merged}
 
 
-def command(request_file: Path, result_file: Path) -> list[str]:
-    return [str(LAUNCHER), str(DRIVER), str(request_file), str(result_file)]
+def command(driver: Path, request_file: Path, result_file: Path) -> list[str]:
+    return [str(LAUNCHER), str(driver), str(request_file), str(result_file)]
 
 
 def parse_result(result: dict, prompts: list[list[int]], output_lens: list[int]) -> SystemRun:
@@ -87,8 +88,13 @@ def run_vllm(model_path: str, prompts: list[list[int]], output_lens: list[int],
     with tempfile.TemporaryDirectory(prefix="minicb-vllm-") as work:
         request_file, result_file = Path(work) / "request.json", Path(work) / "result.json"
         request_file.write_text(json.dumps(request))
-        done = subprocess.run(command(request_file, result_file), capture_output=True, text=True,
-                              timeout=timeout)
+        # run a copy from the scratch directory: python puts the script's own directory first on
+        # the path, and minicb/bench/kernels.py would then shadow the `kernels` package that
+        # vLLM's transformers looks for
+        driver = Path(work) / DRIVER.name
+        shutil.copy(DRIVER, driver)
+        done = subprocess.run(command(driver, request_file, result_file), capture_output=True,
+                              text=True, timeout=timeout)
         if done.returncode != 0 or not result_file.exists():
             tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-15:])
             raise RuntimeError(f"vLLM's run failed (exit {done.returncode}):\n{tail}")
