@@ -272,6 +272,7 @@ CELLS = [
     for mode, seconds in timings.items():
         print(f"{mode:>8} projections: {32 * 48 / min(seconds):6.0f} output tokens/s (best of 3)")
     """),
+    ("md", """
     ## 5. What production engines add
 
     minicb stops where the ideas of this book stop. Production engines (vLLM, SGLang, TensorRT-LLM)
