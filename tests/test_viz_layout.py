@@ -63,3 +63,38 @@ def test_load_study_plot_reads_like_the_other_trade_offs():
     # each scheduler's points joined in order of offered load
     line = {line.get_label(): line for line in ax.get_lines()}["scheduler=continuous"]
     assert list(line.get_xdata()) == [61.0, 680.0]
+
+
+def test_length_spread_shows_the_answers_that_ended_apart_from_the_cap():
+    lengths = [3, 5, 9, 40, 120, 256, 256, 256]
+    fig = viz.length_spread(lengths, cap=256)
+    hist, bars = fig.axes[0], fig.axes[1]
+    counted = sum(p.get_height() for p in hist.patches)
+    assert counted == 5                                     # the cut answers are not in it
+    assert hist.get_xscale() == "log"
+    assert [p.get_height() for p in bars.patches] == [5, 3]
+    assert [t.get_text() for t in bars.get_xticklabels()] == ["ended", "cut at 256"]
+    import pytest
+
+    with pytest.raises(ValueError, match="no answer ended"):
+        viz.length_spread([256, 256], cap=256)
+
+
+def test_short_named_requests_keep_their_labels_on_a_long_schedule():
+    from minicb.workload import fixed
+
+    spread = fixed("6/50/300 and three waiting", [8] * 6, [6, 50, 300, 6, 6, 6])
+    wide = simulate(spread, scheduler="static", max_num_seqs=3)
+    names = dict(zip("012345", "ABCDEF"))
+    fig = viz.slot_timeline(wide, names=names)
+    labels = sorted(t.get_text() for ax in fig.axes for t in ax.texts)
+    assert labels == list("ABCDEF")
+
+
+def test_kv_usage_legend_stays_off_the_pool_line():
+    pool = dict(max_num_seqs=8, max_model_len=128, block_size=16, num_kv_blocks=32)
+    run = simulate(chat(16, seed=0), kv_cache="contiguous", record_blocks=True, **pool)
+    fig = viz.kv_usage_timeline(run)
+    ax = fig.axes[0]
+    assert ax.get_legend() is None and len(fig.legends) == 1        # outside the axes
+    assert ax.get_ylim()[1] > 32 * 16                                # room above the pool line

@@ -39,13 +39,13 @@ from minicb.bench.common import (
     write_results,
 )
 from minicb.bench.machine import describe, machine_info
-from minicb.bench.offline import ENGINE_FLAGS, SYSTEMS, load_hf_model, run_system
+from minicb.bench.offline import ENGINE_FLAGS, PEERS, SYSTEMS, load_hf_model, run_system
 from minicb.config import EngineConfig
 from minicb.metrics import summarize
 from minicb.threads import usable_cores
 
 VARIANTS = {"continuous-paged-all-cores": "continuous-paged"}
-ALL_SYSTEMS = [*SYSTEMS, *VARIANTS]
+ALL_SYSTEMS = [*SYSTEMS, *VARIANTS, *PEERS]
 OURS = ("naive", "static", "continuous-contiguous", "continuous-paged")
 # the busy loop: spins until told to stop or until its deadline, whichever comes first
 BUSY_LOOP = "import sys, time\nend = time.time() + float(sys.argv[1])\nwhile time.time() < end:\n" \
@@ -153,6 +153,10 @@ def summarize_runs(runs: list[dict], systems: list[str]) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv or [])
+    if "vllm" in args.systems:
+        from minicb.bench.vllm_peer import check_available
+
+        check_available()
     threads = torch.get_num_threads()
     model_path, model_label = resolve_model(args.model, args.random_model, args.dtype)
     config = json.loads((Path(model_path) / "config.json").read_text())

@@ -185,7 +185,9 @@ def run_system(name: str, model_path: str, hf_model, args, prompts: list[list[in
 
 def load_hf_model(path: str, device: str, dtype: str):
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()      # a progress bar per load: noise in logs and notebooks
     model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype),
                                                  attn_implementation="sdpa")
     model = model.to(device).eval()

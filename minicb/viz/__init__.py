@@ -19,6 +19,7 @@ from minicb.viz.batch import attention_mask, batch_layout, mask_image
 from minicb.viz.curves import (
            bar_chart,
            length_histogram,
+           length_spread,
            line_plot,
            request_timelines,
            roofline,
@@ -53,4 +54,4 @@ __all__ = ["PALETTE", "format_table", "new_figure", "request_colour", "attention
            "interview_markdown", "quiz_card", "quiz_widget", "compare_timelines", "draw_slots",
            "kv_usage", "kv_usage_timeline", "slot_grid", "slot_timeline", "step_costs",
            "show_source", "load_study_plot", "rate_label", "decode_grid_picture",
-           "decode_programs", "split_kv_picture", "split_ranges"]
+           "decode_programs", "split_kv_picture", "split_ranges", "length_spread"]

@@ -190,3 +190,34 @@ def length_histogram(lengths: Sequence[int], bins: int = 30, xlabel: str = "toke
         ax.legend(fontsize=8)
     ax.set_title(title or f"{data.size} requests, mean {data.mean():.0f}", fontsize=10)
     return fig
+
+
+def length_spread(lengths: Sequence[int], cap: int, width: float = 9.0,
+                  title: str | None = None) -> Figure:
+    """Answer lengths when some answers never ended and were cut at `cap`: the answers that ended
+    by themselves on a log-scale histogram (their real spread, undistorted by the cap), and
+    beside it how many ended and how many were cut."""
+    data = np.asarray(lengths, dtype=int)
+    ended = data[data < cap]
+    cut = int((data >= cap).sum())
+    if ended.size == 0:
+        raise ValueError(f"no answer ended before the cap of {cap}: nothing to spread.")
+    fig, (ax, bar) = new_figure(width, 3.0, cols=2, gridspec_kw={"width_ratios": [3, 1]})
+    edges = np.unique(np.geomspace(1, cap, 20).round().astype(int))
+    ax.hist(ended, bins=edges, color=PALETTE[0], alpha=0.85)
+    ax.set_xscale("log")
+    ax.set_xlabel("output tokens, log scale (answers that ended by themselves)")
+    ax.set_ylabel("answers")
+    for colour, q in zip(PALETTE[1:], (10, 50, 90)):
+        value = float(np.percentile(ended, q))
+        ax.axvline(value, color=colour, linestyle="--", label=f"p{q} = {value:.0f}")
+    ax.legend(fontsize=8)
+    ax.set_title(title or f"{ended.size} answers that ended: {ended.min()} to {ended.max()} tokens",
+                 fontsize=10)
+    bars = bar.bar(["ended", f"cut at {cap}"], [ended.size, cut], color=[PALETTE[0], "#bbbbbb"])
+    for rect, n in zip(bars, [ended.size, cut]):
+        bar.text(rect.get_x() + rect.get_width() / 2, rect.get_height(), str(n), ha="center",
+                 va="bottom", fontsize=8)
+    bar.set_ylim(0, 1.15 * max(ended.size, cut))
+    bar.set_title(f"all {data.size} answers", fontsize=10)
+    return fig

@@ -87,6 +87,11 @@ def draw_slots(ax: Axes, result: SimResult, num_slots: int | None = None,
             if length >= min_label_width:
                 ax.text(start + 0.5 + min_label_width / 2, slot, names.get(request_id, request_id),
                         ha="center", va="center", color="white", fontsize=8, fontweight="bold")
+            elif request_id in names:
+                # a named request too short to hold its label: the label goes just after it,
+                # so a short request at the end of a long schedule is still identified
+                ax.text(start + 0.5 + length + total / 200, slot, names[request_id],
+                        ha="left", va="center", color="black", fontsize=8, fontweight="bold")
     ax.set_xlim(0.5, total + 0.5)
     ax.set_ylim(num_slots - 0.5, -0.5)
     every = -(-num_slots // 8)          # at most eight slot labels
@@ -200,7 +205,9 @@ def kv_usage_timeline(result: SimResult, title: str | None = None, width: float 
     ax.set_xlabel("engine step")
     ax.set_ylabel("token slots")
     ax.set_xlim(steps[0] - 0.5, steps[-1] + 0.5)
-    ax.legend(fontsize=8, loc="upper right")
+    # headroom above the pool's line, and the legend below the axes, so nothing hides the line
+    ax.set_ylim(0, 1.08 * max(pool, max(reserved, default=0)))
+    fig.legend(loc="outside lower center", ncols=3, fontsize=8, frameon=False)
     ax.set_title(
         title or f"{result.config.kv_cache} KV: {filled:.0%} of reserved slots hold a token",
         fontsize=10)

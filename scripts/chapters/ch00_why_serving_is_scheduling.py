@@ -139,16 +139,18 @@ CELLS = [
     print(f"{len(lengths)} answers: {len(ended)} ended by themselves, {len(lengths) - len(ended)} were cut at {CAP}")
     print("lengths of those that ended:", {k: round(v) for k, v in percentiles(ended, (10, 50, 90)).items()},
           f"min {min(ended)}, max {max(ended)}")
-    viz.length_histogram(lengths, bins=32, marks=(), xlabel="output tokens (the model's own choice, cut at 256)",
-                         title=f"{len(lengths)} greedy answers of the default model")
+    viz.length_spread(lengths, cap=CAP)
     """),
     ("md", """
-    The spread is the point. Some answers are done in a handful of tokens; most would have gone
-    on past 256 (a model this small often repeats itself instead of stopping; real chat answers
-    range from one word to pages). The scheduler learns which kind a request is only when it
-    stops. When requests share a batch that ends only with its longest member (chapter 02), the
-    short ones pay for the long ones; servers cap answers with `max_tokens`, and chapter 03 lets a
-    finished request leave the batch at once.
+    The spread is the point. Among the answers that ended by themselves, the shortest takes a
+    handful of tokens and the longest nearly thirty times as many (the left panel, on a log
+    scale, so that a cap does not squash it). Most answers, though, never ended at all (the right
+    panel): a model this small often repeats itself instead of stopping, and only the cap of 256
+    tokens ended them. Real chat answers range from one word to pages, and some never end without
+    a limit either. Either way the scheduler learns how long an answer is only when it stops. When
+    requests share a batch that ends only with its longest member (chapter 02), the short ones pay
+    for the long ones; servers bound answers with `max_tokens` and stop strings, and chapter 03
+    lets a finished request leave the batch at once.
 
     ## 4. Two kinds of work: prefill and decode
 
@@ -249,12 +251,37 @@ CELLS = [
     ## Pause and recall
 
     1. Which two timestamps define TTFT, and why does TTFT include queueing?
+    <details><summary>Answer</summary>
+
+    The request's arrival at the server and the moment its first output token is ready. The
+    user's clock starts when they send the request, not when the server gets round to it, so any
+    time spent waiting for a slot is part of what they feel.
+    </details>
     2. A stream shows one token every 20 ms except one 600 ms gap. Which metric shows the gap, TPOT
        or ITL?
+    <details><summary>Answer</summary>
+
+    ITL (the inter-token latencies, and their p99). TPOT is the average over the whole answer,
+    so one gap among many 20 ms intervals barely moves it.
+    </details>
     3. Why is decode at batch size 1 memory-bound while a long prefill is compute-bound? State it
        with arithmetic intensity.
+    <details><summary>Answer</summary>
+
+    A decode step reads every weight once (2 bytes each in bf16) and does 2 FLOP per weight for
+    its one token: about 1 FLOP per byte, far below a GPU's ridge point (about 150 FLOP per byte
+    on an A100), so memory bandwidth sets its speed. A prefill of n tokens reuses each weight n
+    times: about n FLOP per byte, above the ridge for a few hundred tokens, so arithmetic sets it.
+    </details>
     4. Throughput is still rising but goodput has started to fall. What is happening to the
        requests?
+    <details><summary>Answer</summary>
+
+    The server is past the load it can serve within the targets: the queue and the batch keep
+    growing, so more tokens come out per second while each request waits longer for its first
+    token or receives the rest more slowly, and a growing share of requests miss their TTFT or
+    TPOT target and no longer count.
+    </details>
 
     ## Interview questions
 

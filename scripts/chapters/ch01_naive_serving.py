@@ -334,10 +334,35 @@ CELLS = [
 
     1. What does the KV cache store, for which tokens, and what does it cost? Compute its size
        per token for a model with 16 layers, 4 KV heads, head dimension 64, in bf16.
+    <details><summary>Answer</summary>
+
+    Each layer's keys and values of every token already processed (prompt and generated), so
+    a decode step computes only the new token's. Per token: 2 (K and V) × 16 layers × 4 heads ×
+    64 × 2 bytes = 16,384 bytes = 16 KiB; it costs memory that grows with every token of every
+    running request.
+    </details>
     2. Why does the prefill produce the first output token without a decode step?
+    <details><summary>Answer</summary>
+
+    The prefill runs the whole prompt through the model, and the logits at the prompt's last
+    position are the prediction of the next token: sampling them gives the first output token.
+    Decode steps are needed only for the tokens after it.
+    </details>
     3. Requests of 10, 2 and 2 tokens are queued in that order on a naive server. What are their
        TTFTs in steps? What if the order were 2, 2, 10?
+    <details><summary>Answer</summary>
+
+    A request's first token comes at the first step it runs, after everything ahead of it has
+    finished: in the order 10, 2, 2 that is steps 1, 11 and 13; in the order 2, 2, 10, steps 1, 3
+    and 5. Same total, but the short requests no longer wait behind the long one.
+    </details>
     4. Why does one decode step for 16 requests cost far less than 16 steps for one request?
+    <details><summary>Answer</summary>
+
+    A decode step is dominated by reading the weights; one step reads them once for all 16
+    requests, while 16 steps read them 16 times. The extra arithmetic for 15 more rows is small
+    next to that read (on a GPU; on a CPU less so, chapter 03 section 5).
+    </details>
 
     ## Interview questions
 

@@ -305,11 +305,33 @@ CELLS = [
     ## Pause and recall
 
     1. Why pad on the left rather than the right for generation?
+    <details><summary>Answer</summary>
+
+    So that every row's last real token sits in the same, last column: the next token is
+    predicted there and appended after it for every row at once. With right padding the rows'
+    last tokens sit in different columns and new tokens would land after padding.
+    </details>
     2. A static batch is full at launch. Why does it still leave empty capacity?
+    <details><summary>Answer</summary>
+
+    Its members finish at different steps, but their slots stay in the batch (computed and
+    discarded) until the longest one ends, and no waiting request can take them.
+    </details>
     3. For answers of 6, 50 and 300 tokens in one batch of three, what fraction of slot-steps does
        useful work?
+    <details><summary>Answer</summary>
+
+    The batch runs 300 steps on 3 slots, 900 slot-steps, of which 6 + 50 + 300 = 356 produce a
+    kept token: about 40%.
+    </details>
     4. If the server waited to collect eight requests before starting a batch instead of four,
        which metric gets better and which gets worse?
+    <details><summary>Answer</summary>
+
+    Throughput can rise (bigger batches, weights read once for more rows), but time to first
+    token gets worse: the early arrivals wait for the batch to fill, and a bigger batch ends
+    later, so the queue behind it waits longer too.
+    </details>
 
     ## Interview questions
 

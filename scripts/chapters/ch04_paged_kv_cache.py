@@ -419,11 +419,40 @@ CELLS = [
 
     1. Block size 16, block table `[5, 2, 9]`: in which block, at which offset and in which slot
        does position 37 live?
+    <details><summary>Answer</summary>
+
+    Logical block 37 // 16 = 2, so physical block 9; offset 37 % 16 = 5; slot 9 × 16 + 5 = 149.
+    </details>
     2. In the block map, why did E and F get B's blocks and not A's?
+    <details><summary>Answer</summary>
+
+    The free list is a stack. A and B finished in the same step and returned their blocks, A's
+    first and then B's, so B's were on top, and the next requests to ask (E and F) were handed the
+    blocks returned last.
+    </details>
     3. Which kind of fragmentation does paging remove entirely, and which does it only bound?
        By how much?
+    <details><summary>Answer</summary>
+
+    External fragmentation goes entirely: any free block serves any request, so no gap is ever
+    too small. Internal fragmentation is bounded by one partly filled block per request, at most
+    block_size − 1 empty slots each.
+    </details>
     4. When does preemption by recomputation leave every answer unchanged, and what does it cost?
+    <details><summary>Answer</summary>
+
+    Exactly when the recomputed prefill writes the same K/V bit for bit (float32 here, kernels
+    whose summation order does not depend on the batch), so greedy picks the same tokens and a
+    seeded request reuses its own generator; in half precision it holds up to rounding (a
+    near-tie can flip). It costs time: the evicted request's prompt and generated tokens are
+    computed again.
+    </details>
     5. When does a block shared by four samples go back on the free list?
+    <details><summary>Answer</summary>
+
+    When its reference count reaches zero: after the last of the four samples that still hold
+    it has finished or copied it on write.
+    </details>
 
     ## Interview questions
 

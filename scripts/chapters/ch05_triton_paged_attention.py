@@ -275,6 +275,30 @@ CELLS = [
     decode_kernel = correct_kernel
     """),
     ("md", """
+    ### The picture: who computes what
+
+    One launch of the decode kernel is a grid of programs. Program `(i, h)` serves request *i*
+    and KV head *h*: it loads the queries of the *h*-th group of query heads (grouped-query
+    attention: the heads that share that KV head), then loops over the request's keys a tile of
+    `BLOCK_N` = 64 at a time, each block fetched through the request's block table, keeping the
+    running max, sum and weighted values of the online softmax. Below, two requests of a real
+    paged KV manager (50 and 20 keys, blocks of 16; the pool hands out blocks in the order the
+    requests grew), drawn with a tile of 32 keys so that the loop has more than one pass:
+    """),
+    ("code", """
+    from minicb.kv import PagedKVManager
+    from minicb.request import Request
+
+    kv = PagedKVManager(num_blocks=12, block_size=16)
+    pair = [Request(f"r{i}", [1] * n, SamplingParams(max_tokens=1)) for i, n in enumerate([34, 20])]
+    kv.allocate(pair[0], 34)                   # 3 blocks
+    kv.allocate(pair[1], 20)                   # 2 blocks
+    kv.allocate(pair[0], 50)                   # the first request grows into a 4th block
+    tables = [list(kv.block_table(r)) for r in pair]
+    print("block tables:", tables)
+    viz.decode_grid_picture([50, 20], tables, block_size=16, num_kv_heads=2, group=2, block_n=32)
+    """),
+    ("md", """
     ### Read the real thing
 
     minicb's kernel, from the installed package: the same walk over the block table, with a tile
@@ -325,6 +349,15 @@ CELLS = [
     for num_splits in [1, 2, 3, 5]:
         got = paged_attention(*long_args, num_splits=num_splits)
         print(f"{num_splits} splits: max |kernel - reference| = {(got - expected).abs().max().item():.1e}")
+    """),
+    ("md", """
+    How the kernel cuts the keys: each split takes whole tiles of 64 keys, ceil(keys / splits)
+    rounded up to a tile, and the last takes what is left (`minicb.viz.split_ranges` computes it
+    exactly as the kernel does). For 600 keys over 3 splits:
+    """),
+    ("code", """
+    print("key ranges [lo, hi):", viz.split_ranges(600, 3))
+    viz.split_kv_picture(600, 3)
     """),
     ("md", """
     The split count is a heuristic (`minicb.kernels.choose_num_splits`): aim for about two
@@ -502,12 +535,45 @@ CELLS = [
     ## Pause and recall
 
     1. In the add kernel, what does the mask do, and what would go wrong without it?
+    <details><summary>Answer</summary>
+
+    It switches off the lanes of the last block that lie past the end of the arrays, so they
+    neither load nor store. Without it the last program would read and write memory beyond the
+    tensors: garbage results at best, another tensor's data overwritten or a crash at worst.
+    </details>
     2. Block size 16, block table `[4, 9, 2]`: which block and offset does the kernel read for key
        37? Which slot did `write_kv` write it to?
+    <details><summary>Answer</summary>
+
+    Logical block 37 // 16 = 2, so physical block 2; offset 37 % 16 = 5; `write_kv` wrote it to
+    slot 2 × 16 + 5 = 37 (a coincidence of this table: the slot is not the position in general).
+    </details>
     3. In the online softmax, when is `alpha` smaller than 1, and why must `acc` be multiplied
        by it?
+    <details><summary>Answer</summary>
+
+    When a new tile contains a score larger than the running maximum: alpha = exp(m_old − m_new).
+    Everything accumulated so far was weighted with exp(score − m_old); multiplying by alpha
+    rescales it to the new maximum, so all terms share one reference and the final division by
+    the sum is right.
+    </details>
     4. Why is the log-sum-exp merge exact? When is splitting a waste?
+    <details><summary>Answer</summary>
+
+    Each split's output is its own softmax average, and its log-sum-exp records how much
+    probability mass the split holds; weighting each output by exp(lse_s − lse_max) and dividing
+    by the sum of those weights gives exactly the softmax over all keys. Splitting is a waste
+    when the batch already gives every multiprocessor work, or the context is short: the extra
+    programs, partial outputs and merge then cost more than they save.
+    </details>
     5. Why do you judge a decode attention kernel in GB/s rather than TFLOP/s?
+    <details><summary>Answer</summary>
+
+    A decode does about 2 FLOP per key element it reads (one multiply-add for the score, one
+    for the sum), far too few to keep the arithmetic units busy: its speed is set by how fast it
+    streams K and V, so the measure of a good kernel is how close it gets to the memory
+    bandwidth.
+    </details>
 
     ## Interview questions
 
