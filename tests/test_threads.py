@@ -105,3 +105,30 @@ def test_engine_step_consults_the_policy(monkeypatch):
     assert len(calls) == 3                 # one prefill step and two decode steps
     fixed = LLM(max_num_seqs=4, cpu_threads=1).llm_engine.threads
     assert not fixed.adaptive and fixed.threads == 1
+
+
+def test_the_busy_neighbour_dies_with_the_benchmark(tmp_path):
+    """A benchmark killed mid-run must not leave its busy loop spinning on the machine."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    script = tmp_path / "bench.py"
+    script.write_text("import time\nfrom minicb.bench.neighbour import BusyNeighbour\n"
+                      "with BusyNeighbour(deadline=60) as n:\n"
+                      "    print(n.process.pid, flush=True)\n    time.sleep(60)\n")
+    bench = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    child = int(bench.stdout.readline())
+    os.kill(bench.pid, signal.SIGKILL)             # no __exit__, no cleanup
+    bench.wait()
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(child, signal.SIGKILL)
+        raise AssertionError("the busy loop outlived the benchmark that started it")

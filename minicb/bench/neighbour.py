@@ -47,15 +47,16 @@ from minicb.threads import usable_cores
 VARIANTS = {"continuous-paged-all-cores": "continuous-paged"}
 ALL_SYSTEMS = [*SYSTEMS, *VARIANTS, *PEERS]
 OURS = ("naive", "static", "continuous-contiguous", "continuous-paged")
-# the busy loop: spins until told to stop or until its deadline, whichever comes first
-BUSY_LOOP = "import sys, time\nend = time.time() + float(sys.argv[1])\nwhile time.time() < end:\n" \
-            "    pass\n"
+# the busy loop: spins until told to stop, until its deadline, or until the benchmark that
+# started it is gone (its parent changes), whichever comes first: it can never outlive the run
+BUSY_LOOP = ("import os, sys, time\nparent = os.getppid()\nend = time.time() + float(sys.argv[1])\n"
+             "while time.time() < end and os.getppid() == parent:\n    pass\n")
 
 
 class BusyNeighbour:
     """A process that keeps one core busy while the `with` block runs (at most `deadline` s)."""
 
-    def __init__(self, core: int | None = None, deadline: float = 1800.0):
+    def __init__(self, core: int | None = None, deadline: float = 900.0):
         cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
         self.core = core if core is not None else (cores[-1] if cores else None)
         self.deadline = deadline
