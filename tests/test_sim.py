@@ -58,3 +58,38 @@ def test_prefill_costs_time_and_idle_gaps_are_skipped():
                       scheduler="continuous")
     assert result.steps[0].end - result.steps[0].start == pytest.approx(1.0 + 32.0)
     assert result.steps[2].start == pytest.approx(100.0)
+
+
+def test_reference_cpu_calibration_is_the_committed_measurement():
+    """The chapters' CPU cost model must be the fit recorded in benchmarks/results, not numbers
+    typed in by hand: re-fitting the committed samples gives the same four terms."""
+    import json
+    from pathlib import Path
+
+    import pytest
+
+    from minicb.calibrate import REFERENCE_CPU, TERMS, StepSample, fit
+
+    record = json.loads((Path(__file__).resolve().parent.parent / "benchmarks" / "results"
+                         / "calibration.json").read_text())
+    refit = fit([StepSample(**s) for s in record["samples"]]).cost
+    for term in TERMS:
+        assert getattr(REFERENCE_CPU, term) == pytest.approx(getattr(refit, term), rel=0.01)
+        assert getattr(REFERENCE_CPU, term) == pytest.approx(record["fit"][term], rel=0.01)
+
+
+def test_fit_recovers_known_terms_and_drops_negative_ones():
+    from minicb.calibrate import StepSample, fit
+
+    truth = dict(step_overhead=2e-3, prefill_token=5e-5, decode_seq=1e-4, context_token=3e-7)
+    samples = [StepSample(p, r, c, truth["step_overhead"] + truth["prefill_token"] * p
+                          + truth["decode_seq"] * r + truth["context_token"] * c)
+               for p in (0, 64, 256) for r in (1, 8, 32) for c in (100 * r, 400 * r)]
+    result = fit(samples)
+    for term, value in truth.items():
+        assert abs(getattr(result.cost, term) - value) < 1e-6 * max(value, 1e-3) * 1e3
+    assert result.r2 > 0.9999 and result.worst_error < 1e-6
+    # a step that got cheaper with more context is noise: the term is dropped, not negative
+    noisy = [StepSample(s.prefill_tokens, s.decode_rows, s.context_tokens,
+                        s.seconds - 1e-7 * s.context_tokens) for s in samples]
+    assert fit(noisy).cost.context_token >= 0
