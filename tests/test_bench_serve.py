@@ -185,3 +185,33 @@ def test_load_study_refuses_the_single_scheduler_flag(capsys):
     assert exit_.value.code == 2
     error = capsys.readouterr().err
     assert "--scheduler static has no effect here" in error and "--schedulers static" in error
+
+
+def test_load_study_measures_an_external_server(tiny_llama, tmp_path):
+    """--base-url: the study sends its sweep to a server it did not start (here a minicb server
+    started by the test, standing in for vLLM), under the given label, and the CLI writes the
+    results under that label."""
+    from minicb.bench.load_study import main
+
+    app = build_app(tiny_llama, max_queue_len=None, max_num_seqs=4, max_model_len=64)
+    with ServerThread(app) as server:
+        config = StudyConfig(request_rates=(math.inf,), num_prompts=3, workload="random",
+                             input_len=8, output_len=4, base_url=server.url, label="peer",
+                             vocab_size=app.state.engine.vocab_size)
+        rows = run_study(config)
+        assert [r["scheduler"] for r in rows] == ["peer"]
+        assert rows[0]["completed"] == 3 and rows[0]["failed"] == 0
+        assert app.state.engine.stats.finished["length"] >= 3      # the requests reached it
+        assert main(["--base-url", server.url, "--label", "peer", "--request-rates", "8",
+                     "--num-prompts", "2", "--input-len", "8", "--output-len", "3",
+                     "--vocab-size", str(app.state.engine.vocab_size),
+                     "--out-dir", str(tmp_path)]) == 0
+    record = json.loads((tmp_path / "load-study-peer.json").read_text())
+    assert [r["scheduler"] for r in record["rows"]] == ["peer"]
+
+
+def test_load_study_names_a_server_that_is_not_there():
+    config = StudyConfig(request_rates=(1.0,), num_prompts=1, base_url="http://127.0.0.1:9",
+                         vocab_size=100)
+    with pytest.raises(SystemExit, match="no OpenAI-compatible server answers"):
+        run_study(config)

@@ -5,7 +5,11 @@
 
 Each scheduler gets its own in-process HTTP server (the same one `python -m minicb serve`
 runs) and the same seeded workload at the same arrival times, measured from the client's side
-by `minicb.serving.loadgen`. The test of a serving system: as the offered load rises, does
+by `minicb.serving.loadgen`. With `--base-url URL` the same sweep runs against a server that is
+already running (vLLM, SGLang, another minicb), labelled `--label`:
+
+    python -m minicb bench load-study --base-url http://127.0.0.1:8000 --label vllm-cpu
+ The test of a serving system: as the offered load rises, does
 throughput rise much faster than user pain (p95 time to first token)?
 """
 
@@ -24,7 +28,7 @@ from minicb.bench.machine import machine_line
 from minicb.config import CONTINUOUS_ONLY_KNOBS, EngineConfig
 from minicb.serving.loadgen import SIZED_WORKLOADS, BenchConfig, benchmark
 from minicb.serving.server import ServerThread, build_app
-from minicb.viz.curves import tradeoff_curve
+from minicb.viz.serving import load_study_plot
 
 SCHEDULERS = ("naive", "static", "continuous")
 
@@ -46,38 +50,66 @@ class StudyConfig:
     # engine knobs, the same for all; the policy knobs (policy, step_order, ...) go to continuous
     # only
     knobs: dict = field(default_factory=lambda: {"max_num_seqs": 16})
+    # a running OpenAI-compatible server to measure instead of starting minicb's, and its label
+    base_url: str | None = None
+    label: str = "external"
+    vocab_size: int | None = None             # token ids of the prompts: below this
 
 
 QUICK = {"request_rates": (4.0, math.inf), "num_prompts": 12, "input_len": 16, "output_len": 16}
 
 
+def _sweep(config: StudyConfig, url: str, label: str, vocab_size: int, rows: list[dict],
+           progress: bool) -> None:
+    _warm_up(url)
+    for rate in config.request_rates:
+        bench = BenchConfig(url, num_prompts=config.num_prompts, request_rate=rate,
+                            burstiness=config.burstiness, workload=config.workload,
+                            input_len=config.input_len, output_len=config.output_len,
+                            range_ratio=config.range_ratio, prompt_format="tokens",
+                            vocab_size=vocab_size, ignore_eos=True, seed=config.seed,
+                            disable_tqdm=True)
+        result = benchmark(bench)
+        rows.append(_row(label, rate, result))
+        if progress:
+            print(format_rows(rows[-1:], header=len(rows) == 1), flush=True)
+
+
 def run_study(config: StudyConfig, progress: bool = False) -> list[dict]:
-    """Every scheduler at every rate; one row per (scheduler, rate)."""
-    rows = []
+    """Every scheduler at every rate (or the external server at every rate); one row per
+    (scheduler, rate)."""
+    rows: list[dict] = []
+    if config.base_url is not None:
+        vocab = config.vocab_size or _default_vocab_size()
+        _sweep(config, config.base_url.rstrip("/"), config.label, vocab, rows, progress)
+        return rows
     for scheduler in config.schedulers:
         knobs = {k: v for k, v in config.knobs.items() if scheduler == "continuous" or k
                  not in CONTINUOUS_ONLY_KNOBS}
         app = build_app(config.model, max_queue_len=None, **{**knobs, "scheduler": scheduler})
         vocab_size = app.state.engine.vocab_size
         with ServerThread(app) as server:
-            _warm_up(server.url)
-            for rate in config.request_rates:
-                bench = BenchConfig(server.url, num_prompts=config.num_prompts, request_rate=rate,
-                                    burstiness=config.burstiness, workload=config.workload,
-                                    input_len=config.input_len, output_len=config.output_len,
-                                    range_ratio=config.range_ratio, prompt_format="tokens",
-                                    vocab_size=vocab_size, ignore_eos=True, seed=config.seed,
-                                    disable_tqdm=True)
-                result = benchmark(bench)
-                rows.append(_row(scheduler, rate, result))
-                if progress:
-                    print(format_rows(rows[-1:], header=len(rows) == 1), flush=True)
+            _sweep(config, server.url, scheduler, vocab_size, rows, progress)
     return rows
+
+
+def _default_vocab_size() -> int:
+    """The shipped model's vocabulary: an external server is assumed to serve the same weights
+    unless --vocab-size says otherwise (token-id prompts must be valid ids for its model)."""
+    from minicb.model.default import default_model_path
+
+    return json.loads((Path(default_model_path()) / "config.json").read_text())["vocab_size"]
 
 
 def _warm_up(url: str) -> None:
     """One small request first, so the first measured one does not pay for lazy initialisation."""
-    model = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
+    try:
+        listing = httpx.get(f"{url}/v1/models", timeout=30)
+        listing.raise_for_status()
+    except httpx.HTTPError as error:
+        raise SystemExit(f"no OpenAI-compatible server answers at {url} ({error}); start it "
+                         "first, or check --base-url.") from None
+    model = listing.json()["data"][0]["id"]
     httpx.post(f"{url}/v1/completions", json={"model": model, "prompt": [5, 6, 7], "max_tokens": 4},
                timeout=120).raise_for_status()
 
@@ -108,13 +140,10 @@ def format_rows(rows: list[dict], header: bool = True) -> str:
 
 
 def plot(rows: list[dict], path: Path | None = None):
-    """Throughput against p95 TTFT, one line per scheduler, each point labelled with its rate."""
-    points = [{**r, "rate": f"{r['request_rate']:g}/s"} for r in rows]
-    fig = tradeoff_curve(points, x="ttft_p95_s", y="output_throughput", label="rate",
-                         group="scheduler", xlabel="p95 time to first token (s)",
-                         ylabel="output tokens / s",
-                         title="load study: throughput vs p95 TTFT as the request rate rises")
-    fig.axes[0].set_xscale("log")
+    """Throughput across, p95 TTFT up, one line per server, each point labelled with its offered
+    load (as chapters 00 and 03 draw trade-offs)."""
+    fig = load_study_plot(rows, title="load study: p95 TTFT against throughput as the offered "
+                                      "load rises")
     if path is not None:
         fig.savefig(path)
     return fig
@@ -135,6 +164,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--range-ratio", type=float, default=defaults.range_ratio)
     parser.add_argument("--burstiness", type=float, default=defaults.burstiness)
     parser.add_argument("--out-dir", default="benchmarks/results")
+    parser.add_argument("--base-url", default=None,
+                        help="measure this running OpenAI-compatible server instead of starting "
+                             "minicb's (e.g. vLLM's on http://127.0.0.1:8000)")
+    parser.add_argument("--label", default="external",
+                        help="the external server's name in the results (with --base-url)")
+    parser.add_argument("--vocab-size", type=int, default=None,
+                        help="with --base-url: prompt token ids stay below this (default: the "
+                             "shipped model's vocabulary, for a server of the same weights)")
     EngineConfig.add_cli_args(parser, defaults={"max_num_seqs": 16, "scheduler": None})
     args = parser.parse_args(argv)
     if args.scheduler is not None:   # the study serves each of --schedulers in turn
@@ -151,11 +188,14 @@ def main(argv: list[str] | None = None) -> int:
     config = replace(
         defaults, model=args.model, schedulers=tuple(args.schedulers), workload=args.workload,
         range_ratio=args.range_ratio, burstiness=args.burstiness, seed=args.seed, knobs=knobs,
+        base_url=args.base_url, label=args.label, vocab_size=args.vocab_size,
         **{**(QUICK if args.quick else {}), **{k: v for k, v in given.items() if v is not None}})
     print(f"machine: {machine_line()}\n")
     started = time.perf_counter()
     rows = run_study(config, progress=True)
     name = "load-study-quick" if args.quick else "load-study"
+    if args.base_url:
+        name += f"-{args.label}"
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     record = {"date": time.strftime("%Y-%m-%d"), "machine": machine_line(),

