@@ -137,7 +137,7 @@ def split_kv_picture(seq_len: int, num_splits: int, block_n: int = 64,
                                      mutation_scale=8, color=colour))
         ax.add_patch(FancyArrowPatch((centre, 0.98), (5.0, 0.42), arrowstyle="-|>",
                                      mutation_scale=8, color=colour))
-    ax.add_patch(Rectangle((2.2, -0.1), 5.6, 0.5, facecolor="#f2f2f2", edgecolor="black"))
+    ax.add_patch(Rectangle((0.6, -0.1), 8.8, 0.5, facecolor="#f2f2f2", edgecolor="black"))
     ax.text(5.0, 0.15, "merge: lse_s = m_s + log l_s;  out = Σ e^(lse_s − max lse) o_s / "
             "Σ e^(lse_s − max lse)", ha="center", va="center", fontsize=7)
     ax.text(-0.1, 2.3, "keys", ha="right", va="center", fontsize=8)
