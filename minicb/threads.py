@@ -10,11 +10,13 @@ throughput and one thread lost a fraction of that (benchmarks/README.md, "A busy
 
 So the engine watches the machine. Every `interval` seconds it reads how much CPU time the whole
 machine spent (``/proc/stat``) and how much of it was this process's own (``os.times``); the rest
-is the neighbours' load, in cores. The step then uses the cores left over, rounded, at least one
-and at most the thread count torch had when the engine started (torch's default is the cores;
-`torch.set_num_threads(1)` before building an engine keeps it at one). A change needs the
-neighbours' load to move more than `hysteresis` cores past the point where the count would
-change, so a noisy reading does not flap.
+is the neighbours' load, in cores (niced programs do not count: they yield). Every core the
+neighbours use, even partly, is taken away, rounding up past a small tolerance, because while
+this process runs two threads a busy neighbour only gets half a core and reads as half its
+need; the step runs on what is left, at least one thread and at most the thread count torch had
+when the engine started (torch's default is the cores; `torch.set_num_threads(1)` before building
+an engine keeps it at one). Coming back up needs a clearly lower reading, so a count does not
+flap.
 
 Where ``/proc/stat`` does not exist (macOS, Windows) the policy keeps torch's default, which is
 what every torch program does there. `EngineConfig.cpu_threads` set to a number fixes the count.
@@ -50,8 +52,10 @@ def _set_threads(count: int, most: int) -> None:
 
 
 def machine_busy_seconds(path: str = PROC_STAT) -> float | None:
-    """CPU seconds the machine has spent busy since boot (all cores; user, nice, system, irq,
-    softirq and steal: steal is time the hypervisor gave to another machine), or None."""
+    """CPU seconds the machine has spent busy since boot (all cores; user, system, irq, softirq
+    and steal: steal is time the hypervisor gave to another machine), or None. Time of niced
+    programs is left out: they yield their core to this process whenever it wants it, so they
+    compete for nothing."""
     try:
         with open(path) as f:
             fields = f.readline().split()
@@ -61,7 +65,7 @@ def machine_busy_seconds(path: str = PROC_STAT) -> float | None:
         return None
     ticks = [int(x) for x in fields[1:]]
     # user nice system idle iowait irq softirq steal (guest time is already inside user)
-    busy = sum(ticks[i] for i in (0, 1, 2, 5, 6, 7) if i < len(ticks))
+    busy = sum(ticks[i] for i in (0, 2, 5, 6, 7) if i < len(ticks))
     return busy / os.sysconf("SC_CLK_TCK")
 
 
@@ -77,15 +81,20 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def threads_for(free_cores: float, current: int, most: int, hysteresis: float) -> int:
-    """The thread count for `free_cores` idle cores: rounded to the nearest whole core, kept
-    at `current` unless the reading is more than `hysteresis` past the midpoint between the
-    two counts."""
-    target = min(most, max(1, math.floor(free_cores + 0.5)))
-    if target > current and free_cores < current + 0.5 + hysteresis:
-        return current
-    if target < current and free_cores > current - 0.5 - hysteresis:
-        return current
+def threads_for(neighbours: float, cores: int, current: int, most: int,
+                tolerance: float = 0.25, hysteresis: float = 0.1) -> int:
+    """The thread count when other programs keep `neighbours` cores busy: every core they use
+    even partly is taken away (past a `tolerance` of stray load), at least one thread, at most
+    `most`. Rounding up matters: while this process spins two threads on two cores, a busy
+    neighbour only gets about half a core, so its reading understates what it would take.
+    Coming back up needs the reading `hysteresis` below the tolerance, so a count does not flap."""
+    def count(threshold: float) -> int:
+        taken = max(0, math.ceil(neighbours - threshold))
+        return max(1, min(most, cores - taken))
+
+    target = count(tolerance)
+    if target > current:               # going up: only as far as a stricter reading allows
+        return max(current, count(tolerance - hysteresis))
     return target
 
 
@@ -95,7 +104,7 @@ class ThreadPolicy:
 
     fixed: int | None = None           # a number: always that many; None: follow the machine
     interval: float = 0.25             # seconds between readings
-    hysteresis: float = 0.15           # cores of slack around each switching point
+    tolerance: float = 0.25            # stray load (cores) that takes no thread away
     most: int = field(default_factory=ceiling)
     cores: int = field(default_factory=usable_cores)
     threads: int = 0                   # the count in force
@@ -140,8 +149,8 @@ class ThreadPolicy:
         if wall <= 0 or self.fixed is not None:
             return
         self.neighbours = max(0.0, (machine_busy - own_busy) / wall)
-        threads = threads_for(self.cores - self.neighbours, self.threads,
-                              min(self.most, self.cores), self.hysteresis)
+        threads = threads_for(self.neighbours, self.cores, self.threads,
+                              min(self.most, self.cores), self.tolerance)
         if threads != self.threads:
             self.threads = threads
             self.changes += 1
