@@ -245,11 +245,11 @@ CELLS = [
       operation and the batch shapes bucketed, as vLLM does.
     * *Threads that fit the machine.* Not a fixed cost but the largest effect of the three: with
       another program busy on one of the two cores, two torch threads spin at every operation's
-      barrier waiting for the thread that shares the busy core, and throughput fell by about
-      70%. minicb's engine now reads, every quarter second, how much CPU other programs use
+      barrier waiting for the thread that shares the busy core, and throughput fell by 69%.
+      minicb's engine now reads, every quarter second, how much CPU other programs use
       (`/proc/stat` minus its own time) and runs each step on the cores left free
-      (`minicb/threads.py`); the same test then loses about 20%
-      (`python -m minicb bench neighbour`, `benchmarks/README.md`).
+      (`minicb/threads.py`); the same test then loses 29%, about what losing one core of two
+      costs a compute-bound step (`python -m minicb bench neighbour`, `benchmarks/README.md`).
 
     What is left per step is the weights' read and the arithmetic, which is where a decode step
     should spend its time. Here is the fusion's effect on your machine:
@@ -328,10 +328,10 @@ CELLS = [
 
     `python -m minicb bench serve --base-url URL` measures any OpenAI-compatible server (SGLang,
     TGI, vLLM on a GPU) the same way. What the measurements say on this book's 2-core CPU is in
-    `benchmarks/vllm.md`: on a model this small, minicb's continuous batching keeps up with
-    vLLM's CPU engine, which compiles its model with inductor and keeps a core for its own
-    scheduler process; on a GPU, expect vLLM to be far ahead: everything in section 5, and
-    kernels tuned for years.
+    `benchmarks/vllm.md`: on this machine's small models, minicb's continuous batching served
+    1.1 to 1.6 times as many tokens per second as vLLM's CPU engine (which compiles its model
+    with inductor and keeps a core for its own scheduler process), with the same greedy answers;
+    on a GPU, expect vLLM to be far ahead: everything in section 5, and kernels tuned for years.
 
     ## Pause and recall
 
