@@ -6,13 +6,17 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import re
+from pathlib import Path
 
+import httpx
 import pytest
 from serving_common import run
 from starlette.applications import Starlette
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
+from minicb import default_model_path
 from minicb.bench.load_study import StudyConfig, format_rows, plot, run_study
 from minicb.serving.loadgen import (
     BenchConfig,
@@ -208,6 +212,42 @@ def test_load_study_measures_an_external_server(tiny_llama, tmp_path):
                      "--out-dir", str(tmp_path)]) == 0
     record = json.loads((tmp_path / "load-study-peer.json").read_text())
     assert [r["scheduler"] for r in record["rows"]] == ["peer"]
+
+
+def test_load_study_asks_an_external_server_for_the_named_model(tiny_llama, tmp_path):
+    """--model with --base-url: the requests name that model (a server can serve several) and,
+    when it is a checkpoint directory (vLLM names a model by its path), the prompts' token ids
+    come from its vocabulary, not the shipped model's; a model the server does not serve is
+    named with the ones it does."""
+    from minicb.bench.load_study import main
+
+    small_vocab = json.loads((Path(tiny_llama) / "config.json").read_text())["vocab_size"]
+    shipped_vocab = json.loads((Path(default_model_path()) / "config.json").read_text())[
+        "vocab_size"]
+    assert small_vocab < shipped_vocab       # else the vocabulary read would go unnoticed
+    app = build_app(tiny_llama, max_queue_len=None, max_num_seqs=4, max_model_len=64)
+    seen = []
+    with ServerThread(app) as server:
+        engine = app.state.engine
+        add = engine.add_request
+
+        def spy(prompt, *args, **kwargs):
+            seen.append(prompt)
+            return add(prompt, *args, **kwargs)
+
+        engine.add_request = spy
+        served = httpx.get(f"{server.url}/v1/models").json()["data"][0]["id"]
+        assert served == tiny_llama
+        assert main(["--base-url", server.url, "--model", tiny_llama, "--label", "named",
+                     "--request-rates", "inf", "--num-prompts", "6", "--input-len", "12",
+                     "--output-len", "2", "--out-dir", str(tmp_path)]) == 0
+        with pytest.raises(SystemExit, match="does not serve 'other'.*" + re.escape(tiny_llama)):
+            run_study(StudyConfig(request_rates=(1.0,), num_prompts=1, base_url=server.url,
+                                  model="other"))
+    record = json.loads((tmp_path / "load-study-named.json").read_text())
+    assert record["rows"][0]["completed"] == 6 and record["rows"][0]["failed"] == 0
+    token_ids = [t for prompt in seen for t in prompt]
+    assert len(seen) >= 6 and max(token_ids) < small_vocab
 
 
 def test_load_study_names_a_server_that_is_not_there():

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import subprocess
 import sys
 import types
 
@@ -63,6 +65,16 @@ def test_parse_result_checks_the_work_and_times_each_token():
                      [3, 1])
 
 
+def fake_config(kwargs: dict) -> types.SimpleNamespace:
+    """The parts of vLLM's configuration the driver reads back, as LLM(**kwargs) would set them."""
+    ns = types.SimpleNamespace
+    return ns(model_config=ns(dtype=f"torch.{kwargs['dtype']}",
+                              max_model_len=kwargs["max_model_len"], enforce_eager=False),
+              scheduler_config=ns(max_num_seqs=kwargs["max_num_seqs"], max_num_batched_tokens=2048),
+              cache_config=ns(block_size=128),
+              compilation_config=ns(mode="CompilationMode.DYNAMO_TRACE_ONCE", backend="inductor"))
+
+
 class FakeOutput:
     def __init__(self, request_id, token_ids, finished):
         self.request_id, self.finished = request_id, finished
@@ -99,6 +111,7 @@ def test_driver_collects_every_token_and_its_time(monkeypatch):
     class LLM:
         def __init__(self, **kwargs):
             self.kwargs, self.llm_engine = kwargs, FakeEngine()
+            self.llm_engine.vllm_config = fake_config(kwargs)
 
         def generate(self, prompts, params, use_tqdm=False):
             return []
@@ -106,14 +119,80 @@ def test_driver_collects_every_token_and_its_time(monkeypatch):
     fake.LLM = LLM
     monkeypatch.setitem(sys.modules, "vllm", fake)
     driver = load_driver()
-    request = driver_request("/m", [[10, 1], [20], [30, 3, 3]], [3, 1, 2], 64)
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "40")     # inherited: the request must win
+    request = driver_request("/m", [[10, 1], [20], [30, 3, 3]], [3, 1, 2], 64,
+                             {"omp_threads_bind": "0-1", "max_num_seqs": 8})
     result = driver.run(request)
     assert result["outputs"] == [[10, 11, 12], [20], [30, 31]]
+    # the engine settings are read back from the engine, the CPU knobs from the environment
+    assert result["engine"]["max_num_seqs"] == 8 and result["engine"]["dtype"] == "float32"
+    assert result["engine"]["max_model_len"] == 64
+    assert result["engine"]["VLLM_CPU_KVCACHE_SPACE"] == "1"
+    assert result["engine"]["VLLM_CPU_OMP_THREADS_BIND"] == "0-1"
+    assert result["settings"]["omp_threads_bind"] == "0-1"      # recorded as asked
+    assert result["cpu_seconds"] >= 0 and len(result["load_average"]["before"]) == 3
     assert [len(t) for t in result["token_times"]] == [3, 1, 2]
     assert all(t == sorted(t) for t in result["token_times"])
     assert result["finished"][1] <= result["finished"][0]      # the 1-token request ends first
     run = parse_result(result, request["prompts"], request["output_lens"])
     assert run.outputs == result["outputs"]
+
+
+def test_driver_counts_the_cpu_time_of_the_processes_it_started():
+    """vLLM computes in child processes: their CPU time must count, not only the driver's."""
+    driver = load_driver()
+    burn = ("import sys, time\n"
+            "while time.process_time() < 0.5: pass\n"
+            "print('done', flush=True); sys.stdin.read()")
+    before = driver.process_cpu_seconds()
+    child = subprocess.Popen([sys.executable, "-c", burn], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "done"      # 0.5 CPU seconds spent, alive
+        after = driver.process_cpu_seconds()
+    finally:
+        child.communicate("")
+    assert child.pid in after and child.pid not in before
+    assert after[child.pid] >= 0.45       # /proc counts in ticks of 10 ms
+    assert driver.cpu_seconds_between(before, after) >= 0.45
+    # a process alive at both readings counts only what it spent in between
+    assert driver.cpu_seconds_between({1: 2.0}, {1: 2.5}) == pytest.approx(0.5)
+
+
+def test_the_driver_runs_in_vllms_environment_alone(tmp_path, monkeypatch):
+    """The command is the launcher (which preloads vLLM's libraries) on the driver; the
+    environment keeps what is set here but drops what would point vLLM's python at minicb's
+    packages, and names the environment that was checked."""
+    monkeypatch.setenv("MINICB_VLLM_VENV", str(tmp_path / "venv"))
+    cmd = vllm_peer.command(tmp_path / "d.py", tmp_path / "in.json", tmp_path / "out.json")
+    assert cmd == [str(vllm_peer.LAUNCHER), str(tmp_path / "d.py"), str(tmp_path / "in.json"),
+                   str(tmp_path / "out.json")]
+    assert vllm_peer.LAUNCHER.exists() and os.access(vllm_peer.LAUNCHER, os.X_OK)
+    env = vllm_peer.environment({"PATH": "/bin", "PYTHONPATH": "/minicb", "VIRTUAL_ENV": "/v",
+                                 "VLLM_CPU_OMP_THREADS_BIND": "0-1"})
+    assert env == {"PATH": "/bin", "VLLM_CPU_OMP_THREADS_BIND": "0-1",
+                   "MINICB_VLLM_VENV": str(tmp_path / "venv")}
+
+
+def test_the_launcher_preloads_vllms_openmp_and_runs_the_environments_python(tmp_path):
+    """scripts/vllm_python on a stand-in environment: its python is run with the arguments, and
+    the environment's libiomp5 is on LD_PRELOAD."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    lib = venv / "lib" / "python3.12" / "site-packages" / "intel" / "lib"
+    lib.mkdir(parents=True)
+    (lib / "libiomp5.so").write_text("")
+    fake_python = venv / "bin" / "python"
+    fake_python.write_text('#!/bin/sh\necho "args=$*"\necho "preload=$LD_PRELOAD"\n')
+    fake_python.chmod(0o755)
+    done = subprocess.run([str(vllm_peer.LAUNCHER), "driver.py", "a b"], capture_output=True,
+                          text=True, env={"PATH": os.environ["PATH"],
+                                          "MINICB_VLLM_VENV": str(venv), "LD_PRELOAD": "x.so"},
+                          check=True)
+    lines = dict(line.split("=", 1) for line in done.stdout.splitlines())
+    assert lines["args"] == "driver.py a b"
+    preload = lines["preload"].split(":")
+    assert str(lib / "libiomp5.so") in preload and preload[-1] == "x.so"
 
 
 def test_driver_refuses_to_run_without_arguments(capsys):

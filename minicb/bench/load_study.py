@@ -6,11 +6,13 @@
 Each scheduler gets its own in-process HTTP server (the same one `python -m minicb serve`
 runs) and the same seeded workload at the same arrival times, measured from the client's side
 by `minicb.serving.loadgen`. With `--base-url URL` the same sweep runs against a server that is
-already running (vLLM, SGLang, another minicb), labelled `--label`:
+already running (vLLM, SGLang, another minicb), labelled `--label`, asking for the model
+`--model` names (default: the first the server lists; benchmarks/vllm.md starts vLLM's):
 
     python -m minicb bench load-study --base-url http://127.0.0.1:8000 --label vllm-cpu
- The test of a serving system: as the offered load rises, does
-throughput rise much faster than user pain (p95 time to first token)?
+
+The test of a serving system: as the offered load rises, does throughput rise much faster than
+user pain (p95 time to first token)?
 """
 
 from __future__ import annotations
@@ -35,7 +37,9 @@ SCHEDULERS = ("naive", "static", "continuous")
 
 @dataclass
 class StudyConfig:
-    model: str | None = None                  # None: the shipped default model
+    # None: the shipped default model; with base_url, the model name to ask the server for
+    # (None: the first it lists), whose vocabulary is read when it is a checkpoint directory
+    model: str | None = None
     schedulers: tuple[str, ...] = SCHEDULERS
     request_rates: tuple[float, ...] = (1.0, 2.0, 4.0, 8.0, math.inf)
     num_prompts: int = 32
@@ -60,10 +64,10 @@ QUICK = {"request_rates": (4.0, math.inf), "num_prompts": 12, "input_len": 16, "
 
 
 def _sweep(config: StudyConfig, url: str, label: str, vocab_size: int, rows: list[dict],
-           progress: bool) -> None:
-    _warm_up(url)
+           progress: bool, model: str | None = None) -> None:
+    model = _warm_up(url, model)
     for rate in config.request_rates:
-        bench = BenchConfig(url, num_prompts=config.num_prompts, request_rate=rate,
+        bench = BenchConfig(url, model=model, num_prompts=config.num_prompts, request_rate=rate,
                             burstiness=config.burstiness, workload=config.workload,
                             input_len=config.input_len, output_len=config.output_len,
                             range_ratio=config.range_ratio, prompt_format="tokens",
@@ -80,8 +84,9 @@ def run_study(config: StudyConfig, progress: bool = False) -> list[dict]:
     (scheduler, rate)."""
     rows: list[dict] = []
     if config.base_url is not None:
-        vocab = config.vocab_size or _default_vocab_size()
-        _sweep(config, config.base_url.rstrip("/"), config.label, vocab, rows, progress)
+        vocab = config.vocab_size or _vocab_size(config.model)
+        _sweep(config, config.base_url.rstrip("/"), config.label, vocab, rows, progress,
+               model=config.model)
         return rows
     for scheduler in config.schedulers:
         knobs = {k: v for k, v in config.knobs.items() if scheduler == "continuous" or k
@@ -93,25 +98,36 @@ def run_study(config: StudyConfig, progress: bool = False) -> list[dict]:
     return rows
 
 
-def _default_vocab_size() -> int:
-    """The shipped model's vocabulary: an external server is assumed to serve the same weights
-    unless --vocab-size says otherwise (token-id prompts must be valid ids for its model)."""
+def _vocab_size(model: str | None) -> int:
+    """The vocabulary the prompts' token ids must stay in: the model's, when `model` is a
+    checkpoint directory (vLLM names a model by the path it loaded), else the shipped model's,
+    an external server being assumed to serve the same weights unless --vocab-size says otherwise.
+    """
     from minicb.model.default import default_model_path
 
-    return json.loads((Path(default_model_path()) / "config.json").read_text())["vocab_size"]
+    path = Path(model) if model and (Path(model) / "config.json").exists() else None
+    return json.loads(((path or Path(default_model_path())) / "config.json").read_text())[
+        "vocab_size"]
 
 
-def _warm_up(url: str) -> None:
-    """One small request first, so the first measured one does not pay for lazy initialisation."""
+def _warm_up(url: str, model: str | None = None) -> str:
+    """Check the server serves `model` (default: the first it lists) and send one small request
+    first, so the first measured one does not pay for lazy initialisation; return the model."""
     try:
         listing = httpx.get(f"{url}/v1/models", timeout=30)
         listing.raise_for_status()
     except httpx.HTTPError as error:
         raise SystemExit(f"no OpenAI-compatible server answers at {url} ({error}); start it "
                          "first, or check --base-url.") from None
-    model = listing.json()["data"][0]["id"]
+    served = [entry["id"] for entry in listing.json()["data"]]
+    if model is None:
+        model = served[0]
+    elif model not in served:
+        raise SystemExit(f"the server at {url} does not serve {model!r}; it serves {served} "
+                         "(--model names one of them).")
     httpx.post(f"{url}/v1/completions", json={"model": model, "prompt": [5, 6, 7], "max_tokens": 4},
                timeout=120).raise_for_status()
+    return model
 
 
 def _row(scheduler: str, rate: float, result: dict) -> dict:
@@ -166,7 +182,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out-dir", default="benchmarks/results")
     parser.add_argument("--base-url", default=None,
                         help="measure this running OpenAI-compatible server instead of starting "
-                             "minicb's (e.g. vLLM's on http://127.0.0.1:8000)")
+                             "minicb's (e.g. vLLM's on http://127.0.0.1:8000); --model then names "
+                             "the served model (default: the first it lists)")
     parser.add_argument("--label", default="external",
                         help="the external server's name in the results (with --base-url)")
     parser.add_argument("--vocab-size", type=int, default=None,

@@ -6,8 +6,9 @@ It imports nothing from minicb (vLLM's environment does not have it). REQUEST.js
 checkpoint directory, the prompts as token ids, each request's output length and the engine
 settings; RESULT.json receives vLLM's version, the settings it ran with, every request's output
 token ids, the time each request's tokens appeared, the wall time of the run and of the engine's
-start-up. Requests are submitted all at once to vLLM's engine and stepped to completion, so each
-token's time is the time the step that produced it returned, as minicb's engine records it.
+start-up, the CPU seconds its processes spent during the run, and the load average around it.
+Requests are submitted all at once to vLLM's engine and stepped to completion, so each token's time
+is the time the step that produced it returned, as minicb's engine records it.
 """
 
 from __future__ import annotations
@@ -18,12 +19,55 @@ import sys
 import time
 
 
+def process_cpu_seconds() -> dict[int, float]:
+    """User + system CPU seconds of this process and every process it started (vLLM runs its
+    scheduler and its model in child processes), by process id."""
+    import psutil
+
+    me = psutil.Process()
+    seconds = {}
+    for process in [me, *me.children(recursive=True)]:
+        try:
+            times = process.cpu_times()
+        except psutil.Error:        # a process that ended between the listing and the reading
+            continue
+        seconds[process.pid] = times.user + times.system
+    return seconds
+
+
+def cpu_seconds_between(before: dict[int, float], after: dict[int, float]) -> float:
+    """CPU seconds spent between two readings by the processes alive at the second one (a process
+    started in between counts from zero)."""
+    return sum(seconds - before.get(pid, 0.0) for pid, seconds in after.items())
+
+
+def engine_settings(llm) -> dict:
+    """The settings vLLM actually ran with, read back from its configuration."""
+    config = llm.llm_engine.vllm_config
+    compilation = config.compilation_config
+    return {"dtype": str(config.model_config.dtype).removeprefix("torch."),
+            "max_num_seqs": config.scheduler_config.max_num_seqs,
+            "max_num_batched_tokens": config.scheduler_config.max_num_batched_tokens,
+            "max_model_len": config.model_config.max_model_len,
+            "block_size": config.cache_config.block_size,
+            "enforce_eager": config.model_config.enforce_eager,
+            "compilation_mode": str(compilation.mode), "compile_backend": compilation.backend,
+            "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE"),
+            "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto"),
+            "VLLM_CPU_NUM_OF_RESERVED_CPU": os.environ.get("VLLM_CPU_NUM_OF_RESERVED_CPU"),
+            "LD_PRELOAD": os.environ.get("LD_PRELOAD", "")}
+
+
 def run(request: dict) -> dict:
     settings = dict(request["settings"])
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(settings.pop("kv_cache_gib", 1)))
-    threads = settings.pop("omp_threads_bind", None)
-    if threads:
-        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", threads)
+    # vLLM's CPU knobs are environment variables; the request's values win over inherited ones,
+    # so the settings recorded are the settings run
+    os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(settings.pop("kv_cache_gib", 1))
+    for key, variable in (("omp_threads_bind", "VLLM_CPU_OMP_THREADS_BIND"),
+                          ("reserved_cpus", "VLLM_CPU_NUM_OF_RESERVED_CPU")):
+        value = settings.pop(key, None)
+        if value is not None:
+            os.environ[variable] = str(value)
     import vllm
     from vllm import LLM, SamplingParams
 
@@ -37,6 +81,8 @@ def run(request: dict) -> dict:
     warm = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True, detokenize=False)
     llm.generate([{"prompt_token_ids": prompts[0]}], warm, use_tqdm=False)
 
+    load_before = os.getloadavg()
+    cpu_before = process_cpu_seconds()
     arrival = time.perf_counter()
     for index, (prompt, length) in enumerate(zip(prompts, lengths)):
         params = SamplingParams(max_tokens=length, temperature=0.0, ignore_eos=True,
@@ -56,9 +102,13 @@ def run(request: dict) -> dict:
                 outputs[index] = ids
                 finished_at[index] = now
     wall = time.perf_counter() - arrival
+    cpu_after = process_cpu_seconds()
     return {"vllm_version": vllm.__version__, "settings": request["settings"],
-            "startup_s": startup, "wall_s": wall, "arrival": arrival, "outputs": outputs,
-            "token_times": token_times, "finished": finished_at}
+            "engine": engine_settings(llm), "startup_s": startup, "wall_s": wall,
+            "arrival": arrival, "outputs": outputs, "token_times": token_times,
+            "finished": finished_at, "cpu_seconds": cpu_seconds_between(cpu_before, cpu_after),
+            "processes": len(cpu_after),
+            "load_average": {"before": list(load_before), "after": list(os.getloadavg())}}
 
 
 def main(argv: list[str]) -> int:

@@ -62,6 +62,19 @@ def command(driver: Path, request_file: Path, result_file: Path) -> list[str]:
     return [str(LAUNCHER), str(driver), str(request_file), str(result_file)]
 
 
+# variables that would point vLLM's python at another environment's packages
+FOREIGN_PYTHON_VARS = ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "VIRTUAL_ENV")
+
+
+def environment(base: dict[str, str] | None = None) -> dict[str, str]:
+    """The driver's environment: this one, without what would mix minicb's environment into
+    vLLM's, and naming the vLLM environment the launcher must use (the one checked)."""
+    env = {k: v for k, v in (os.environ if base is None else base).items()
+           if k not in FOREIGN_PYTHON_VARS}
+    env["MINICB_VLLM_VENV"] = str(venv_dir())
+    return env
+
+
 def parse_result(result: dict, prompts: list[list[int]], output_lens: list[int]) -> SystemRun:
     """vLLM's result as a SystemRun (token ids, and per-request metrics from token times)."""
     outputs, token_times = result["outputs"], result["token_times"]
@@ -77,6 +90,9 @@ def parse_result(result: dict, prompts: list[list[int]], output_lens: list[int])
                for times, finished, prompt in zip(token_times, result["finished"], prompts)]
     settings = {"vllm_version": result["vllm_version"], **result["settings"],
                 "startup_s": result["startup_s"]}
+    for key in ("engine", "load_average", "processes"):       # what the driver read back
+        if key in result:
+            settings[key] = result[key]
     return SystemRun(outputs, metrics, settings, cpu_seconds=result.get("cpu_seconds", math.nan))
 
 
@@ -94,13 +110,13 @@ def run_vllm(model_path: str, prompts: list[list[int]], output_lens: list[int],
         driver = Path(work) / DRIVER.name
         shutil.copy(DRIVER, driver)
         done = subprocess.run(command(driver, request_file, result_file), capture_output=True,
-                              text=True, timeout=timeout)
+                              text=True, timeout=timeout, env=environment())
         if done.returncode != 0 or not result_file.exists():
             tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-15:])
             raise RuntimeError(f"vLLM's run failed (exit {done.returncode}):\n{tail}")
         result = json.loads(result_file.read_text())
-    # vLLM computes in a separate engine process that outlives no measurement window of ours, so
-    # its CPU time is not known: its tokens per CPU second are left blank (NaN)
+    # the CPU time is that of the driver and the processes it started (vLLM's scheduler and model
+    # processes), measured by the driver around the timed run
     return parse_result(result, prompts, output_lens)
 
 
