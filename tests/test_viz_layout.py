@@ -98,3 +98,13 @@ def test_kv_usage_legend_stays_off_the_pool_line():
     ax = fig.axes[0]
     assert ax.get_legend() is None and len(fig.legends) == 1        # outside the axes
     assert ax.get_ylim()[1] > 32 * 16                                # room above the pool line
+
+
+def test_free_blocks_legend_sits_below_the_axes():
+    runs = {"roomy": simulate(chat(12, seed=0), max_num_seqs=4, max_model_len=128, block_size=16,
+                              num_kv_blocks=64),
+            "tight": simulate(chat(12, seed=0), max_num_seqs=4, max_model_len=128, block_size=16,
+                              num_kv_blocks=12)}
+    fig = viz.free_blocks_timeline(runs)
+    assert fig.axes[0].get_legend() is None and len(fig.legends) == 1
+    assert [t.get_text().split(":")[0] for t in fig.legends[0].get_texts()] == ["roomy", "tight"]

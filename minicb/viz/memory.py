@@ -109,7 +109,9 @@ def free_blocks_timeline(results: Mapping[str, SimResult], title: str | None = N
     ax.axhline(0, color="black", linewidth=0.8)
     ax.set_xlabel("engine step")
     ax.set_ylabel("free KV blocks")
-    ax.legend(fontsize=8)
+    # below the axes: a run whose blocks all come back ends at the pool's size, top right, where
+    # a legend inside the axes would sit on it
+    fig.legend(loc="outside lower center", ncols=min(len(results), 3), fontsize=8, frameon=False)
     ax.grid(alpha=0.3)
     ax.set_title(title or "free blocks after each step (x: a request was preempted)", fontsize=10)
     return fig

@@ -241,10 +241,11 @@ CELLS = [
     print("finish reason:", output.outputs[0].finish_reason)
     """),
     ("md", """
-    The prompt's tokens go in together at step 1; from then on each step computes one token. The
-    request ended by itself (finish reason `stop`): the model emitted its end-of-text token (the
-    last row), which ends the request and is left out of the text. Time the two phases for one
-    longer prompt: TTFT is mostly the prefill, TPOT is one decode step.
+    The prompt's tokens go in together in the request's first step (the `step` column is the
+    engine's own counter, which also counted the cells above); from then on each step computes
+    one token. The request ended by itself (finish reason `stop`): the model emitted its
+    end-of-text token (the last row), which ends the request and is left out of the text. Time
+    the two phases for one longer prompt: TTFT is mostly the prefill, TPOT is one decode step.
     """),
     ("code", """
     # NBVAL_IGNORE_OUTPUT
@@ -361,7 +362,8 @@ CELLS = [
 
     A decode step is dominated by reading the weights; one step reads them once for all 16
     requests, while 16 steps read them 16 times. The extra arithmetic for 15 more rows is small
-    next to that read (on a GPU; on a CPU less so, chapter 03 section 5).
+    next to that read on a GPU. On this CPU the rows' arithmetic counts for more, but a step
+    of 16 rows still costs a few times a step of one, not 16 times (section 4).
     </details>
 
     ## Interview questions

@@ -211,7 +211,7 @@ CELLS = [
     ## 3. A batch of 6, 50 and 300 tokens
 
     The waste grows with the spread of lengths, and real answers spread widely (chapter 00's
-    histogram). Three requests whose answers need 6, 50 and 300 tokens share a batch; three more
+    section 3). Three requests whose answers need 6, 50 and 300 tokens share a batch; three more
     short requests (6 tokens each) arrive just after it started:
     """),
     ("code", """
