@@ -3,6 +3,7 @@
 #   make test    run every test: unit, parity with transformers, kernels (Triton interpreter),
 #                notebooks (nbval), exercises (graded against solutions/)
 #   make test-gpu  on a CUDA machine: the GPU tests, with compiled Triton kernels
+#   make lock    record the versions in .venv as constraints.txt (what make setup installs)
 PYTHON     ?= python3
 VENV       ?= .venv
 BIN        := $(VENV)/bin
@@ -10,29 +11,37 @@ BIN        := $(VENV)/bin
 # multi-GB CUDA build. CUDA users: make test TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128"
 TORCH_SPEC ?= torch==2.13.0
 STAMP      := $(VENV)/.minicb-installed
+# Every package at the version the book was executed and tested with (see constraints.txt)
+LOCK       := constraints.txt
 # matplotlib's font cache lives with the environment that built it: a cache shared through ~/.cache
 # can name font files of a deleted environment, and its warnings would land in the notebooks
 export MPLCONFIGDIR := $(abspath $(VENV))/matplotlib
 CH         ?=
 
-.PHONY: setup browser-setup test test-gpu lab demo lint grade env-check guidellm peer-vllm clean
+.PHONY: setup lock browser-setup test test-gpu lab demo lint grade env-check guidellm peer-vllm clean
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(LOCK)
 	@echo "setup: a virtual environment in $(VENV)"
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@$(BIN)/python -m pip install --quiet --upgrade pip
 	@echo "setup: torch ($(TORCH_SPEC))"
 	@$(BIN)/python -m pip install --quiet $(TORCH_SPEC)
-	@echo "setup: minicb and what it needs (transformers, triton, jupyterlab, ...)"
+	@echo "setup: minicb and what it needs (transformers, triton, jupyterlab, ...) at the versions in $(LOCK)"
 	@# setuptools warns at length about every editable install; nothing in it concerns a reader
-	@PYTHONWARNINGS=ignore $(BIN)/python -m pip install --quiet -e ".[dev]"
+	@PYTHONWARNINGS=ignore $(BIN)/python -m pip install --quiet -c $(LOCK) -e ".[dev]"
 	@$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
 	@$(BIN)/python -c "import matplotlib.font_manager" 2>/dev/null   # build the font cache now
 	@echo "setup: checking the environment (python -m minicb env-check prints every line)"
 	@$(BIN)/python -m minicb env-check | tail -n 1
 	@touch $(STAMP)
+
+# After upgrading packages in .venv and a green make test: record the versions as the new lock.
+lock: setup
+	@{ sed -n '/^#/p' $(LOCK); $(BIN)/python -m pip freeze --exclude-editable | grep -v -i '^minicb' \
+	  | sed -e 's/+cpu//' -e 's/$$/ ; python_version >= "3.11"/'; } > $(LOCK).new && mv $(LOCK).new $(LOCK)
+	@echo "lock: $$(grep -c '==' $(LOCK)) packages pinned in $(LOCK)"
 
 # The browser tests drive JupyterLab with Debian's Chromium and chromedriver. As root with
 # apt-get they are installed here (about a minute, once); otherwise the tests skip and say how

@@ -119,3 +119,61 @@ def test_demo_runs_every_system_and_they_agree():
             in {"naive+paged", "static+paged", "continuous+contiguous", "continuous+paged"}]
     assert len(rows) == 4, done.stdout
     assert all(row[-1] == "True" for row in rows), done.stdout
+
+
+# --- the lock: a fresh clone installs the versions the notebooks were recorded with -------------
+def _pins(text: str) -> dict[str, str]:
+    from minicb.tools.env_check import _key
+
+    pins = {}
+    for line in text.splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            name, rest = line.split("==", 1)
+            pins[_key(name)] = rest.split(";", 1)[0].strip()
+    return pins
+
+
+def test_every_declared_package_is_pinned_within_its_declared_range():
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    declared = [Requirement(r) for r in project["dependencies"]
+                + [r for extra in project["optional-dependencies"].values() for r in extra]]
+    pins = _pins((ROOT / "constraints.txt").read_text())
+    from minicb.tools.env_check import _key
+
+    unpinned = [r.name for r in declared if _key(r.name) not in pins]
+    assert not unpinned, f"not pinned in constraints.txt (run make lock): {unpinned}"
+    outside = [f"{r.name}=={pins[_key(r.name)]} (pyproject wants {r.specifier})" for r in declared
+               if not r.specifier.contains(pins[_key(r.name)], prereleases=True)]
+    assert not outside, outside
+
+
+def test_the_lock_pins_torch_as_the_makefile_installs_it():
+    pin = re.search(r"TORCH_SPEC\s*\?=\s*torch==(\S+)", (ROOT / "Makefile").read_text()).group(1)
+    assert _pins((ROOT / "constraints.txt").read_text())["torch"] == pin
+
+
+def test_setup_installs_through_the_lock():
+    makefile = (ROOT / "Makefile").read_text()
+    assert re.search(r"pip install .*-c \$\(LOCK\) -e", makefile)
+    assert re.search(r"^\$\(STAMP\):.*\$\(LOCK\)", makefile, re.M), "a new lock must re-run setup"
+
+
+def test_env_check_warns_when_a_package_differs_from_the_lock(tmp_path, monkeypatch):
+    import importlib.metadata
+
+    from minicb.tools import env_check
+
+    installed = importlib.metadata.version("transformers")
+    lock = tmp_path / "constraints.txt"
+    lock.write_text(f"# recorded\ntransformers==0.0.1 ; python_version >= '3.0'\n"
+                    f"tqdm=={importlib.metadata.version('tqdm')}\n")
+    read = env_check.locked_versions
+    monkeypatch.setattr(env_check, "locked_versions", lambda: read(lock))
+    lines, ok = env_check.check(run_kernel=False)
+    line = next(line for line in lines if line.split()[1].rstrip(":") == "transformers")
+    assert line.startswith("WARN transformers:") and installed in line and "0.0.1" in line, line
+    assert any(line.startswith("OK   tqdm ") for line in lines), lines
+

@@ -17,6 +17,7 @@ import os
 import platform
 import subprocess
 import sys
+from pathlib import Path
 
 from packaging.requirements import Requirement
 
@@ -52,6 +53,37 @@ def requirements() -> tuple[list[Requirement], list[Requirement]]:
     runtime = [r for r in declared if r.marker is None]
     dev = [r for r in declared if r.marker is not None and r.marker.evaluate({"extra": "dev"})]
     return runtime, dev
+
+
+LOCK = Path(__file__).resolve().parents[2] / "constraints.txt"
+
+
+def locked_versions(path: Path = LOCK) -> dict[str, str]:
+    """Package name -> the exact version the book was recorded with (``constraints.txt`` of a
+    source checkout; empty when minicb was installed without it)."""
+    if not path.is_file():
+        return {}
+    pins = {}
+    for line in path.read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if "==" in line:
+            requirement = Requirement(line)
+            if requirement.marker is None or requirement.marker.evaluate():
+                pins[_key(requirement.name)] = str(requirement.specifier).removeprefix("==")
+    return pins
+
+
+def _key(name: str) -> str:
+    return name.lower().replace("_", "-").replace(".", "-")
+
+
+def _lock_note(name: str, version: str | None, pins: dict[str, str]) -> str | None:
+    """Why an installed version that differs from the lock matters, or None when it matches."""
+    pinned = pins.get(_key(name))
+    if version is None or pinned is None or version.split("+")[0] == pinned:
+        return None
+    return (f"{version} installed, the notebooks were recorded with {pinned} (constraints.txt): "
+            "their outputs may differ; make setup installs the recorded versions")
 
 
 def _installed(requirement: Requirement) -> tuple[str | None, bool]:
@@ -102,20 +134,25 @@ def check(run_kernel: bool = True) -> tuple[list[str], bool]:
     lines.append(f"{'OK  ' if python_ok else 'FAIL'} python {platform.python_version()} (need >= "
                  "3.10)")
     runtime, dev = requirements()
+    pins = locked_versions()
     for requirement in runtime:
         version, good = _installed(requirement)
         ok &= good
         problem = ("missing" if version is None
                    else f"{version} installed, need {requirement.specifier}")
-        lines.append(f"OK   {requirement.name} {version}" if good else
-                     f"FAIL {requirement.name}: {problem}; run make setup")
+        note = _lock_note(requirement.name, version, pins) if good else None
+        lines.append(f"FAIL {requirement.name}: {problem}; run make setup" if not good else
+                     f"WARN {requirement.name}: {note}" if note else
+                     f"OK   {requirement.name} {version}")
     for requirement in dev:
         version, good = _installed(requirement)
         problem = ("missing" if version is None
                    else f"{version} installed, want {requirement.specifier}")
-        lines.append(f"OK   {requirement.name} {version}" if good else
-                     f"WARN {requirement.name}: {problem} (needed for tests and the lab; run make "
-                     f"setup)")
+        note = _lock_note(requirement.name, version, pins) if good else None
+        lines.append(f"WARN {requirement.name}: {problem} (needed for tests and the lab; run make "
+                     f"setup)" if not good else
+                     f"WARN {requirement.name}: {note}" if note else
+                     f"OK   {requirement.name} {version}")
     cuda = False
     try:
         import torch
