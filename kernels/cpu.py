@@ -1,5 +1,6 @@
-"""The CPU paged-attention kernel (``cpu_attention.c``): compiled on first use, called through
-ctypes.
+"""The CPU kernels: paged attention (``cpu_attention.c``), the small-batch matrix product
+(``cpu_linear.c``) and a whole decoder layer for decode steps (``cpu_decode_layer.c``), compiled
+together (``cpu_kernels.c``) into one library on first use and called through ctypes.
 
 Triton runs on a CPU only through its interpreter, far too slow to serve with, and the torch
 backend's gather + SDPA moves every decode row's (padded) keys three times. This kernel reads each
@@ -26,7 +27,9 @@ from pathlib import Path
 
 import torch
 
-SOURCE = Path(__file__).with_name("cpu_attention.c")
+SOURCE = Path(__file__).with_name("cpu_kernels.c")      # includes the three below
+SOURCES = (SOURCE, *(Path(__file__).with_name(name) for name in
+                     ("cpu_attention.c", "cpu_linear.c", "cpu_decode_layer.c")))
 # Tried in order: the fastest build first, then builds for compilers without -march=native or
 # OpenMP (Apple's clang has no -fopenmp: the kernel then runs on one thread).
 FLAG_SETS = (["-O3", "-march=native", "-fopenmp"], ["-O3", "-fopenmp"], ["-O3", "-march=native"],
@@ -103,7 +106,7 @@ def _library() -> ctypes.CDLL:
                 or shutil.which("clang"))
     if compiler is None:
         raise CPUKernelUnavailable("no C compiler found (cc, gcc or clang; or set $CC)")
-    source = SOURCE.read_bytes()
+    source = b"".join(path.read_bytes() for path in SOURCES)
     complaints = []
     for flags in FLAG_SETS:
         recipe = " ".join([compiler, *flags, _cpu_identity()]).encode()
@@ -130,6 +133,13 @@ def _library() -> ctypes.CDLL:
         fn.restype = ctypes.c_int
         fn.argtypes = ([ctypes.c_void_p] * 7 + [ctypes.c_int64] * 8
                        + [ctypes.c_float, ctypes.c_int32])
+        linear = lib.minicb_linear_f32
+        linear.restype = None
+        linear.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3
+        layer = lib.minicb_decode_layer_f32
+        layer.restype = ctypes.c_int
+        layer.argtypes = ([ctypes.c_void_p] * 22 + [ctypes.c_int64] * 9
+                          + [ctypes.c_float] * 2)
         lib.flags = flags
         return lib
     raise CPUKernelUnavailable("the CPU attention kernel did not compile: "
@@ -187,3 +197,80 @@ def paged_attention_cpu(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
     if status != 0:
         raise MemoryError("the CPU attention kernel could not allocate its scratch rows")
     return out
+
+
+def linear_cpu(x: torch.Tensor, weight: torch.Tensor,
+               bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` for a few rows (cpu_linear.c): x [m, k] and weight [n, k]
+    contiguous float32 CPU tensors, bias [n] or None; returns [m, n]."""
+    for name, t in (("x", x), ("weight", weight), ("bias", bias)):
+        if t is not None and (t.device.type != "cpu" or t.dtype != torch.float32
+                              or not t.is_contiguous()):
+            raise ValueError(f"{name} must be a contiguous float32 CPU tensor for the CPU kernel, "
+                             f"got {t.dtype} on {t.device}; use torch.nn.functional.linear.")
+    if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
+        raise ValueError(f"x {tuple(x.shape)} and weight {tuple(weight.shape)} do not multiply: "
+                         "x is [rows, in_features], weight [out_features, in_features].")
+    if bias is not None and bias.shape != (weight.shape[0],):
+        raise ValueError(f"bias {tuple(bias.shape)} must be [{weight.shape[0]}].")
+    (m, k), n = x.shape, weight.shape[0]
+    out = torch.empty(m, n, dtype=x.dtype)
+    if m:
+        _library().minicb_linear_f32(x.data_ptr(), weight.data_ptr(),
+                                     None if bias is None else bias.data_ptr(), out.data_ptr(),
+                                     m, n, k)
+    return out
+
+
+def decode_layer_cpu(x: torch.Tensor, layer: dict[str, torch.Tensor | None], cos: torch.Tensor,
+                     signed_sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                     slot_mapping: torch.Tensor, seq_lens: torch.Tensor,
+                     block_tables: torch.Tensor, q_heads: int, eps: float, scale: float) -> None:
+    """One decoder layer for a step in which every row decodes one token (cpu_decode_layer.c):
+    x [rows, hidden] is updated in place, this step's k and v are written into the caches.
+
+    ``layer`` holds contiguous float32 tensors: norm1, qkv (and qkv_bias or None), o, norm2,
+    gate_up (and gate_up_bias), down (and down_bias), as DecoderLayer.cpu_weights gives them;
+    cos and signed_sin are [rows, head_dim]; slot_mapping int64 [rows]; seq_lens int32 [rows];
+    block_tables int32 [rows, width].
+    """
+    for name, t, dtype in (("x", x, torch.float32), ("k_cache", k_cache, torch.float32),
+                           ("v_cache", v_cache, torch.float32), ("cos", cos, torch.float32),
+                           ("signed_sin", signed_sin, torch.float32),
+                           ("slot_mapping", slot_mapping, torch.int64),
+                           ("seq_lens", seq_lens, torch.int32),
+                           ("block_tables", block_tables, torch.int32)):
+        if t.device.type != "cpu" or t.dtype != dtype or not t.is_contiguous():
+            raise ValueError(f"{name} must be a contiguous {dtype} CPU tensor for the fused decode "
+                             f"layer, got {t.dtype} on {t.device}.")
+    rows, hidden = x.shape
+    num_blocks, block_size, kv_heads, head_dim = k_cache.shape
+    intermediate = layer["down"].shape[1]
+    if seq_lens.numel() != rows or slot_mapping.numel() != rows or block_tables.shape[0] != rows:
+        raise ValueError(f"a decode step has one slot, length and block table per row: {rows} rows,"
+                         f" {slot_mapping.numel()} slots, {seq_lens.numel()} lengths, "
+                         f"{block_tables.shape[0]} tables.")
+    if rows == 0:
+        return
+    scratch = torch.empty(rows * (hidden + (q_heads + 2 * kv_heads) * head_dim
+                                  + q_heads * head_dim + 3 * intermediate), dtype=torch.float32)
+    h, qkv, attn, gate_up, act = scratch.split(
+        [rows * hidden, rows * (q_heads + 2 * kv_heads) * head_dim, rows * q_heads * head_dim,
+         rows * 2 * intermediate, rows * intermediate])
+
+    def ptr(t: torch.Tensor | None) -> int | None:
+        return None if t is None else t.data_ptr()
+
+    status = _library().minicb_decode_layer_f32(
+        x.data_ptr(), ptr(layer["norm1"]), ptr(layer["qkv"]), ptr(layer["qkv_bias"]),
+        ptr(layer["o"]), ptr(layer["norm2"]), ptr(layer["gate_up"]), ptr(layer["gate_up_bias"]),
+        ptr(layer["down"]), ptr(layer["down_bias"]), cos.data_ptr(), signed_sin.data_ptr(),
+        k_cache.data_ptr(), v_cache.data_ptr(), slot_mapping.data_ptr(), seq_lens.data_ptr(),
+        block_tables.data_ptr(), h.data_ptr(), qkv.data_ptr(), attn.data_ptr(),
+        gate_up.data_ptr(), act.data_ptr(), rows, hidden, intermediate, q_heads, kv_heads,
+        head_dim, block_size, block_tables.shape[1], num_blocks, eps, scale)
+    if status == -2:
+        raise ValueError("a block table names a block outside the KV pool, is shorter than its "
+                         "row's keys, or a slot lies outside the pool.")
+    if status != 0:
+        raise MemoryError("the fused decode layer could not allocate its scratch rows")

@@ -35,6 +35,29 @@ class ModelArgs:
     rope_scaling: dict | None = None
 
 
+class Linear(nn.Linear):
+    """``nn.Linear`` (the same parameters and checkpoint names) that can hand the few rows of a
+    decode step to a CPU kernel.
+
+    A decode step multiplies one row per running request by every weight matrix: the time goes in
+    reading the weights, and torch's general matrix product, built for big blocks of rows, reads
+    them at a fraction of the speed the memory allows when there are only a few rows
+    (kernels/cpu_linear.c). ``LlamaForCausalLM.use_cpu_linear`` sets ``kernel``; then a call with
+    at most ``rows_per_thread`` rows per thread goes to it, and bigger ones (prompts, big
+    batches), where torch's blocked product wins, stay with torch. 32 rows per thread is where the
+    two met on a 2-core AVX2 CPU with one thread and with two (benchmarks/README.md).
+    """
+
+    kernel = None
+    rows_per_thread = 32
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if (self.kernel is not None and x.dim() == 2
+                and x.shape[0] <= self.rows_per_thread * torch.get_num_threads()):
+            return self.kernel(x.contiguous(), self.weight, self.bias)
+        return F.linear(x, self.weight, self.bias)
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -107,13 +130,13 @@ class SelfAttention(nn.Module):
         super().__init__()
         self.num_heads, self.num_kv_heads = args.num_heads, args.num_kv_heads
         self.head_dim = args.head_dim
-        self.q_proj = nn.Linear(args.hidden_size, args.num_heads * args.head_dim,
+        self.q_proj = Linear(args.hidden_size, args.num_heads * args.head_dim,
                                 bias=args.qkv_bias)
-        self.k_proj = nn.Linear(args.hidden_size, args.num_kv_heads * args.head_dim,
+        self.k_proj = Linear(args.hidden_size, args.num_kv_heads * args.head_dim,
                                 bias=args.qkv_bias)
-        self.v_proj = nn.Linear(args.hidden_size, args.num_kv_heads * args.head_dim,
+        self.v_proj = Linear(args.hidden_size, args.num_kv_heads * args.head_dim,
                                 bias=args.qkv_bias)
-        self.o_proj = nn.Linear(args.num_heads * args.head_dim, args.hidden_size, bias=False)
+        self.o_proj = Linear(args.num_heads * args.head_dim, args.hidden_size, bias=False)
         self.scale = args.head_dim ** -0.5
         self.attention = attention
         self.qkv_proj: nn.Linear | None = None      # set by fuse_projections after loading
@@ -147,9 +170,9 @@ class MLP(nn.Module):
 
     def __init__(self, args: ModelArgs):
         super().__init__()
-        self.gate_proj = nn.Linear(args.hidden_size, args.intermediate_size, bias=args.mlp_bias)
-        self.up_proj = nn.Linear(args.hidden_size, args.intermediate_size, bias=args.mlp_bias)
-        self.down_proj = nn.Linear(args.intermediate_size, args.hidden_size, bias=args.mlp_bias)
+        self.gate_proj = Linear(args.hidden_size, args.intermediate_size, bias=args.mlp_bias)
+        self.up_proj = Linear(args.hidden_size, args.intermediate_size, bias=args.mlp_bias)
+        self.down_proj = Linear(args.intermediate_size, args.hidden_size, bias=args.mlp_bias)
         self.gate_up_proj: nn.Linear | None = None  # set by fuse_projections after loading
 
     def swiglu(self, x: torch.Tensor) -> torch.Tensor:
@@ -167,14 +190,14 @@ class MLP(nn.Module):
         return out
 
 
-def fuse_linears(parts: list[nn.Linear]) -> nn.Linear:
+def fuse_linears(parts: list[nn.Linear]) -> Linear:
     """One Linear whose output is the parts' outputs side by side, and each part's weight (and
     bias) turned into a view of the fused one: no memory is duplicated, and code that calls a
     part (or loads weights into it by name) still works on the same numbers."""
     weight = torch.cat([p.weight.detach() for p in parts])
     has_bias = parts[0].bias is not None
-    fused = nn.Linear(weight.shape[1], weight.shape[0], bias=has_bias,
-                      device=weight.device, dtype=weight.dtype)
+    fused = Linear(weight.shape[1], weight.shape[0], bias=has_bias, device=weight.device,
+                   dtype=weight.dtype)
     fused.weight = nn.Parameter(weight, requires_grad=False)
     if has_bias:
         fused.bias = nn.Parameter(torch.cat([p.bias.detach() for p in parts]),
@@ -201,6 +224,15 @@ class DecoderLayer(nn.Module):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, meta)
         return x + self.mlp(self.post_attention_layernorm(x))
 
+    def cpu_weights(self) -> dict[str, torch.Tensor | None]:
+        """The tensors the fused decode layer reads (after fuse_projections)."""
+        attn, mlp = self.self_attn, self.mlp
+        return {"norm1": self.input_layernorm.weight, "qkv": attn.qkv_proj.weight,
+                "qkv_bias": attn.qkv_proj.bias, "o": attn.o_proj.weight,
+                "norm2": self.post_attention_layernorm.weight, "gate_up": mlp.gate_up_proj.weight,
+                "gate_up_bias": mlp.gate_up_proj.bias, "down": mlp.down_proj.weight,
+                "down_bias": mlp.down_proj.bias}
+
 
 class LlamaModel(nn.Module):
     def __init__(self, args: ModelArgs, attention: Attention):
@@ -210,12 +242,37 @@ class LlamaModel(nn.Module):
         self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(args)
 
+    fused_decode = None     # set by LlamaForCausalLM.use_cpu_kernels: the fused layer's weights
+
     def forward(self, input_ids, positions, kv_caches, meta):
         x = self.embed_tokens(input_ids)
         cos, sin = self.rotary_emb(positions, x.dtype)
+        if self.fused_decode is not None and self.decodes_only(x, meta):
+            return self.norm(self.decode_cpu(x, cos, sin, kv_caches, meta))
         for layer, kv_cache in zip(self.layers, kv_caches):
             x = layer(x, cos, sin, kv_cache, meta)
         return self.norm(x)
+
+    @staticmethod
+    def decodes_only(x: torch.Tensor, meta: AttentionMetadata) -> bool:
+        """Every row decodes one token (as many rows as requests), and few enough rows that the
+        small-batch products win (Linear.rows_per_thread)."""
+        rows = x.shape[0]
+        return (rows == meta.seq_lens.shape[0]
+                and rows <= Linear.rows_per_thread * torch.get_num_threads())
+
+    def decode_cpu(self, x, cos, sin, kv_caches, meta):
+        """The same layers through the fused C decode layer (kernels/cpu_decode_layer.c): one call
+        per layer instead of about 25 torch operations."""
+        from minicb.kernels.cpu import decode_layer_cpu
+
+        first = self.layers[0].self_attn
+        cos, sin = cos.reshape(x.shape[0], -1), sin.reshape(x.shape[0], -1)
+        for weights, (k_cache, v_cache) in zip(self.fused_decode, kv_caches):
+            decode_layer_cpu(x, weights, cos, sin, k_cache, v_cache, meta.slot_mapping,
+                             meta.seq_lens, meta.block_tables, first.num_heads,
+                             self.norm.eps, first.scale)
+        return x
 
 
 class LlamaForCausalLM(nn.Module):
@@ -223,7 +280,7 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.args = args
         self.model = LlamaModel(args, Attention(attention_backend))
-        self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+        self.lm_head = Linear(args.hidden_size, args.vocab_size, bias=False)
         if args.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
@@ -237,6 +294,21 @@ class LlamaForCausalLM(nn.Module):
             attn, mlp = layer.self_attn, layer.mlp
             attn.qkv_proj = fuse_linears([attn.q_proj, attn.k_proj, attn.v_proj])
             mlp.gate_up_proj = fuse_linears([mlp.gate_proj, mlp.up_proj])
+
+    def use_cpu_kernels(self, on: bool = True) -> None:
+        """Float32 weights on a CPU, after fuse_projections: steps of a few decodes run each layer
+        as one call to the fused C decode layer, and the other small matrix products (the
+        lm_head's, a mixed step's) go to the small-batch kernel (see Linear). ``on=False`` goes
+        back to the torch modules."""
+        kernel = None
+        self.model.fused_decode = None
+        if on:
+            from minicb.kernels.cpu import linear_cpu as kernel
+
+            self.model.fused_decode = [layer.cpu_weights() for layer in self.model.layers]
+        for module in self.modules():
+            if isinstance(module, Linear):
+                module.kernel = kernel
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
