@@ -6,7 +6,7 @@ Triton runs on a CPU only through its interpreter, far too slow to serve with, a
 backend's gather + SDPA moves every decode row's (padded) keys three times. This kernel reads each
 row's real keys once, straight from its blocks. It is compiled with the machine's C compiler
 (``cc``, or ``$CC``) the first time it is needed and cached under ``~/.cache/minicb`` (or
-``$MINICB_CACHE``), keyed by the source, the flags and the CPU, so later runs load it in
+``$MINICB_CACHE``), keyed by the sources, the flags and the CPU, so later runs load it in
 milliseconds.
 A cached library is loaded only if it is private to this user and its hash matches the one
 recorded when it was built; anything else is rebuilt, never loaded.

@@ -42,6 +42,8 @@ A100_LLAMA2_7B = CostModel(step_overhead=10.0e-3, prefill_token=61e-6, decode_se
 # EPYC virtual machine, minicb's default model, one torch thread (as the notebooks run); the
 # samples and the fit are in benchmarks/results/calibration.json. The chapters use these numbers
 # so that their outputs are the same on every run; `calibrate()` measures the reader's machine.
+# Measured with the model's torch modules, before steps of a few decodes ran each layer as one C
+# call (chapter 07): today's engine is faster at small batches than these terms say.
 REFERENCE_CPU = CostModel(step_overhead=2.4e-3, prefill_token=93.7e-6,
                           decode_seq=0.136e-3, context_token=0.42e-6,
                           name="2-core CPU, minicb's default model (measured)", unit="s")

@@ -16,7 +16,8 @@ this process runs two threads a busy neighbour only gets half a core and reads a
 need; the step runs on what is left, at least one thread and at most the thread count torch had
 when the engine started (torch's default is the cores; `torch.set_num_threads(1)` before building
 an engine keeps it at one). Coming back up needs a clearly lower reading, so a count does not
-flap.
+flap. When the policy starts it takes a first look of a tenth of a second, so the very first
+step already runs on the free cores.
 
 Where ``/proc/stat`` does not exist (macOS, Windows) the policy keeps torch's default, which is
 what every torch program does there. `EngineConfig.cpu_threads` set to a number fixes the count.
@@ -111,6 +112,7 @@ class ThreadPolicy:
     threads: int = 0                   # the count in force
     neighbours: float = 0.0            # the last reading: other programs' load, in cores
     changes: int = 0                   # how often the count changed
+    first_look: float = 0.1            # seconds of a first reading when the policy starts
     _last: tuple[float, float, float] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -121,7 +123,13 @@ class ThreadPolicy:
             self.threads = self.fixed
         else:
             self.threads = min(self.most, self.cores)
-            self.before_step()     # the first reading: the first step after `interval` acts on it
+            self.before_step()     # the first reading
+            if self.first_look > 0 and self.threads > 1:
+                # a short look now, while this process is idle, so the first step already runs on
+                # the free cores: a run of a second or two would otherwise spend its first
+                # `interval` with a thread that waits for a busy core at every barrier
+                time.sleep(self.first_look)
+                self._read(time.monotonic())
         _set_threads(self.threads, self.most)
 
     @property
@@ -135,6 +143,10 @@ class ThreadPolicy:
         now = time.monotonic() if now is None else now
         if self._last is not None and now - self._last[0] < self.interval:
             return self.threads
+        return self._read(now)
+
+    def _read(self, now: float) -> int:
+        """Read the machine now and act on the load since the previous reading."""
         machine = machine_busy_seconds()
         if machine is None:
             return self.threads

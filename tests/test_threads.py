@@ -36,7 +36,7 @@ def test_threads_for(neighbours, current, cores, most, expected):
 
 
 def test_observe_lowers_and_restores_the_count():
-    policy = ThreadPolicy(most=2, cores=2, interval=0.0)
+    policy = ThreadPolicy(most=2, cores=2, interval=0.0, first_look=0)
     assert policy.threads == 2 and torch.get_num_threads() == 2
     # over one second the machine was busy 1.9 CPU seconds, 0.9 of them ours: a neighbour
     policy.observe(1.0, 1.9, 0.9)
@@ -60,14 +60,14 @@ def test_a_fixed_count_never_moves():
 
 def test_a_later_engine_starts_from_the_users_ceiling():
     torch.set_num_threads(2)
-    first = ThreadPolicy(most=2, cores=2)
+    first = ThreadPolicy(most=2, cores=2, first_look=0)
     first.observe(1.0, 2.0, 1.0)           # lowered to one under load
     assert torch.get_num_threads() == 1
-    second = ThreadPolicy(cores=2)
+    second = ThreadPolicy(cores=2, first_look=0)
     assert second.most == 2                # not the 1 the first one left behind
     torch.set_num_threads(1)               # but a user's own choice is the ceiling
     policy_module._last_set = None
-    assert ThreadPolicy(cores=2).most == 1
+    assert ThreadPolicy(cores=2, first_look=0).most == 1
 
 
 def test_proc_stat_parsing(tmp_path):
@@ -84,7 +84,7 @@ def test_proc_stat_parsing(tmp_path):
 
 @pytest.mark.skipif(machine_busy_seconds() is None, reason="needs Linux's /proc/stat")
 def test_a_real_busy_neighbour_is_seen():
-    policy = ThreadPolicy(most=2, cores=2, interval=0.0)
+    policy = ThreadPolicy(most=2, cores=2, interval=0.0, first_look=0)
     with BusyNeighbour(deadline=30):
         policy.before_step()
         time.sleep(1.0)
@@ -92,6 +92,16 @@ def test_a_real_busy_neighbour_is_seen():
     # the busy loop is one whole core; other programs can only add to it
     assert policy.neighbours > 0.6
     assert policy.threads == 1
+
+
+@pytest.mark.skipif(machine_busy_seconds() is None, reason="needs Linux's /proc/stat")
+def test_the_first_step_already_sees_a_busy_neighbour():
+    """A short run must not spend its first quarter second waiting at barriers for a busy core:
+    the policy looks before the first step."""
+    with BusyNeighbour(deadline=30):
+        policy = ThreadPolicy(most=2, cores=2)
+        assert policy.neighbours > 0.6 and policy.threads == 1
+        assert torch.get_num_threads() == 1
 
 
 def test_engine_step_consults_the_policy(monkeypatch):

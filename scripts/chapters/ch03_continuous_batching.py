@@ -463,7 +463,9 @@ CELLS = [
     ("md", """
     The rest of the section uses two fixed calibrations, so its numbers are the same on every run:
     `REFERENCE_CPU`, the same measurement on this book's 2-core CPU
-    (`python -m minicb bench calibrate`, results in `benchmarks/results/calibration.json`), and
+    (`python -m minicb bench calibrate`, results in `benchmarks/results/calibration.json`; taken
+    with the model's torch modules, before chapter 07's one-call-per-layer decode steps made small
+    steps cheaper, so your own fit above can show a smaller overhead), and
     `A100_LLAMA2_7B`, the four terms solved from lmdeploy's published benchmark of Llama-2-7B in
     fp16 on an A100-80GB (batch 1 against batch 64 at short context, batch 16 at long context,
     the first token after 128 and 2,048 prompt tokens; the derivation is in

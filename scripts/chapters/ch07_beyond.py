@@ -221,56 +221,73 @@ CELLS = [
     them every step. `python -m minicb bench overhead` measures it next to the model's step.
 
     The same fixed cost hides inside the model's step: every operation pays for its dispatch
-    whatever its size. On a 2-core CPU, a one-row decode step of the default model takes about
-    2.5 ms on one thread: its 17 matrix products read the 20 MB of weights (about 1.5 ms, the
-    memory-bound floor at this machine's bandwidth), and about a hundred small operations of a
-    few microseconds each take most of the rest. On a GPU the cost per operation is a kernel
-    launch, and the cure is the first item of section 5, CUDA graphs: record the step once,
-    replay it with one call.
+    whatever its size. On a 2-core CPU, a one-row decode step of the default model took about
+    2.9 ms through the model's torch modules. Its 17 matrix products read 16 MB of weights, and
+    torch's general matrix product, built for big blocks of rows, read them on one core at about
+    12 GB/s when there is a single row (1.2–1.4 ms); about a hundred small operations (norms,
+    RoPE, the KV write, SiLU, residual adds) of a few microseconds each took most of the rest. On
+    a GPU the cost per operation is a kernel launch, and the cure is the first item of section 5,
+    CUDA graphs: record the step once, replay it with one call.
 
-    **The CPU analogue, measured.** Three ways to cut the per-step cost on a CPU were tried on
+    **The CPU analogue, measured.** Four ways to cut the per-step cost on a CPU were tried on
     this book's 2-core machine, and kept only where they won:
 
     * *Fewer, larger operations.* At load time minicb concatenates each layer's q, k and v weights
       into one matrix, and gate and up into another (vLLM does the same), so a layer runs 4
       matrix products instead of 7; the separate weights become views of the fused ones, so no
-      memory is added. Measured on the chat workload, fused against separate in one process,
-      alternating: about 2% faster on one thread, no difference on two. Kept: it never loses.
-    * *Compiling the step* (`torch.compile` with inductor, as vLLM's CPU backend does) is the
-      closest thing to a CUDA graph a CPU has: the small operations between matrix products are
-      fused into generated C++ loops. Compiling each layer's MLP and norms made a one-row step
-      slower (2.3 → 3.0 ms: the compiled functions' guards cost more than the operations they
-      replaced), and compiling the whole model recompiled at every change of the attention
-      metadata. Not kept; making it pay needs the attention call registered as an opaque custom
-      operation and the batch shapes bucketed, as vLLM does.
-    * *Threads that fit the machine.* Not a fixed cost but the largest effect of the three: with
-      another program busy on one of the two cores, two torch threads spin at every operation's
-      barrier waiting for the thread that shares the busy core, and throughput fell by 69%.
-      minicb's engine now reads, every quarter second, how much CPU other programs use
-      (`/proc/stat` minus its own time) and runs each step on the cores left free
-      (`minicb/threads.py`); the same test then loses 29%, about what losing one core of two
-      costs a compute-bound step (`python -m minicb bench neighbour`, `benchmarks/README.md`).
+      memory is added. About 2% faster on one thread, no difference on two. Kept: it never loses.
+    * *Compiling the step* (`torch.compile` with inductor, as vLLM's CPU backend does) fuses the
+      small operations between matrix products into generated C++ loops. Compiling each layer's
+      MLP and norms made a one-row step slower (2.3 → 3.0 ms: the compiled functions' guards cost
+      more than the operations they replaced), and compiling the whole model recompiled at every
+      change of the attention metadata. Not kept.
+    * *One call per layer, in C: the winner.* When every row of a step decodes one token and
+      there are few rows (at most 32 per thread), the model runs each layer as a single call
+      (`kernels/cpu_decode_layer.c`): norm, the q/k/v product, RoPE, the KV write, attention,
+      the output product and residual, norm, the MLP and residual, with the threads meeting at a
+      barrier between stages instead of returning to Python. Its matrix products give each thread
+      its own share of the weight rows, and keep a tile of 4 weight rows by 3 input rows in
+      registers (`kernels/cpu_linear.c`), so each weight is read once per step for all the rows.
+      That is the CUDA graph's idea on a CPU: the step's many small pieces become one launch.
+      Measured on the chat workload: a one-row step went from 2.9 to 1.2 ms, a 16-row step from
+      5.7 to 2.9 ms, and 64 chat requests finished 1.6 times sooner (see
+      `benchmarks/README.md`). Prompts and big batches keep the torch modules, where torch's
+      blocked matrix product is faster; outputs still equal transformers' token for token.
+    * *Threads that fit the machine.* Not a fixed cost but a large effect: with another program
+      busy on one of the two cores, two threads spin at every barrier waiting for the thread that
+      shares the busy core, and throughput fell by 69%. minicb's engine reads, every quarter
+      second, how much CPU other programs use (`/proc/stat` minus its own time) and runs each
+      step on the cores left free (`minicb/threads.py`; the C kernels run in the same OpenMP
+      pool), so the same test loses about what losing one core of two costs
+      (`python -m minicb bench neighbour`, `benchmarks/README.md`).
 
-    What is left per step is the weights' read and the arithmetic, which is where a decode step
-    should spend its time. Here is the fusion's effect on your machine:
+    Here is the fused layer's effect on your machine: one request decoding alone, then 32 chat
+    requests, through the torch modules and through the fused layer, alternating.
     """),
     ("code", """
     # NBVAL_IGNORE_OUTPUT
     llm = LLM(max_num_seqs=32)
-    layers = llm.llm_engine.model.model.layers
-    fused = [(layer.self_attn.qkv_proj, layer.mlp.gate_up_proj) for layer in layers]
+    model = llm.llm_engine.model
     prompts = chat(32, seed=0).prompt_token_ids(llm.llm_engine.vocab_size, seed=0)
     params = SamplingParams(max_tokens=48, temperature=0, ignore_eos=True)
-    timings = {"fused": [], "separate": []}
+    alone = SamplingParams(max_tokens=200, temperature=0, ignore_eos=True)
+    timings = {"torch modules": [], "fused layer": []}
+    step_ms = {mode: [] for mode in timings}
+    answers = {}
     for repeat in range(3):
         for mode in timings:
-            for layer, (qkv, gate_up) in zip(layers, fused):
-                layer.self_attn.qkv_proj, layer.mlp.gate_up_proj = (qkv, gate_up) if mode == "fused" else (None, None)
+            model.use_cpu_kernels(mode == "fused layer")
             start = time.perf_counter()
-            llm.generate(prompts, params, use_tqdm=False)
+            answers[mode] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
             timings[mode].append(time.perf_counter() - start)
-    for mode, seconds in timings.items():
-        print(f"{mode:>8} projections: {32 * 48 / min(seconds):6.0f} output tokens/s (best of 3)")
+            start = time.perf_counter()
+            llm.generate([prompts[0]], alone, use_tqdm=False)
+            step_ms[mode].append((time.perf_counter() - start) / 200 * 1e3)
+    model.use_cpu_kernels(True)
+    for mode in timings:
+        print(f"{mode:>13}: one request alone {min(step_ms[mode]):4.1f} ms per token; "
+              f"32 requests {32 * 48 / min(timings[mode]):5.0f} output tokens/s (best of 3)")
+    print("same answers either way:", answers["torch modules"] == answers["fused layer"])
     """),
     ("md", """
     ## 5. What production engines add

@@ -266,7 +266,9 @@ CELLS = [
     engines capture one graph per batch size in a set of buckets and pad a batch up to the next
     one. *A common wrong answer:* "CUDA graphs make kernels run faster": the kernels are the
     same; only the launch gaps disappear (and a prefill with large, variable shapes gains
-    little). On a CPU the analogue is per-operation overhead in eager PyTorch (chapter 07).
+    little). On a CPU the analogue is per-operation overhead in eager PyTorch, and minicb's cure
+    is the same idea by other means: a step of a few decodes runs each layer as one C call,
+    which took a one-row step of the default model from 2.9 to 1.2 ms (chapter 07).
 
     ### What does `gpu_memory_utilization` do, and how does an engine size its block pool?
     **Answer.** It is the fraction of the GPU's memory the engine may use (vLLM's default 0.9).
