@@ -215,7 +215,10 @@ CELLS = [
     What production adds to our loop, and why: **batching** (one forward pass serves every
     running request, chapter 02 and 03), a **preallocated cache** (a growing `torch.cat` copies the
     whole cache every step; the engine writes into a pool sized once), **RoPE computed once per
-    step** for every layer, and the sampling and stop checks that end a request.
+    step** for every layer, and the sampling and stop checks that end a request. On a CPU, a
+    step of only a few decodes runs the same arithmetic, layer by layer, as one call into C
+    (`kernels/cpu_decode_layer.c`), because a hundred small torch operations cost more than the
+    work they do; chapter 07 measures why.
     """),
     ("md", """
     ## 2. Prefill, then decode: one request in the engine
