@@ -62,7 +62,7 @@ def test_the_module_sends_small_batches_to_the_kernel_and_big_ones_to_torch(monk
     assert calls == [1, small]
 
 
-# --- the fused decoder layer -----------------------------------------------------------------------
+# --- the fused decoder layer ---------------------------------------------------------------------
 def decode_step(model, seq_lens, block_size=16, seed=0, unwritten_row=None):
     """A step of decodes: one new token per request at position seq_len - 1, each request's blocks
     scattered over a pool of random keys and values; returns the forward's arguments."""
@@ -136,10 +136,12 @@ def test_steps_with_a_prompt_or_many_rows_take_the_modules(tiny_llama, monkeypat
                              block_tables=torch.zeros(many, 1, dtype=torch.int32),
                              max_seqlen_q=1, max_seqlen_k=1)
     assert not model.model.decodes_only(torch.zeros(many, model.args.hidden_size), meta)
-    assert model.model.decodes_only(torch.zeros(many - 1, model.args.hidden_size), AttentionMetadata(
-        slot_mapping=torch.arange(many - 1), cu_seqlens_q=torch.arange(many, dtype=torch.int32),
-        seq_lens=torch.ones(many - 1, dtype=torch.int32),
-        block_tables=torch.zeros(many - 1, 1, dtype=torch.int32), max_seqlen_q=1, max_seqlen_k=1))
+    fits = AttentionMetadata(slot_mapping=torch.arange(many - 1),
+                             cu_seqlens_q=torch.arange(many, dtype=torch.int32),
+                             seq_lens=torch.ones(many - 1, dtype=torch.int32),
+                             block_tables=torch.zeros(many - 1, 1, dtype=torch.int32),
+                             max_seqlen_q=1, max_seqlen_k=1)
+    assert model.model.decodes_only(torch.zeros(many - 1, model.args.hidden_size), fits)
 
 
 def test_a_table_outside_the_pool_is_an_error_not_a_wild_read(tiny_llama):
