@@ -82,6 +82,54 @@ static inline __attribute__((always_inline)) void attend_token(
     }
 }
 
+/* attend_token with the head size as a compile-time constant where it is a common one (the
+ * compiler then unrolls the loops over it). */
+static inline void attend_token_any(
+    const float *qt, float *ot, const float *k_cache, const float *v_cache, const int32_t *table,
+    int64_t n, int64_t q_heads, int64_t kv_heads, int64_t head_dim, int64_t block_size, float scale,
+    float *scores)
+{
+    if (head_dim == 64)
+        attend_token(qt, ot, k_cache, v_cache, table, n, q_heads, kv_heads, 64, block_size, scale,
+                     scores);
+    else if (head_dim == 128)
+        attend_token(qt, ot, k_cache, v_cache, table, n, q_heads, kv_heads, 128, block_size, scale,
+                     scores);
+    else
+        attend_token(qt, ot, k_cache, v_cache, table, n, q_heads, kv_heads, head_dim, block_size,
+                     scale, scores);
+}
+
+/* Every block a row reads must be in the pool: a bad table is an error (-2), never a wild read.
+ * Sets *max_seq_len to the longest row's keys (at least 1). */
+static int check_tables(const int32_t *seq_lens, const int32_t *block_tables, int64_t num_seqs,
+                        int64_t block_size, int64_t table_width, int64_t num_blocks,
+                        int64_t *max_seq_len)
+{
+    *max_seq_len = 1;
+    for (int64_t r = 0; r < num_seqs; r++) {
+        *max_seq_len = seq_lens[r] > *max_seq_len ? seq_lens[r] : *max_seq_len;
+        const int64_t used = seq_lens[r] > block_size ? (seq_lens[r] + block_size - 1) / block_size : 1;
+        if (used > table_width) return -2;
+        for (int64_t b = 0; b < used; b++) {
+            const int32_t id = block_tables[r * table_width + b];
+            if (id < 0 || id >= num_blocks) return -2;
+        }
+    }
+    return 0;
+}
+
+/* One thread's scratch rows for the scores (q_heads x max_seq_len); on failure sets *failed. */
+static float *scores_scratch(int64_t q_heads, int64_t max_seq_len, int *failed)
+{
+    float *scores = malloc(sizeof(float) * (size_t)(q_heads * max_seq_len));
+    if (scores == NULL) {
+#pragma omp atomic write
+        *failed = 1;
+    }
+    return scores;
+}
+
 int minicb_paged_attention_f32(
     const float *q,               /* [num_tokens, q_heads, head_dim] */
     const float *k_cache,         /* [num_blocks, block_size, kv_heads, head_dim] */
@@ -93,26 +141,15 @@ int minicb_paged_attention_f32(
     int64_t num_seqs, int64_t num_tokens, int64_t q_heads, int64_t kv_heads, int64_t head_dim,
     int64_t block_size, int64_t table_width, int64_t num_blocks, float scale, int32_t decodes_only)
 {
-    /* every block a row reads must be in the pool: a bad table is an error, never a wild read */
-    int64_t max_seq_len = 1;
-    for (int64_t r = 0; r < num_seqs; r++) {
-        max_seq_len = seq_lens[r] > max_seq_len ? seq_lens[r] : max_seq_len;
-        const int64_t used = seq_lens[r] > block_size ? (seq_lens[r] + block_size - 1) / block_size : 1;
-        if (used > table_width) return -2;
-        for (int64_t b = 0; b < used; b++) {
-            const int32_t id = block_tables[r * table_width + b];
-            if (id < 0 || id >= num_blocks) return -2;
-        }
-    }
+    int64_t max_seq_len;
+    if (check_tables(seq_lens, block_tables, num_seqs, block_size, table_width, num_blocks,
+                     &max_seq_len) != 0)
+        return -2;
     int failed = 0;
 
 #pragma omp parallel
     {
-        float *scores = malloc(sizeof(float) * (size_t)(q_heads * max_seq_len));
-        if (scores == NULL) {
-#pragma omp atomic write
-            failed = 1;
-        }
+        float *scores = scores_scratch(q_heads, max_seq_len, &failed);
 #pragma omp for schedule(dynamic, 1)
         for (int64_t token = 0; token < num_tokens; token++) {
             if (failed) continue;
@@ -124,15 +161,8 @@ int minicb_paged_attention_f32(
             const float *qt = q + token * q_heads * head_dim;
             float *ot = out + token * q_heads * head_dim;
             const int32_t *table = block_tables + row * table_width;
-            if (head_dim == 64)
-                attend_token(qt, ot, k_cache, v_cache, table, pos + 1, q_heads, kv_heads, 64, block_size, scale,
-                             scores);
-            else if (head_dim == 128)
-                attend_token(qt, ot, k_cache, v_cache, table, pos + 1, q_heads, kv_heads, 128, block_size, scale,
-                             scores);
-            else
-                attend_token(qt, ot, k_cache, v_cache, table, pos + 1, q_heads, kv_heads, head_dim, block_size,
-                             scale, scores);
+            attend_token_any(qt, ot, k_cache, v_cache, table, pos + 1, q_heads, kv_heads, head_dim,
+                             block_size, scale, scores);
         }
         free(scores);
     }

@@ -66,29 +66,19 @@ int minicb_decode_layer_f32(
     int64_t head_dim, int64_t block_size, int64_t table_width, int64_t num_blocks, float eps,
     float scale)
 {
-    int64_t max_seq_len = 1;
-    for (int64_t r = 0; r < m; r++) {       /* a bad table is an error, never a wild read */
-        if (seq_lens[r] < 1) return -2;
-        max_seq_len = seq_lens[r] > max_seq_len ? seq_lens[r] : max_seq_len;
-        const int64_t used = (seq_lens[r] + block_size - 1) / block_size;
-        if (used > table_width) return -2;
-        for (int64_t b = 0; b < used; b++) {
-            const int32_t id = block_tables[r * table_width + b];
-            if (id < 0 || id >= num_blocks) return -2;
-        }
-        if (slot_mapping[r] >= num_blocks * block_size) return -2;
-    }
+    int64_t max_seq_len;           /* a bad table or slot is an error, never a wild read */
+    if (check_tables(seq_lens, block_tables, m, block_size, table_width, num_blocks,
+                     &max_seq_len) != 0)
+        return -2;
+    for (int64_t r = 0; r < m; r++)
+        if (seq_lens[r] < 1 || slot_mapping[r] >= num_blocks * block_size) return -2;
     const int64_t q_size = q_heads * head_dim, kv_size = kv_heads * head_dim;
     const int64_t qkv_size = q_size + 2 * kv_size;
     int failed = 0;
 
 #pragma omp parallel
     {
-        float *scores = malloc(sizeof(float) * (size_t)(q_heads * max_seq_len));
-        if (scores == NULL) {
-#pragma omp atomic write
-            failed = 1;
-        }
+        float *scores = scores_scratch(q_heads, max_seq_len, &failed);
         rmsnorm_rows(x, norm1, h, m, hidden, eps);
         linear_rows(h, w_qkv, b_qkv, qkv, m, qkv_size, hidden, 0);
 #pragma omp for schedule(static)
@@ -111,14 +101,7 @@ int minicb_decode_layer_f32(
             const float *qi = qkv + i * qkv_size;   /* q heads come first in the row */
             float *oi = attn + i * q_size;
             const int32_t *table = block_tables + i * table_width;
-            if (head_dim == 64)
-                attend_token(qi, oi, k_cache, v_cache, table, seq_lens[i], q_heads, kv_heads, 64,
-                             block_size, scale, scores);
-            else if (head_dim == 128)
-                attend_token(qi, oi, k_cache, v_cache, table, seq_lens[i], q_heads, kv_heads, 128,
-                             block_size, scale, scores);
-            else
-                attend_token(qi, oi, k_cache, v_cache, table, seq_lens[i], q_heads, kv_heads,
+            attend_token_any(qi, oi, k_cache, v_cache, table, seq_lens[i], q_heads, kv_heads,
                              head_dim, block_size, scale, scores);
         }
         linear_rows(attn, w_o, NULL, x, m, hidden, q_size, 1);            /* x += o_proj */

@@ -42,7 +42,7 @@ class Linear(nn.Linear):
     A decode step multiplies one row per running request by every weight matrix: the time goes in
     reading the weights, and torch's general matrix product, built for big blocks of rows, reads
     them at a fraction of the speed the memory allows when there are only a few rows
-    (kernels/cpu_linear.c). ``LlamaForCausalLM.use_cpu_linear`` sets ``kernel``; then a call with
+    (kernels/cpu_linear.c). ``LlamaForCausalLM.use_cpu_kernels`` sets ``kernel``; then a call with
     at most ``rows_per_thread`` rows per thread goes to it, and bigger ones (prompts, big
     batches), where torch's blocked product wins, stay with torch. 32 rows per thread is where the
     two met on a 2-core AVX2 CPU with one thread and with two (benchmarks/README.md).
