@@ -144,6 +144,18 @@ def test_steps_with_a_prompt_or_many_rows_take_the_modules(tiny_llama, monkeypat
     assert model.model.decodes_only(torch.zeros(many - 1, model.args.hidden_size), fits)
 
 
+def test_the_fused_layer_refuses_weights_it_cannot_read(tiny_llama):
+    model = load_model(Path(tiny_llama), attention="cpu")
+    layer = model.model.layers[0]
+    layer.mlp.down_proj.weight = torch.nn.Parameter(layer.mlp.down_proj.weight.double(),
+                                                    requires_grad=False)
+    with pytest.raises(ValueError, match="contiguous float32 weights.*down is torch.float64"):
+        model.use_cpu_kernels()
+    layer.self_attn.qkv_proj = None
+    with pytest.raises(ValueError, match="fuse_projections"):
+        layer.cpu_weights()
+
+
 def test_a_table_outside_the_pool_is_an_error_not_a_wild_read(tiny_llama):
     model = load_model(Path(tiny_llama), attention="cpu")
     ids, positions, caches, meta = decode_step(model, [20, 3])

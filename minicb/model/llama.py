@@ -227,11 +227,21 @@ class DecoderLayer(nn.Module):
     def cpu_weights(self) -> dict[str, torch.Tensor | None]:
         """The tensors the fused decode layer reads (after fuse_projections)."""
         attn, mlp = self.self_attn, self.mlp
-        return {"norm1": self.input_layernorm.weight, "qkv": attn.qkv_proj.weight,
-                "qkv_bias": attn.qkv_proj.bias, "o": attn.o_proj.weight,
-                "norm2": self.post_attention_layernorm.weight, "gate_up": mlp.gate_up_proj.weight,
-                "gate_up_bias": mlp.gate_up_proj.bias, "down": mlp.down_proj.weight,
-                "down_bias": mlp.down_proj.bias}
+        if attn.qkv_proj is None or mlp.gate_up_proj is None:
+            raise ValueError("the fused decode layer reads the fused projections: call "
+                             "fuse_projections() first.")
+        weights = {"norm1": self.input_layernorm.weight, "qkv": attn.qkv_proj.weight,
+                   "qkv_bias": attn.qkv_proj.bias, "o": attn.o_proj.weight,
+                   "norm2": self.post_attention_layernorm.weight,
+                   "gate_up": mlp.gate_up_proj.weight, "gate_up_bias": mlp.gate_up_proj.bias,
+                   "down": mlp.down_proj.weight, "down_bias": mlp.down_proj.bias}
+        for name, tensor in weights.items():   # the C code reads them as plain float32 arrays
+            if tensor is not None and (tensor.dtype != torch.float32 or tensor.device.type != "cpu"
+                                       or not tensor.is_contiguous()):
+                raise ValueError(f"the fused decode layer needs contiguous float32 weights on the "
+                                 f"CPU; {name} is {tensor.dtype} on {tensor.device}. Use "
+                                 "attention='torch' for other dtypes and devices.")
+        return weights
 
 
 class LlamaModel(nn.Module):
