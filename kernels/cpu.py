@@ -23,6 +23,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -222,53 +223,88 @@ def linear_cpu(x: torch.Tensor, weight: torch.Tensor,
     return out
 
 
-def decode_layer_cpu(x: torch.Tensor, layer: dict[str, torch.Tensor | None], cos: torch.Tensor,
-                     signed_sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                     slot_mapping: torch.Tensor, seq_lens: torch.Tensor,
-                     block_tables: torch.Tensor, q_heads: int, eps: float, scale: float) -> None:
-    """One decoder layer for a step in which every row decodes one token (cpu_decode_layer.c):
-    x [rows, hidden] is updated in place, this step's k and v are written into the caches.
+@dataclass
+class DecodeStep:
+    """What every layer of one decode step shares: checked, and its scratch rows allocated, once
+    per step (decode_step_cpu) rather than once per layer."""
 
-    ``layer`` holds contiguous float32 tensors: norm1, qkv (and qkv_bias or None), o, norm2,
-    gate_up (and gate_up_bias), down (and down_bias), as DecoderLayer.cpu_weights gives them;
-    cos and signed_sin are [rows, head_dim]; slot_mapping int64 [rows]; seq_lens int32 [rows];
-    block_tables int32 [rows, width].
-    """
-    for name, t, dtype in (("x", x, torch.float32), ("k_cache", k_cache, torch.float32),
-                           ("v_cache", v_cache, torch.float32), ("cos", cos, torch.float32),
+    cos: torch.Tensor               # [rows, head_dim]
+    signed_sin: torch.Tensor        # [rows, head_dim]
+    slot_mapping: torch.Tensor      # int64 [rows]
+    seq_lens: torch.Tensor          # int32 [rows]
+    block_tables: torch.Tensor      # int32 [rows, width]
+    q_heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    eps: float
+    scale: float
+    scratch: tuple[torch.Tensor, ...]   # h, qkv, attn, gate_up, act (cpu_decode_layer.c)
+
+
+def _check(name: str, t: torch.Tensor, dtype: torch.dtype) -> None:
+    if t.device.type != "cpu" or t.dtype != dtype or not t.is_contiguous():
+        raise ValueError(f"{name} must be a contiguous {dtype} CPU tensor for the fused decode "
+                         f"layer, got {t.dtype} on {t.device}.")
+
+
+def decode_step_cpu(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor,
+                    slot_mapping: torch.Tensor, seq_lens: torch.Tensor,
+                    block_tables: torch.Tensor, q_heads: int, kv_heads: int, head_dim: int,
+                    intermediate: int, eps: float, scale: float) -> DecodeStep:
+    """Check a step in which every row decodes one token, and allocate its scratch rows: x
+    [rows, hidden] float32; cos and signed_sin [rows, head_dim]; slot_mapping int64 [rows];
+    seq_lens int32 [rows]; block_tables int32 [rows, width]."""
+    for name, t, dtype in (("x", x, torch.float32), ("cos", cos, torch.float32),
                            ("signed_sin", signed_sin, torch.float32),
                            ("slot_mapping", slot_mapping, torch.int64),
                            ("seq_lens", seq_lens, torch.int32),
                            ("block_tables", block_tables, torch.int32)):
-        if t.device.type != "cpu" or t.dtype != dtype or not t.is_contiguous():
-            raise ValueError(f"{name} must be a contiguous {dtype} CPU tensor for the fused decode "
-                             f"layer, got {t.dtype} on {t.device}.")
+        _check(name, t, dtype)
     rows, hidden = x.shape
-    num_blocks, block_size, kv_heads, head_dim = k_cache.shape
-    intermediate = layer["down"].shape[1]
     if seq_lens.numel() != rows or slot_mapping.numel() != rows or block_tables.shape[0] != rows:
         raise ValueError(f"a decode step has one slot, length and block table per row: {rows} rows,"
                          f" {slot_mapping.numel()} slots, {seq_lens.numel()} lengths, "
                          f"{block_tables.shape[0]} tables.")
+    sizes = [rows * hidden, rows * (q_heads + 2 * kv_heads) * head_dim, rows * q_heads * head_dim,
+             rows * 2 * intermediate, rows * intermediate]
+    scratch = torch.empty(sum(sizes), dtype=torch.float32).split(sizes)
+    return DecodeStep(cos, signed_sin, slot_mapping, seq_lens, block_tables, q_heads, kv_heads,
+                      head_dim, intermediate, eps, scale, scratch)
+
+
+def decode_layer_cpu(x: torch.Tensor, layer: dict[str, torch.Tensor | None],
+                     k_cache: torch.Tensor, v_cache: torch.Tensor, step: DecodeStep) -> None:
+    """One decoder layer of a decode step (cpu_decode_layer.c): x [rows, hidden] is updated in
+    place and this step's k and v are written into the caches [num_blocks, block_size, kv_heads,
+    head_dim].
+
+    ``layer`` holds contiguous float32 tensors: norm1, qkv (and qkv_bias or None), o, norm2,
+    gate_up (and gate_up_bias), down (and down_bias), as DecoderLayer.cpu_weights gives them.
+    """
+    _check("k_cache", k_cache, torch.float32)
+    _check("v_cache", v_cache, torch.float32)
+    num_blocks, block_size, kv_heads, head_dim = k_cache.shape
+    if (kv_heads, head_dim) != (step.kv_heads, step.head_dim) or v_cache.shape != k_cache.shape:
+        raise ValueError(f"the caches {tuple(k_cache.shape)} and {tuple(v_cache.shape)} do not hold "
+                         f"{step.kv_heads} KV heads of {step.head_dim}.")
+    rows, hidden = x.shape
     if rows == 0:
         return
-    scratch = torch.empty(rows * (hidden + (q_heads + 2 * kv_heads) * head_dim
-                                  + q_heads * head_dim + 3 * intermediate), dtype=torch.float32)
-    h, qkv, attn, gate_up, act = scratch.split(
-        [rows * hidden, rows * (q_heads + 2 * kv_heads) * head_dim, rows * q_heads * head_dim,
-         rows * 2 * intermediate, rows * intermediate])
 
     def ptr(t: torch.Tensor | None) -> int | None:
         return None if t is None else t.data_ptr()
 
+    h, qkv, attn, gate_up, act = step.scratch
     status = _library().minicb_decode_layer_f32(
         x.data_ptr(), ptr(layer["norm1"]), ptr(layer["qkv"]), ptr(layer["qkv_bias"]),
         ptr(layer["o"]), ptr(layer["norm2"]), ptr(layer["gate_up"]), ptr(layer["gate_up_bias"]),
-        ptr(layer["down"]), ptr(layer["down_bias"]), cos.data_ptr(), signed_sin.data_ptr(),
-        k_cache.data_ptr(), v_cache.data_ptr(), slot_mapping.data_ptr(), seq_lens.data_ptr(),
-        block_tables.data_ptr(), h.data_ptr(), qkv.data_ptr(), attn.data_ptr(),
-        gate_up.data_ptr(), act.data_ptr(), rows, hidden, intermediate, q_heads, kv_heads,
-        head_dim, block_size, block_tables.shape[1], num_blocks, eps, scale)
+        ptr(layer["down"]), ptr(layer["down_bias"]), step.cos.data_ptr(),
+        step.signed_sin.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
+        step.slot_mapping.data_ptr(), step.seq_lens.data_ptr(), step.block_tables.data_ptr(),
+        h.data_ptr(), qkv.data_ptr(), attn.data_ptr(), gate_up.data_ptr(), act.data_ptr(), rows,
+        hidden, step.intermediate, step.q_heads, kv_heads, head_dim, block_size,
+        step.block_tables.shape[1], num_blocks, step.eps, step.scale)
     if status == -2:
         raise ValueError("a block table names a block outside the KV pool, is shorter than its "
                          "row's keys, or a slot lies outside the pool.")

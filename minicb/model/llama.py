@@ -274,14 +274,16 @@ class LlamaModel(nn.Module):
     def decode_cpu(self, x, cos, sin, kv_caches, meta):
         """The same layers through the fused C decode layer (kernels/cpu_decode_layer.c): one call
         per layer instead of about 25 torch operations."""
-        from minicb.kernels.cpu import decode_layer_cpu
+        from minicb.kernels import cpu
 
-        first = self.layers[0].self_attn
-        cos, sin = cos.reshape(x.shape[0], -1), sin.reshape(x.shape[0], -1)
+        attn, rows = self.layers[0].self_attn, x.shape[0]
+        step = cpu.decode_step_cpu(x, cos.reshape(rows, -1), sin.reshape(rows, -1),
+                                   meta.slot_mapping, meta.seq_lens, meta.block_tables,
+                                   attn.num_heads, attn.num_kv_heads, attn.head_dim,
+                                   self.layers[0].mlp.down_proj.in_features, self.norm.eps,
+                                   attn.scale)
         for weights, (k_cache, v_cache) in zip(self.fused_decode, kv_caches):
-            decode_layer_cpu(x, weights, cos, sin, k_cache, v_cache, meta.slot_mapping,
-                             meta.seq_lens, meta.block_tables, first.num_heads,
-                             self.norm.eps, first.scale)
+            cpu.decode_layer_cpu(x, weights, k_cache, v_cache, step)
         return x
 
 
