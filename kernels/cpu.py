@@ -286,8 +286,8 @@ def decode_layer_cpu(x: torch.Tensor, layer: dict[str, torch.Tensor | None],
     _check("v_cache", v_cache, torch.float32)
     num_blocks, block_size, kv_heads, head_dim = k_cache.shape
     if (kv_heads, head_dim) != (step.kv_heads, step.head_dim) or v_cache.shape != k_cache.shape:
-        raise ValueError(f"the caches {tuple(k_cache.shape)} and {tuple(v_cache.shape)} do not hold "
-                         f"{step.kv_heads} KV heads of {step.head_dim}.")
+        raise ValueError(f"the caches {tuple(k_cache.shape)} and {tuple(v_cache.shape)} do not "
+                         f"hold {step.kv_heads} KV heads of {step.head_dim}.")
     rows, hidden = x.shape
     if rows == 0:
         return

@@ -122,37 +122,31 @@ def test_demo_runs_every_system_and_they_agree():
 
 
 # --- the lock: a fresh clone installs the versions the notebooks were recorded with -------------
-def _pins(text: str) -> dict[str, str]:
-    from minicb.tools.env_check import _key
+def _pins() -> dict[str, str]:
+    from minicb.tools.env_check import locked_versions
 
-    pins = {}
-    for line in text.splitlines():
-        line = line.split("#", 1)[0].strip()
-        if line:
-            name, rest = line.split("==", 1)
-            pins[_key(name)] = rest.split(";", 1)[0].strip()
-    return pins
+    return locked_versions(ROOT / "constraints.txt")
 
 
 def test_every_declared_package_is_pinned_within_its_declared_range():
     from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
 
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     declared = [Requirement(r) for r in project["dependencies"]
                 + [r for extra in project["optional-dependencies"].values() for r in extra]]
-    pins = _pins((ROOT / "constraints.txt").read_text())
-    from minicb.tools.env_check import _key
-
-    unpinned = [r.name for r in declared if _key(r.name) not in pins]
+    pins = _pins()
+    unpinned = [r.name for r in declared if canonicalize_name(r.name) not in pins]
     assert not unpinned, f"not pinned in constraints.txt (run make lock): {unpinned}"
-    outside = [f"{r.name}=={pins[_key(r.name)]} (pyproject wants {r.specifier})" for r in declared
-               if not r.specifier.contains(pins[_key(r.name)], prereleases=True)]
+    outside = [f"{r.name}=={pins[canonicalize_name(r.name)]} (pyproject wants {r.specifier})"
+               for r in declared
+               if not r.specifier.contains(pins[canonicalize_name(r.name)], prereleases=True)]
     assert not outside, outside
 
 
 def test_the_lock_pins_torch_as_the_makefile_installs_it():
     pin = re.search(r"TORCH_SPEC\s*\?=\s*torch==(\S+)", (ROOT / "Makefile").read_text()).group(1)
-    assert _pins((ROOT / "constraints.txt").read_text())["torch"] == pin
+    assert _pins()["torch"] == pin
 
 
 def test_setup_installs_through_the_lock():

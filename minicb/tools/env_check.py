@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 FALLBACK_REQUIRED = ["torch", "transformers", "safetensors", "tokenizers", "triton", "numpy",
                      "matplotlib", "ipywidgets", "tqdm", "fastapi", "uvicorn", "httpx", "psutil"]
@@ -67,19 +68,15 @@ def locked_versions(path: Path = LOCK) -> dict[str, str]:
     for line in path.read_text().splitlines():
         line = line.split("#", 1)[0].strip()
         if "==" in line:
-            requirement = Requirement(line)
-            if requirement.marker is None or requirement.marker.evaluate():
-                pins[_key(requirement.name)] = str(requirement.specifier).removeprefix("==")
+            pin = Requirement(line)
+            if pin.marker is None or pin.marker.evaluate():
+                pins[canonicalize_name(pin.name)] = str(pin.specifier).removeprefix("==")
     return pins
-
-
-def _key(name: str) -> str:
-    return name.lower().replace("_", "-").replace(".", "-")
 
 
 def _lock_note(name: str, version: str | None, pins: dict[str, str]) -> str | None:
     """Why an installed version that differs from the lock matters, or None when it matches."""
-    pinned = pins.get(_key(name))
+    pinned = pins.get(canonicalize_name(name))
     if version is None or pinned is None or version.split("+")[0] == pinned:
         return None
     return (f"{version} installed, the notebooks were recorded with {pinned} (constraints.txt): "
