@@ -155,6 +155,13 @@ def available() -> tuple[bool, str]:
         return False, str(err)
 
 
+def _require(name: str, t: torch.Tensor, dtype: torch.dtype, fix: str = "") -> None:
+    """Refuse a tensor the C code cannot read as a plain array: another device, dtype or layout."""
+    if t.device.type != "cpu" or t.dtype != dtype or not t.is_contiguous():
+        raise ValueError(f"{name} must be a contiguous {str(dtype).removeprefix('torch.')} CPU "
+                         f"tensor, got {t.dtype} on {t.device}{'; ' + fix if fix else ''}.")
+
+
 def paged_attention_cpu(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                         cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor,
                         block_tables: torch.Tensor, scale: float, decodes_only: bool = False,
@@ -165,14 +172,10 @@ def paged_attention_cpu(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
     must be float32, contiguous and on the CPU; the index tensors int32.
     """
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
-        if t.device.type != "cpu" or t.dtype != torch.float32 or not t.is_contiguous():
-            raise ValueError(f"{name} must be a contiguous float32 CPU tensor for the CPU kernel, "
-                             f"got {t.dtype} on {t.device}; use attention='torch' for other dtypes "
-                             "and devices.")
+        _require(name, t, torch.float32, "use attention='torch' for other dtypes and devices")
     for name, t in (("cu_seqlens_q", cu_seqlens_q), ("seq_lens", seq_lens),
                     ("block_tables", block_tables)):
-        if t.dtype != torch.int32 or not t.is_contiguous():
-            raise ValueError(f"{name} must be a contiguous int32 tensor, got {t.dtype}.")
+        _require(name, t, torch.int32)
     num_tokens, q_heads, head_dim = q.shape
     num_blocks, block_size, kv_heads, _ = k_cache.shape
     if q_heads % kv_heads:
@@ -205,10 +208,8 @@ def linear_cpu(x: torch.Tensor, weight: torch.Tensor,
     """``F.linear(x, weight, bias)`` for a few rows (cpu_linear.c): x [m, k] and weight [n, k]
     contiguous float32 CPU tensors, bias [n] or None; returns [m, n]."""
     for name, t in (("x", x), ("weight", weight), ("bias", bias)):
-        if t is not None and (t.device.type != "cpu" or t.dtype != torch.float32
-                              or not t.is_contiguous()):
-            raise ValueError(f"{name} must be a contiguous float32 CPU tensor for the CPU kernel, "
-                             f"got {t.dtype} on {t.device}; use torch.nn.functional.linear.")
+        if t is not None:
+            _require(name, t, torch.float32, "use torch.nn.functional.linear")
     if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
         raise ValueError(f"x {tuple(x.shape)} and weight {tuple(weight.shape)} do not multiply: "
                          "x is [rows, in_features], weight [out_features, in_features].")
@@ -242,12 +243,6 @@ class DecodeStep:
     scratch: tuple[torch.Tensor, ...]   # h, qkv, attn, gate_up, act (cpu_decode_layer.c)
 
 
-def _check(name: str, t: torch.Tensor, dtype: torch.dtype) -> None:
-    if t.device.type != "cpu" or t.dtype != dtype or not t.is_contiguous():
-        raise ValueError(f"{name} must be a contiguous {dtype} CPU tensor for the fused decode "
-                         f"layer, got {t.dtype} on {t.device}.")
-
-
 def decode_step_cpu(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor,
                     slot_mapping: torch.Tensor, seq_lens: torch.Tensor,
                     block_tables: torch.Tensor, q_heads: int, kv_heads: int, head_dim: int,
@@ -260,7 +255,7 @@ def decode_step_cpu(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor
                            ("slot_mapping", slot_mapping, torch.int64),
                            ("seq_lens", seq_lens, torch.int32),
                            ("block_tables", block_tables, torch.int32)):
-        _check(name, t, dtype)
+        _require(name, t, dtype)
     rows, hidden = x.shape
     if seq_lens.numel() != rows or slot_mapping.numel() != rows or block_tables.shape[0] != rows:
         raise ValueError(f"a decode step has one slot, length and block table per row: {rows} rows,"
@@ -282,8 +277,8 @@ def decode_layer_cpu(x: torch.Tensor, layer: dict[str, torch.Tensor | None],
     ``layer`` holds contiguous float32 tensors: norm1, qkv (and qkv_bias or None), o, norm2,
     gate_up (and gate_up_bias), down (and down_bias), as DecoderLayer.cpu_weights gives them.
     """
-    _check("k_cache", k_cache, torch.float32)
-    _check("v_cache", v_cache, torch.float32)
+    _require("k_cache", k_cache, torch.float32)
+    _require("v_cache", v_cache, torch.float32)
     num_blocks, block_size, kv_heads, head_dim = k_cache.shape
     if (kv_heads, head_dim) != (step.kv_heads, step.head_dim) or v_cache.shape != k_cache.shape:
         raise ValueError(f"the caches {tuple(k_cache.shape)} and {tuple(v_cache.shape)} do not "
