@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from minicb.kernels import cpu
 from reference import compare, hf_greedy
 
-from minicb import LLM
+from minicb import LLM, SamplingParams
 from minicb.model.attention import AttentionMetadata
 from minicb.model.llama import Linear
 from minicb.model.loader import load_model
@@ -97,7 +97,7 @@ def decode_step(model, seq_lens, block_size=16, seed=0, unwritten_row=None):
 
 @pytest.mark.parametrize("seq_lens", [[1], [17], [5, 16, 33, 1, 64, 2], list(range(1, 40, 3))],
                          ids=["first-token", "one-row", "block-edges", "thirteen-rows"])
-def test_fused_layer_equals_the_torch_modules(tiny_model, seq_lens):
+def test_fused_layer_equals_the_torch_modules(tiny_model, seq_lens, monkeypatch):
     """Hidden states and the KV written: grouped-query attention with 2 and 4 query heads per KV
     head, q/k/v biases (Qwen2), head_dim 16 (the kernel's generic loop)."""
     model = load_model(Path(tiny_model), attention="cpu")
@@ -106,12 +106,9 @@ def test_fused_layer_equals_the_torch_modules(tiny_model, seq_lens):
     modules_caches = [(k.clone(), v.clone()) for k, v in caches]
     calls = []
     real = cpu.decode_layer_cpu
+    monkeypatch.setattr(cpu, "decode_layer_cpu", lambda *a, **k: calls.append(1) or real(*a, **k))
     with torch.inference_mode():
-        cpu.decode_layer_cpu = lambda *a, **k: calls.append(1) or real(*a, **k)
-        try:
-            fused = model.model(ids, positions, caches, meta())
-        finally:
-            cpu.decode_layer_cpu = real
+        fused = model.model(ids, positions, caches, meta())
         model.use_cpu_kernels(False)
         reference = model.model(ids, positions, modules_caches, meta())
     assert len(calls) == model.args.num_layers, "the step did not take the fused path"
@@ -176,8 +173,6 @@ def test_engine_on_the_fused_path_equals_transformers(tiny_model, monkeypatch):
     monkeypatch.setattr(cpu, "decode_layer_cpu", lambda *a, **k: calls.append(1) or real(*a, **k))
     llm = LLM(tiny_model, scheduler="continuous", kv_cache="paged", attention="cpu",
               max_num_seqs=4, block_size=16)
-    from minicb import SamplingParams
-
     outputs = llm.generate(prompts, [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True)
                                      for n in max_tokens], use_tqdm=False)
     assert calls, "no decode step took the fused layer"
