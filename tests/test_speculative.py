@@ -1,0 +1,129 @@
+"""Speculative decoding's proposer and acceptance rule, on their own.
+
+The acceptance rule must leave the output distribution equal to the target model's: a
+chi-square test over a tiny vocabulary checks it for a draft model and for prompt lookup, and
+shows that a rule which accepts without checking fails the same test.
+"""
+
+import pytest
+import torch
+
+from minicb.sampling import SamplingParams
+from minicb.speculative import accept, propose_ngram, target_probs
+
+SIGNIFICANCE = 1e-3         # the chi-square tests reject at this p-value (seeded: deterministic)
+
+
+# ---------------------------------------------------------------- prompt lookup
+def test_ngram_proposes_what_followed_the_last_match():
+    #        0  1  2  3  4  5  6  7  8  9
+    tokens = [5, 6, 7, 8, 9, 5, 6, 7, 1, 5, 6, 7]
+    # the suffix (5, 6, 7) occurred at 0 and at 5; the later one was followed by 1, 5, 6
+    assert propose_ngram(tokens, k=3, min_n=2, max_n=3) == [1, 5, 6]
+
+
+def test_ngram_prefers_the_longest_match():
+    # the 2-gram (3, 4) last occurred at 6 (followed by 9); the 3-gram (2, 3, 4) only at 1
+    tokens = [0, 2, 3, 4, 7, 7, 3, 4, 9, 2, 3, 4]
+    assert propose_ngram(tokens, k=1, min_n=2, max_n=3) == [7]
+    assert propose_ngram(tokens, k=1, min_n=2, max_n=2) == [9]
+
+
+def test_ngram_stops_at_the_end_and_misses_cleanly():
+    assert propose_ngram([1, 2, 3, 1, 2], k=5, min_n=2, max_n=2) == [3, 1, 2]
+    assert propose_ngram([1, 2, 3, 4], k=4) == []
+    assert propose_ngram([7], k=4) == []
+    assert propose_ngram([1, 2, 1, 2], k=0) == []
+
+
+# ---------------------------------------------------------------- greedy acceptance
+def _logits_preferring(tokens, vocab=8):
+    logits = torch.zeros(len(tokens), vocab)
+    logits[torch.arange(len(tokens)), torch.tensor(tokens)] = 5.0
+    return logits
+
+
+@pytest.mark.parametrize("proposed, target, expected", [
+    ([3, 4, 5], [3, 4, 5, 6], [3, 4, 5, 6]),     # all accepted, plus the bonus token
+    ([3, 4, 5], [3, 1, 5, 6], [3, 1]),           # the first disagreement is replaced
+    ([3, 4, 5], [2, 4, 5, 6], [2]),              # nothing accepted: still one token
+    ([], [7], [7]),                              # no proposal: an ordinary decode
+])
+def test_greedy_keeps_the_longest_agreeing_prefix(proposed, target, expected):
+    out = accept(_logits_preferring(target), proposed, SamplingParams(temperature=0))
+    assert out == expected
+
+
+def test_wrong_number_of_logit_rows_is_refused():
+    with pytest.raises(ValueError, match="k \\+ 1"):
+        accept(torch.zeros(2, 8), [1, 2], SamplingParams(temperature=0))
+
+
+# ---------------------------------------------------------------- sampled acceptance
+def _chi_square_p_value(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    expected = probs * counts.sum()
+    stat = ((counts - expected) ** 2 / expected).sum()
+    dof = torch.tensor(float(len(counts) - 1))
+    return float(torch.special.gammaincc(dof / 2, stat / 2))
+
+
+VOCAB = 6
+TARGET = torch.tensor([0.30, 0.25, 0.20, 0.12, 0.08, 0.05])
+DRAFT = torch.tensor([0.05, 0.10, 0.15, 0.20, 0.20, 0.30])     # a poor draft on purpose
+
+
+def _stream(rule, steps=6000, k=3, deterministic_proposer=False):
+    """The tokens emitted over many verification steps when the target's distribution is the
+    same at every position (so the target's own samples would be independent draws from TARGET)."""
+    params = SamplingParams(temperature=1.0, seed=0)
+    logits = TARGET.log().expand(k + 1, VOCAB).clone()
+    gen, draft_gen = torch.Generator().manual_seed(0), torch.Generator().manual_seed(1)
+    first, everything = torch.zeros(VOCAB), torch.zeros(VOCAB)
+    for _ in range(steps):
+        if deterministic_proposer:
+            proposed, draft = [0, 1, 0], None          # prompt lookup: q is all on its guess
+        else:
+            proposed = torch.multinomial(DRAFT, k, replacement=True, generator=draft_gen).tolist()
+            draft = DRAFT.expand(k, VOCAB)
+        out = rule(logits, proposed, params, gen, draft)
+        first[out[0]] += 1
+        for token in out:
+            everything[token] += 1
+    return first, everything
+
+
+def _accept_without_checking(logits, proposed, params, generator, draft_probs):
+    """The classic bug: trust the draft, take the target's token only after the proposals."""
+    return list(proposed) + [int(torch.multinomial(TARGET, 1, generator=generator))]
+
+
+@pytest.mark.parametrize("deterministic_proposer", [False, True],
+                         ids=["draft-model", "prompt-lookup"])
+def test_rejection_sampling_keeps_the_target_distribution(deterministic_proposer):
+    first, everything = _stream(accept, deterministic_proposer=deterministic_proposer)
+    assert _chi_square_p_value(first, TARGET) > SIGNIFICANCE
+    assert _chi_square_p_value(everything, TARGET) > SIGNIFICANCE
+    # and the draft was really used: more than one token per step on average
+    assert everything.sum() > 1.2 * first.sum()
+
+
+def test_accepting_without_checking_fails_the_same_test():
+    first, everything = _stream(_accept_without_checking)
+    assert _chi_square_p_value(first, TARGET) < SIGNIFICANCE
+    assert _chi_square_p_value(everything, TARGET) < SIGNIFICANCE
+
+
+def test_sampled_acceptance_is_reproducible_from_the_seed():
+    logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(3))
+    params = SamplingParams(temperature=0.8, top_k=20, seed=1)
+    runs = [accept(logits, [1, 2, 3], params, torch.Generator().manual_seed(9)) for _ in range(2)]
+    assert runs[0] == runs[1]
+
+
+def test_target_probs_applies_top_k_like_the_sampler():
+    logits = torch.tensor([[1.0, 4.0, 3.0, 2.0]])
+    probs = target_probs(logits, SamplingParams(temperature=1.0, top_k=2))
+    assert probs[0, 0] == 0 and probs[0, 3] == 0
+    assert torch.allclose(probs.sum(dim=-1), torch.ones(1))
+    kept = torch.tensor([4.0, 3.0]).softmax(dim=0)
+    assert torch.allclose(probs[0, [1, 2]], kept)
