@@ -112,7 +112,8 @@ def model_args_from_config(config: dict, source: str = "config.json") -> ModelAr
     extra = sorted(set(rope) - set(ROPE_FIELDS[rope_type]))
     if extra:
         raise ValueError(f"{source}: the RoPE settings {', '.join(extra)} are not supported for "
-                         f"rope_type {rope_type!r}; minicb reads {', '.join(ROPE_FIELDS[rope_type])}.")
+                         f"rope_type {rope_type!r}; minicb reads "
+                         f"{', '.join(ROPE_FIELDS[rope_type])}.")
     missing = [name for name in REQUIRED if name not in config]
     if missing:
         raise ValueError(f"{source} lacks {', '.join(missing)}: a Llama-family config needs "
