@@ -240,7 +240,8 @@ class DecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
     # Every tensor of a layer, and where the fused decode layer reads it: its slot in the C
-    # struct (kernels/cpu_kernels.h), or the fused projection it is a view of (fuse_projections).
+    # struct (kernels/cpu_kernels.h), or for a separate projection, the fused one it is a view of
+    # (fuse_projections).
     CPU_SLOTS = {"input_layernorm.weight": "norm1",
                  "self_attn.qkv_proj.weight": "w_qkv", "self_attn.qkv_proj.bias": "b_qkv",
                  "self_attn.q_norm.weight": "q_norm", "self_attn.k_norm.weight": "k_norm",
@@ -248,11 +249,9 @@ class DecoderLayer(nn.Module):
                  "post_attention_layernorm.weight": "norm2",
                  "mlp.gate_up_proj.weight": "w_gate_up", "mlp.gate_up_proj.bias": "b_gate_up",
                  "mlp.down_proj.weight": "w_down", "mlp.down_proj.bias": "b_down"}
-    CPU_VIEWS = {f"{module}.{part}.{kind}": f"{module}.{fused}.{kind}"
-                 for module, fused, parts in (("self_attn", "qkv_proj", ("q_proj", "k_proj",
-                                                                         "v_proj")),
-                                              ("mlp", "gate_up_proj", ("gate_proj", "up_proj")))
-                 for part in parts for kind in ("weight", "bias")}
+    CPU_VIEWS = {"self_attn.q_proj": "self_attn.qkv_proj", "self_attn.k_proj": "self_attn.qkv_proj",
+                 "self_attn.v_proj": "self_attn.qkv_proj", "mlp.gate_proj": "mlp.gate_up_proj",
+                 "mlp.up_proj": "mlp.gate_up_proj"}
 
     def cpu_weights(self) -> dict[str, torch.Tensor | None]:
         """The tensors the fused decode layer reads (after fuse_projections), by their slot
@@ -267,14 +266,16 @@ class DecoderLayer(nn.Module):
         tensors = dict(self.named_parameters()) | dict(self.named_buffers())
         weights: dict[str, torch.Tensor | None] = dict.fromkeys(WEIGHTS)
         for name, tensor in tensors.items():
+            module, kind = name.rsplit(".", 1)
             if name in self.CPU_SLOTS:
                 weights[self.CPU_SLOTS[name]] = tensor
-            elif name in self.CPU_VIEWS and tensors.get(self.CPU_VIEWS[name]) is not None:
-                fused = tensors[self.CPU_VIEWS[name]]
-                if tensor.untyped_storage().data_ptr() != fused.untyped_storage().data_ptr():
-                    raise ValueError(f"{name} is no longer a view of {self.CPU_VIEWS[name]}, which "
-                                     "the fused decode layer reads; call fuse_projections() again "
-                                     "after changing weights.")
+            elif module in self.CPU_VIEWS:
+                fused = f"{self.CPU_VIEWS[module]}.{kind}"
+                if (fused not in tensors or tensor.untyped_storage().data_ptr()
+                        != tensors[fused].untyped_storage().data_ptr()):
+                    raise ValueError(f"{name} is no longer a view of {fused}, which the fused "
+                                     "decode layer reads; call fuse_projections() again after "
+                                     "changing weights.")
             else:
                 raise ValueError(f"the fused decode layer has no slot for the layer's {name}: it "
                                  "would compute without it. Use attention='torch'.")
