@@ -266,7 +266,7 @@ class DecoderLayer(nn.Module):
         tensors = dict(self.named_parameters()) | dict(self.named_buffers())
         weights: dict[str, torch.Tensor | None] = dict.fromkeys(WEIGHTS)
         for name, tensor in tensors.items():
-            module, kind = name.rsplit(".", 1)
+            module, _, kind = name.rpartition(".")
             if name in self.CPU_SLOTS:
                 weights[self.CPU_SLOTS[name]] = tensor
             elif module in self.CPU_VIEWS:
