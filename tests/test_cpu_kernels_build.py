@@ -96,3 +96,19 @@ def test_the_triton_backend_without_triton_names_the_extra():
                           timeout=120, env={**__import__("os").environ, "TRITON_INTERPRET": ""})
     assert done.returncode == 0, done.stderr[-2000:]
     assert "refused:" in done.stdout and "minicb[triton]" in done.stdout, done.stdout
+
+
+def test_env_check_warns_but_passes_without_triton(monkeypatch):
+    import importlib.util
+
+    from minicb.tools import env_check
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "triton" else find_spec(name, *a))
+    runtime, _ = env_check.requirements()
+    monkeypatch.setattr(env_check, "requirements", lambda: (runtime, []))  # triton is a dev one
+    lines, ok = env_check.check()
+    assert any(line.startswith("WARN triton: not installed") and "minicb[triton]" in line
+               for line in lines), lines
+    assert ok, lines
