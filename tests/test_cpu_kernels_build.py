@@ -75,6 +75,7 @@ NO_TRITON = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("attention", ["cpu", "torch"])
 def test_the_cpu_engine_runs_without_triton(attention):
     done = subprocess.run([sys.executable, "-c", NO_TRITON.format(attention=attention)],

@@ -44,6 +44,7 @@ def run(pattern: list[int], monkeypatch) -> tuple[dict, list[int]]:
     return results, fused
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not cpu.available()[0], reason="needs the CPU kernels (a C compiler)")
 def test_a_changing_thread_count_changes_neither_the_path_nor_the_tokens(monkeypatch):
     quiet, quiet_path = run([1], monkeypatch)
