@@ -1,16 +1,19 @@
-"""The CPU kernels: paged attention (``cpu_attention.c``), the small-batch matrix product
-(``cpu_linear.c``) and a whole decoder layer for decode steps (``cpu_decode_layer.c``), compiled
-together (``cpu_kernels.c``) into one library on first use and called through ctypes.
+"""The CPU kernels, compiled on first use into one library (``libminicb_cpu_kernels``) and called
+through ctypes: paged attention (``cpu_attention.c``), the small-batch matrix product
+(``cpu_linear.c``) and a whole decoder layer for decode steps (``cpu_decode_layer.c``). Their
+entry points, and the fused layer's arguments as one struct, are declared in ``cpu_kernels.h``;
+:class:`LayerArgs` mirrors that struct field by field.
 
 Triton runs on a CPU only through its interpreter, far too slow to serve with, and the torch
-backend's gather + SDPA moves every decode row's (padded) keys three times. This kernel reads each
-row's real keys once, straight from its blocks. It is compiled with the machine's C compiler
-(``cc``, or ``$CC``) the first time it is needed and cached under ``~/.cache/minicb`` (or
-``$MINICB_CACHE``), keyed by the sources, the flags and the CPU, so later runs load it in
-milliseconds.
+backend's gather + SDPA moves every decode row's (padded) keys three times. The attention kernel
+reads each row's real keys once, straight from its blocks. The library is compiled with the
+machine's C compiler (``cc``, or ``$CC``) the first time it is needed and cached under
+``~/.cache/minicb`` (or ``$MINICB_CACHE``), keyed by the sources, the flags and the CPU, so later
+runs load it in milliseconds.
 A cached library is loaded only if it is private to this user and its hash matches the one
 recorded when it was built; anything else is rebuilt, never loaded.
 Where no compiler works, :func:`available` says why, and the engine keeps the torch backend.
+Nothing here needs Triton.
 """
 
 from __future__ import annotations
@@ -28,9 +31,11 @@ from pathlib import Path
 
 import torch
 
-SOURCE = Path(__file__).with_name("cpu_kernels.c")      # includes the three below
-SOURCES = (SOURCE, *(Path(__file__).with_name(name) for name in
-                     ("cpu_attention.c", "cpu_linear.c", "cpu_decode_layer.c")))
+HEADER = Path(__file__).with_name("cpu_kernels.h")
+# each compiles on its own; they are linked into one library
+SOURCES = tuple(Path(__file__).with_name(name) for name in
+                ("cpu_attention.c", "cpu_linear.c", "cpu_decode_layer.c"))
+LIBRARY = "libminicb_cpu_kernels"
 # Tried in order: the fastest build first, then builds for compilers without -march=native or
 # OpenMP (Apple's clang has no -fopenmp: the kernel then runs on one thread).
 FLAG_SETS = (["-O3", "-march=native", "-fopenmp"], ["-O3", "-fopenmp"], ["-O3", "-march=native"],
@@ -72,7 +77,7 @@ def _compile(compiler: str, flags: list[str], target: Path) -> str | None:
     target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         built = Path(tmp) / target.name
-        cmd = [compiler, *flags, "-shared", "-fPIC", str(SOURCE), "-o", str(built), "-lm"]
+        cmd = [compiler, *flags, "-shared", "-fPIC", *map(str, SOURCES), "-o", str(built), "-lm"]
         try:
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
         except (OSError, subprocess.TimeoutExpired) as err:
@@ -107,7 +112,7 @@ def _library() -> ctypes.CDLL:
                 or shutil.which("clang"))
     if compiler is None:
         raise CPUKernelUnavailable("no C compiler found (cc, gcc or clang; or set $CC)")
-    source = b"".join(path.read_bytes() for path in SOURCES)
+    source = b"".join(path.read_bytes() for path in (HEADER, *SOURCES))
     complaints = []
     for flags in FLAG_SETS:
         recipe = " ".join([compiler, *flags, _cpu_identity()]).encode()
@@ -116,7 +121,7 @@ def _library() -> ctypes.CDLL:
         if directory.exists() and not _private(directory):
             # a cache others can write to is not used: build into a private directory instead
             directory = Path(tempfile.mkdtemp(prefix="minicb-kernels-"))
-        target = directory / f"cpu_attention-{key}.so"
+        target = directory / f"{LIBRARY}-{key}.so"
         if not _trusted(target):
             try:
                 complaint = _compile(compiler, flags, target)
@@ -130,21 +135,59 @@ def _library() -> ctypes.CDLL:
         except OSError as err:
             complaints.append(f"{target}: {err}")
             continue
-        fn = lib.minicb_paged_attention_f32
-        fn.restype = ctypes.c_int
-        fn.argtypes = ([ctypes.c_void_p] * 7 + [ctypes.c_int64] * 8
-                       + [ctypes.c_float, ctypes.c_int32])
-        linear = lib.minicb_linear_f32
-        linear.restype = None
-        linear.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3
-        layer = lib.minicb_decode_layer_f32
-        layer.restype = ctypes.c_int
-        layer.argtypes = ([ctypes.c_void_p] * 22 + [ctypes.c_int64] * 9
-                          + [ctypes.c_float] * 2)
+        _declare(lib)
         lib.flags = flags
         return lib
-    raise CPUKernelUnavailable("the CPU attention kernel did not compile: "
-                               + " | ".join(complaints))
+    raise CPUKernelUnavailable("the CPU kernels did not compile: " + " | ".join(complaints))
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    """The entry points' argument and result types, as cpu_kernels.h declares them."""
+    p, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_float
+    lib.minicb_paged_attention_f32.restype = ctypes.c_int
+    lib.minicb_paged_attention_f32.argtypes = [p] * 7 + [i64] * 8 + [f32, i32]
+    lib.minicb_linear_f32.restype = None
+    lib.minicb_linear_f32.argtypes = [p] * 4 + [i64] * 3
+    lib.minicb_decode_layer_f32.restype = ctypes.c_int
+    lib.minicb_decode_layer_f32.argtypes = [ctypes.POINTER(LayerArgs)]
+    lib.minicb_layer_args_field.restype = ctypes.c_char_p
+    lib.minicb_layer_args_field.argtypes = [i64, ctypes.POINTER(i64), ctypes.POINTER(i64)]
+    lib.minicb_layer_args_size.restype = i64
+    lib.minicb_layer_args_size.argtypes = []
+
+
+_p, _i64, _f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+
+
+class LayerArgs(ctypes.Structure):
+    """struct minicb_layer_args (cpu_kernels.h), field by field: the fused layer's arguments by
+    name. tests/test_cpu_kernels_build.py holds the two layouts to each other."""
+
+    _fields_ = [
+        ("x", _p),                                       # the residual stream, updated in place
+        ("norm1", _p), ("w_qkv", _p), ("b_qkv", _p),     # the layer's weights (None: absent)
+        ("q_norm", _p), ("k_norm", _p), ("w_o", _p), ("b_o", _p), ("norm2", _p),
+        ("w_gate_up", _p), ("b_gate_up", _p), ("w_down", _p), ("b_down", _p),
+        ("cos", _p), ("signed_sin", _p),                 # the step, shared by every layer
+        ("k_cache", _p), ("v_cache", _p), ("slot_mapping", _p), ("seq_lens", _p),
+        ("block_tables", _p),
+        ("h", _p), ("qkv", _p), ("attn", _p), ("gate_up", _p), ("act", _p),   # scratch rows
+        ("m", _i64), ("hidden", _i64), ("intermediate", _i64), ("q_heads", _i64),
+        ("kv_heads", _i64), ("head_dim", _i64), ("block_size", _i64), ("table_width", _i64),
+        ("num_blocks", _i64),
+        ("eps", _f32), ("scale", _f32),
+    ]
+
+
+def c_layout() -> tuple[int, list[tuple[str, int, int]]]:
+    """The C struct's size and its fields (name, offset, size), as the compiled library sees
+    them."""
+    lib, fields = _library(), []
+    offset, size = ctypes.c_int64(), ctypes.c_int64()
+    while (name := lib.minicb_layer_args_field(len(fields), ctypes.byref(offset),
+                                               ctypes.byref(size))) is not None:
+        fields.append((name.decode(), offset.value, size.value))
+    return lib.minicb_layer_args_size(), fields
 
 
 def available() -> tuple[bool, str]:
@@ -224,23 +267,25 @@ def linear_cpu(x: torch.Tensor, weight: torch.Tensor,
     return out
 
 
+# The layer's tensors the fused layer reads, by their LayerArgs names; None where the model has no
+# such part (a bias, Qwen3's per-head q/k norms) except for the first five, which every layer has.
+WEIGHTS = ("norm1", "w_qkv", "w_o", "norm2", "w_gate_up", "w_down",
+           "b_qkv", "q_norm", "k_norm", "b_o", "b_gate_up", "b_down")
+REQUIRED_WEIGHTS = WEIGHTS[:6]
+
+
 @dataclass
 class DecodeStep:
-    """What every layer of one decode step shares: checked, and its scratch rows allocated, once
-    per step (decode_step_cpu) rather than once per layer."""
+    """What every layer of one decode step shares: checked, its scratch rows allocated and its
+    part of the layer's arguments filled in, once per step (decode_step_cpu) rather than once per
+    layer."""
 
-    cos: torch.Tensor               # [rows, head_dim]
-    signed_sin: torch.Tensor        # [rows, head_dim]
-    slot_mapping: torch.Tensor      # int64 [rows]
-    seq_lens: torch.Tensor          # int32 [rows]
-    block_tables: torch.Tensor      # int32 [rows, width]
+    args: LayerArgs
     q_heads: int
     kv_heads: int
     head_dim: int
-    intermediate: int
-    eps: float
-    scale: float
-    scratch: tuple[torch.Tensor, ...]   # h, qkv, attn, gate_up, act (cpu_decode_layer.c)
+    hidden: int
+    keep: tuple[torch.Tensor, ...]  # the tensors args points into, alive as long as the step
 
 
 def decode_step_cpu(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor,
@@ -261,21 +306,49 @@ def decode_step_cpu(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor
         raise ValueError(f"a decode step has one slot, length and block table per row: {rows} rows,"
                          f" {slot_mapping.numel()} slots, {seq_lens.numel()} lengths, "
                          f"{block_tables.shape[0]} tables.")
+    if cos.shape != (rows, head_dim) or signed_sin.shape != (rows, head_dim):
+        raise ValueError(f"cos and signed_sin must be [{rows}, {head_dim}], got "
+                         f"{tuple(cos.shape)} and {tuple(signed_sin.shape)}.")
     sizes = [rows * hidden, rows * (q_heads + 2 * kv_heads) * head_dim, rows * q_heads * head_dim,
              rows * 2 * intermediate, rows * intermediate]
     scratch = torch.empty(sum(sizes), dtype=torch.float32).split(sizes)
-    return DecodeStep(cos, signed_sin, slot_mapping, seq_lens, block_tables, q_heads, kv_heads,
-                      head_dim, intermediate, eps, scale, scratch)
+    h, qkv, attn, gate_up, act = (t.data_ptr() for t in scratch)
+    args = LayerArgs(x=x.data_ptr(), cos=cos.data_ptr(), signed_sin=signed_sin.data_ptr(),
+                     slot_mapping=slot_mapping.data_ptr(), seq_lens=seq_lens.data_ptr(),
+                     block_tables=block_tables.data_ptr(), h=h, qkv=qkv, attn=attn,
+                     gate_up=gate_up, act=act, m=rows, hidden=hidden, intermediate=intermediate,
+                     q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim,
+                     table_width=block_tables.shape[1], eps=eps, scale=scale)
+    keep = (x, cos, signed_sin, slot_mapping, seq_lens, block_tables, *scratch)
+    return DecodeStep(args, q_heads, kv_heads, head_dim, hidden, keep)
+
+
+def check_layer_weights(layer: dict[str, torch.Tensor | None]) -> None:
+    """Refuse a layer the fused layer cannot run as it is: a tensor it has no slot for, a
+    required one missing, or one the C code cannot read as a plain float32 array."""
+    unknown = sorted(set(layer) - set(WEIGHTS))
+    if unknown:
+        raise ValueError(f"the fused decode layer has no slot for {', '.join(unknown)}; it reads "
+                         f"{', '.join(WEIGHTS)}.")
+    missing = [name for name in REQUIRED_WEIGHTS if layer.get(name) is None]
+    if missing:
+        raise ValueError(f"the fused decode layer needs {', '.join(missing)}.")
+    for name, tensor in layer.items():   # the C code reads them as plain float32 arrays
+        if tensor is not None and (tensor.dtype != torch.float32 or tensor.device.type != "cpu"
+                                   or not tensor.is_contiguous()):
+            raise ValueError(f"the fused decode layer needs contiguous float32 weights on the "
+                             f"CPU; {name} is {tensor.dtype} on {tensor.device}. Use "
+                             "attention='torch' for other dtypes and devices.")
 
 
 def decode_layer_cpu(x: torch.Tensor, layer: dict[str, torch.Tensor | None],
                      k_cache: torch.Tensor, v_cache: torch.Tensor, step: DecodeStep) -> None:
-    """One decoder layer of a decode step (cpu_decode_layer.c): x [rows, hidden] is updated in
-    place and this step's k and v are written into the caches [num_blocks, block_size, kv_heads,
-    head_dim].
+    """One decoder layer of a decode step (cpu_decode_layer.c): x [rows, hidden], the step's own
+    (decode_step_cpu), is updated in place and this step's k and v are written into the caches
+    [num_blocks, block_size, kv_heads, head_dim].
 
-    ``layer`` holds contiguous float32 tensors: norm1, qkv (and qkv_bias or None), o, norm2,
-    gate_up (and gate_up_bias), down (and down_bias), as DecoderLayer.cpu_weights gives them.
+    ``layer`` maps the names in WEIGHTS to contiguous float32 tensors (or None for an optional
+    part), as DecoderLayer.cpu_weights gives them (checked there by check_layer_weights).
     """
     _require("k_cache", k_cache, torch.float32)
     _require("v_cache", v_cache, torch.float32)
@@ -283,23 +356,18 @@ def decode_layer_cpu(x: torch.Tensor, layer: dict[str, torch.Tensor | None],
     if (kv_heads, head_dim) != (step.kv_heads, step.head_dim) or v_cache.shape != k_cache.shape:
         raise ValueError(f"the caches {tuple(k_cache.shape)} and {tuple(v_cache.shape)} do not "
                          f"hold {step.kv_heads} KV heads of {step.head_dim}.")
-    rows, hidden = x.shape
-    if rows == 0:
+    if x.data_ptr() != step.args.x or x.shape != (step.args.m, step.hidden):
+        raise ValueError("x must be the hidden states the step was set up with "
+                         "(decode_step_cpu).")
+    if step.args.m == 0:
         return
-
-    def ptr(t: torch.Tensor | None) -> int | None:
-        return None if t is None else t.data_ptr()
-
-    h, qkv, attn, gate_up, act = step.scratch
-    status = _library().minicb_decode_layer_f32(
-        x.data_ptr(), ptr(layer["norm1"]), ptr(layer["qkv"]), ptr(layer["qkv_bias"]),
-        ptr(layer["o"]), ptr(layer["norm2"]), ptr(layer["gate_up"]), ptr(layer["gate_up_bias"]),
-        ptr(layer["down"]), ptr(layer["down_bias"]), step.cos.data_ptr(),
-        step.signed_sin.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
-        step.slot_mapping.data_ptr(), step.seq_lens.data_ptr(), step.block_tables.data_ptr(),
-        h.data_ptr(), qkv.data_ptr(), attn.data_ptr(), gate_up.data_ptr(), act.data_ptr(), rows,
-        hidden, step.intermediate, step.q_heads, kv_heads, head_dim, block_size,
-        step.block_tables.shape[1], num_blocks, step.eps, step.scale)
+    args = step.args
+    for name in WEIGHTS:
+        tensor = layer.get(name)
+        setattr(args, name, None if tensor is None else tensor.data_ptr())
+    args.k_cache, args.v_cache = k_cache.data_ptr(), v_cache.data_ptr()
+    args.block_size, args.num_blocks = block_size, num_blocks
+    status = _library().minicb_decode_layer_f32(ctypes.byref(args))
     if status == -2:
         raise ValueError("a block table names a block outside the KV pool, is shorter than its "
                          "row's keys, or a slot lies outside the pool.")

@@ -1,5 +1,6 @@
 /* Paged attention for a packed batch, on the CPU: the same contract as the Triton kernel
- * (docs/ARCHITECTURE.md, "The packed batch"), compiled on first use by kernels/cpu.py.
+ * (docs/ARCHITECTURE.md, "The packed batch"), compiled on first use by kernels/cpu.py; the
+ * entry point and the helpers the fused decode layer shares are declared in cpu_kernels.h.
  *
  * Why a CPU kernel at all: on a CPU the torch backend must first copy every decode row's keys out
  * of their blocks into one padded tensor (each row padded to the longest row), then read that copy
@@ -20,6 +21,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "cpu_kernels.h"
 
 static int64_t row_of(const int32_t *cu_seqlens_q, int64_t num_seqs, int64_t token) {
     /* the request whose segment holds `token`: cu[r] <= token < cu[r + 1] (binary search) */
@@ -84,7 +87,7 @@ static inline __attribute__((always_inline)) void attend_token(
 
 /* attend_token with the head size as a compile-time constant where it is a common one (the
  * compiler then unrolls the loops over it). */
-static inline void attend_token_any(
+void minicb_attend_token(
     const float *qt, float *ot, const float *k_cache, const float *v_cache, const int32_t *table,
     int64_t n, int64_t q_heads, int64_t kv_heads, int64_t head_dim, int64_t block_size, float scale,
     float *scores)
@@ -102,7 +105,7 @@ static inline void attend_token_any(
 
 /* Every block a row reads must be in the pool: a bad table is an error (-2), never a wild read.
  * Sets *max_seq_len to the longest row's keys (at least 1). */
-static int check_tables(const int32_t *seq_lens, const int32_t *block_tables, int64_t num_seqs,
+int minicb_check_tables(const int32_t *seq_lens, const int32_t *block_tables, int64_t num_seqs,
                         int64_t block_size, int64_t table_width, int64_t num_blocks,
                         int64_t *max_seq_len)
 {
@@ -120,7 +123,7 @@ static int check_tables(const int32_t *seq_lens, const int32_t *block_tables, in
 }
 
 /* One thread's scratch rows for the scores (q_heads x max_seq_len); on failure sets *failed. */
-static float *scores_scratch(int64_t q_heads, int64_t max_seq_len, int *failed)
+float *minicb_scores_scratch(int64_t q_heads, int64_t max_seq_len, int *failed)
 {
     float *scores = malloc(sizeof(float) * (size_t)(q_heads * max_seq_len));
     if (scores == NULL) {
@@ -131,25 +134,20 @@ static float *scores_scratch(int64_t q_heads, int64_t max_seq_len, int *failed)
 }
 
 int minicb_paged_attention_f32(
-    const float *q,               /* [num_tokens, q_heads, head_dim] */
-    const float *k_cache,         /* [num_blocks, block_size, kv_heads, head_dim] */
-    const float *v_cache,
-    float *out,                   /* [num_tokens, q_heads, head_dim] */
-    const int32_t *cu_seqlens_q,  /* [num_seqs + 1] */
-    const int32_t *seq_lens,      /* [num_seqs] */
-    const int32_t *block_tables,  /* [num_seqs, table_width] */
+    const float *q, const float *k_cache, const float *v_cache, float *out,
+    const int32_t *cu_seqlens_q, const int32_t *seq_lens, const int32_t *block_tables,
     int64_t num_seqs, int64_t num_tokens, int64_t q_heads, int64_t kv_heads, int64_t head_dim,
     int64_t block_size, int64_t table_width, int64_t num_blocks, float scale, int32_t decodes_only)
 {
     int64_t max_seq_len;
-    if (check_tables(seq_lens, block_tables, num_seqs, block_size, table_width, num_blocks,
-                     &max_seq_len) != 0)
+    if (minicb_check_tables(seq_lens, block_tables, num_seqs, block_size, table_width,
+                            num_blocks, &max_seq_len) != 0)
         return -2;
     int failed = 0;
 
 #pragma omp parallel
     {
-        float *scores = scores_scratch(q_heads, max_seq_len, &failed);
+        float *scores = minicb_scores_scratch(q_heads, max_seq_len, &failed);
 #pragma omp for schedule(dynamic, 1)
         for (int64_t token = 0; token < num_tokens; token++) {
             if (failed) continue;
@@ -161,8 +159,8 @@ int minicb_paged_attention_f32(
             const float *qt = q + token * q_heads * head_dim;
             float *ot = out + token * q_heads * head_dim;
             const int32_t *table = block_tables + row * table_width;
-            attend_token_any(qt, ot, k_cache, v_cache, table, pos + 1, q_heads, kv_heads, head_dim,
-                             block_size, scale, scores);
+            minicb_attend_token(qt, ot, k_cache, v_cache, table, pos + 1, q_heads, kv_heads,
+                                head_dim, block_size, scale, scores);
         }
         free(scores);
     }

@@ -7,30 +7,42 @@
  * arithmetic in one call, with the threads meeting at a barrier between the stages instead of
  * returning to Python: the CPU analogue of capturing a GPU's step as one CUDA graph.
  *
- * The stages, as in DecoderLayer.forward:
- *   h = rmsnorm(x) ; q, k, v = h Wqkv^T ; q, k = rope(q), rope(k) ; cache[slot] = k, v
- *   x += attention(q, cache) Wo^T ; h = rmsnorm(x) ; g, u = h Wgu^T ; x += (silu(g) * u) Wd^T
+ * The stages, as in DecoderLayer.forward (a part in brackets only where the model has it):
+ *   h = rmsnorm(x) ; q, k, v = h Wqkv^T [+ bqkv] ; [q, k = rmsnorm of each head (Qwen3)]
+ *   q, k = rope(q), rope(k) ; cache[slot] = k, v ; x += attention(q, cache) Wo^T [+ bo]
+ *   h = rmsnorm(x) ; g, u = h Wgu^T [+ bgu] ; x += (silu(g) * u) Wd^T [+ bd]
  * Each matrix product splits its weight rows among the threads (cpu_linear.c); attention runs one
  * query per work item (cpu_attention.c). float32 throughout; sums in a different order from
  * torch's, so results agree with the module path to about 1e-6, not bit for bit.
+ *
+ * The arguments come as one struct (struct minicb_layer_args in cpu_kernels.h), mirrored field by
+ * field by kernels/cpu.py's LayerArgs: 36 arguments in a row, 25 of them pointers, would let two
+ * swapped ones of the same type load and compute garbage.
  */
 #include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 
-/* h[i] = w * x[i] / sqrt(mean(x[i]^2) + eps) */
+#include "cpu_kernels.h"
+
+/* h = w * x / sqrt(mean(x^2) + eps) for one vector of dim values (h may be x) */
+static inline void rmsnorm(const float *x, const float *restrict w, float *h, int64_t dim,
+                           float eps)
+{
+    float ss = 0.0f;
+#pragma omp simd reduction(+ : ss)
+    for (int64_t d = 0; d < dim; d++) ss += x[d] * x[d];
+    const float inv = 1.0f / sqrtf(ss / (float)dim + eps);
+    for (int64_t d = 0; d < dim; d++) h[d] = w[d] * (x[d] * inv);
+}
+
+/* rmsnorm of each of the m rows, shared out among the threads */
 static void rmsnorm_rows(const float *restrict x, const float *restrict w, float *restrict h,
                          int64_t m, int64_t dim, float eps)
 {
 #pragma omp for schedule(static)
-    for (int64_t i = 0; i < m; i++) {
-        const float *xi = x + i * dim;
-        float ss = 0.0f;
-#pragma omp simd reduction(+ : ss)
-        for (int64_t d = 0; d < dim; d++) ss += xi[d] * xi[d];
-        const float inv = 1.0f / sqrtf(ss / (float)dim + eps);
-        for (int64_t d = 0; d < dim; d++) h[i * dim + d] = w[d] * (xi[d] * inv);
-    }
+    for (int64_t i = 0; i < m; i++) rmsnorm(x + i * dim, w, h + i * dim, dim, eps);
 }
 
 /* RoPE as apply_rope in llama.py: out[d] = x[d] * cos[d] + x[d +- half] * signed_sin[d], on
@@ -49,46 +61,40 @@ static inline void rope_heads(float *restrict x, const float *restrict cos_, con
     }
 }
 
-int minicb_decode_layer_f32(
-    float *x,                      /* [m, hidden]: the residual stream, updated in place */
-    const float *norm1, const float *w_qkv, const float *b_qkv,      /* b_qkv may be NULL */
-    const float *w_o, const float *norm2, const float *w_gate_up, const float *b_gate_up,
-    const float *w_down, const float *b_down,                        /* biases may be NULL */
-    const float *cos_, const float *signed_sin,  /* [m, head_dim] each */
-    float *k_cache, float *v_cache,  /* [num_blocks, block_size, kv_heads, head_dim] */
-    const int64_t *slot_mapping,   /* [m]: where each row's k and v go; -1 = not written */
-    const int32_t *seq_lens,       /* [m]: keys of each row, its own included */
-    const int32_t *block_tables,   /* [m, table_width] */
-    float *h, float *qkv, float *attn, float *gate_up, float *act,
-    /* scratch: h [m, hidden], qkv [m, (q + 2 kv heads) x head_dim], attn [m, q heads x head_dim],
-     * gate_up [m, 2 x intermediate], act [m, intermediate] */
-    int64_t m, int64_t hidden, int64_t intermediate, int64_t q_heads, int64_t kv_heads,
-    int64_t head_dim, int64_t block_size, int64_t table_width, int64_t num_blocks, float eps,
-    float scale)
+int minicb_decode_layer_f32(const struct minicb_layer_args *a)
 {
     int64_t max_seq_len;           /* a bad table or slot is an error, never a wild read */
-    if (check_tables(seq_lens, block_tables, m, block_size, table_width, num_blocks,
-                     &max_seq_len) != 0)
+    if (minicb_check_tables(a->seq_lens, a->block_tables, a->m, a->block_size, a->table_width,
+                            a->num_blocks, &max_seq_len) != 0)
         return -2;
-    for (int64_t r = 0; r < m; r++)
-        if (seq_lens[r] < 1 || slot_mapping[r] >= num_blocks * block_size) return -2;
+    for (int64_t r = 0; r < a->m; r++)
+        if (a->seq_lens[r] < 1 || a->slot_mapping[r] >= a->num_blocks * a->block_size) return -2;
+    const int64_t m = a->m, hidden = a->hidden, inter = a->intermediate, head_dim = a->head_dim;
+    const int64_t q_heads = a->q_heads, kv_heads = a->kv_heads;
     const int64_t q_size = q_heads * head_dim, kv_size = kv_heads * head_dim;
     const int64_t qkv_size = q_size + 2 * kv_size;
     int failed = 0;
 
 #pragma omp parallel
     {
-        float *scores = scores_scratch(q_heads, max_seq_len, &failed);
-        rmsnorm_rows(x, norm1, h, m, hidden, eps);
-        linear_rows(h, w_qkv, b_qkv, qkv, m, qkv_size, hidden, 0);
+        float *scores = minicb_scores_scratch(q_heads, max_seq_len, &failed);
+        rmsnorm_rows(a->x, a->norm1, a->h, m, hidden, a->eps);
+        minicb_linear_rows(a->h, a->w_qkv, a->b_qkv, a->qkv, m, qkv_size, hidden, 0);
 #pragma omp for schedule(static)
-        for (int64_t i = 0; i < m; i++) {     /* RoPE on q and k, then k and v into the cache */
-            float *row = qkv + i * qkv_size;
-            rope_heads(row, cos_ + i * head_dim, signed_sin + i * head_dim, q_heads + kv_heads,
-                       head_dim);
-            if (slot_mapping[i] >= 0) {
-                float *kd = k_cache + slot_mapping[i] * kv_size;
-                float *vd = v_cache + slot_mapping[i] * kv_size;
+        for (int64_t i = 0; i < m; i++) {   /* [q/k norms,] RoPE on q and k, k and v to the cache */
+            float *row = a->qkv + i * qkv_size;
+            if (a->q_norm != NULL)
+                for (int64_t h = 0; h < q_heads; h++)
+                    rmsnorm(row + h * head_dim, a->q_norm, row + h * head_dim, head_dim, a->eps);
+            if (a->k_norm != NULL)
+                for (int64_t h = 0; h < kv_heads; h++)
+                    rmsnorm(row + q_size + h * head_dim, a->k_norm, row + q_size + h * head_dim,
+                            head_dim, a->eps);
+            rope_heads(row, a->cos + i * head_dim, a->signed_sin + i * head_dim,
+                       q_heads + kv_heads, head_dim);
+            if (a->slot_mapping[i] >= 0) {
+                float *kd = a->k_cache + a->slot_mapping[i] * kv_size;
+                float *vd = a->v_cache + a->slot_mapping[i] * kv_size;
                 for (int64_t d = 0; d < kv_size; d++) {
                     kd[d] = row[q_size + d];
                     vd[d] = row[q_size + kv_size + d];
@@ -98,23 +104,48 @@ int minicb_decode_layer_f32(
 #pragma omp for schedule(dynamic, 1)
         for (int64_t i = 0; i < m; i++) {
             if (failed) continue;
-            const float *qi = qkv + i * qkv_size;   /* q heads come first in the row */
-            float *oi = attn + i * q_size;
-            const int32_t *table = block_tables + i * table_width;
-            attend_token_any(qi, oi, k_cache, v_cache, table, seq_lens[i], q_heads, kv_heads,
-                             head_dim, block_size, scale, scores);
+            const float *qi = a->qkv + i * qkv_size;   /* q heads come first in the row */
+            float *oi = a->attn + i * q_size;
+            const int32_t *table = a->block_tables + i * a->table_width;
+            minicb_attend_token(qi, oi, a->k_cache, a->v_cache, table, a->seq_lens[i], q_heads,
+                                kv_heads, head_dim, a->block_size, a->scale, scores);
         }
-        linear_rows(attn, w_o, NULL, x, m, hidden, q_size, 1);            /* x += o_proj */
-        rmsnorm_rows(x, norm2, h, m, hidden, eps);
-        linear_rows(h, w_gate_up, b_gate_up, gate_up, m, 2 * intermediate, hidden, 0);
+        minicb_linear_rows(a->attn, a->w_o, a->b_o, a->x, m, hidden, q_size, 1);  /* x += o_proj */
+        rmsnorm_rows(a->x, a->norm2, a->h, m, hidden, a->eps);
+        minicb_linear_rows(a->h, a->w_gate_up, a->b_gate_up, a->gate_up, m, 2 * inter, hidden, 0);
 #pragma omp for schedule(static)
         for (int64_t i = 0; i < m; i++) {      /* silu(gate) * up */
-            const float *g = gate_up + i * 2 * intermediate, *u = g + intermediate;
-            float *a = act + i * intermediate;
-            for (int64_t d = 0; d < intermediate; d++) a[d] = g[d] / (1.0f + expf(-g[d])) * u[d];
+            const float *g = a->gate_up + i * 2 * inter, *u = g + inter;
+            float *act = a->act + i * inter;
+            for (int64_t d = 0; d < inter; d++) act[d] = g[d] / (1.0f + expf(-g[d])) * u[d];
         }
-        linear_rows(act, w_down, b_down, x, m, hidden, intermediate, 1);  /* x += down_proj */
+        minicb_linear_rows(a->act, a->w_down, a->b_down, a->x, m, hidden, inter, 1); /* x += down */
         free(scores);
     }
     return failed ? -1 : 0;
 }
+
+/* The struct's layout, field by field, for the test that holds kernels/cpu.py's mirror to it. */
+#define FIELD(name) {#name, offsetof(struct minicb_layer_args, name), \
+                     sizeof(((struct minicb_layer_args *)0)->name)}
+static const struct { const char *name; size_t offset, size; } layer_args_fields[] = {
+    FIELD(x), FIELD(norm1), FIELD(w_qkv), FIELD(b_qkv), FIELD(q_norm), FIELD(k_norm), FIELD(w_o),
+    FIELD(b_o), FIELD(norm2), FIELD(w_gate_up), FIELD(b_gate_up), FIELD(w_down), FIELD(b_down),
+    FIELD(cos), FIELD(signed_sin), FIELD(k_cache), FIELD(v_cache), FIELD(slot_mapping),
+    FIELD(seq_lens), FIELD(block_tables), FIELD(h), FIELD(qkv), FIELD(attn), FIELD(gate_up),
+    FIELD(act), FIELD(m), FIELD(hidden), FIELD(intermediate), FIELD(q_heads), FIELD(kv_heads),
+    FIELD(head_dim), FIELD(block_size), FIELD(table_width), FIELD(num_blocks), FIELD(eps),
+    FIELD(scale),
+};
+#undef FIELD
+
+const char *minicb_layer_args_field(int64_t i, int64_t *offset, int64_t *size)
+{
+    if (i < 0 || i >= (int64_t)(sizeof layer_args_fields / sizeof layer_args_fields[0]))
+        return NULL;
+    *offset = (int64_t)layer_args_fields[i].offset;
+    *size = (int64_t)layer_args_fields[i].size;
+    return layer_args_fields[i].name;
+}
+
+int64_t minicb_layer_args_size(void) { return (int64_t)sizeof(struct minicb_layer_args); }

@@ -1,5 +1,5 @@
-/* y = x W^T (+ bias) for the few rows of a decode step, on the CPU; compiled with
- * cpu_attention.c by kernels/cpu.py.
+/* y = x W^T (+ bias) for the few rows of a decode step, on the CPU; linked with the other CPU
+ * kernels into one library by kernels/cpu.py (entry points in cpu_kernels.h).
  *
  * Why: a decode step multiplies a handful of rows (one per running request) by every weight
  * matrix. That is reading the weights, not arithmetic: 1 row x a 256 x 1408 matrix is 0.36 M
@@ -15,7 +15,10 @@
  * Built without AVX2 and FMA (another CPU, or a compiler without -march=native), a plain loop
  * the compiler vectorises as it can does the same work.
  */
+#include <stddef.h>
 #include <stdint.h>
+
+#include "cpu_kernels.h"
 
 /* Where a sum goes: y = s + bias, or y += s + bias when accumulating (a residual connection
  * added in place). */
@@ -86,7 +89,7 @@ static inline float dot(const float *restrict a, const float *restrict b, int64_
 /* The tiles of weight rows shared out among the threads of the enclosing parallel region (an
  * orphaned `omp for`, so the fused decode layer can call it between its other stages; outside a
  * parallel region one thread does it all). */
-static void linear_rows(const float *restrict x, const float *restrict w,
+void minicb_linear_rows(const float *restrict x, const float *restrict w,
                         const float *restrict bias, float *restrict y, int64_t m, int64_t n,
                         int64_t k, int accumulate)
 {
@@ -109,13 +112,9 @@ static void linear_rows(const float *restrict x, const float *restrict w,
     }
 }
 
-void minicb_linear_f32(
-    const float *x,      /* [m, k] */
-    const float *w,      /* [n, k]: torch's Linear weight, one output per row */
-    const float *bias,   /* [n] or NULL */
-    float *y,            /* [m, n] */
-    int64_t m, int64_t n, int64_t k)
+void minicb_linear_f32(const float *x, const float *w, const float *bias, float *y, int64_t m,
+                       int64_t n, int64_t k)
 {
 #pragma omp parallel
-    linear_rows(x, w, bias, y, m, n, k, 0);
+    minicb_linear_rows(x, w, bias, y, m, n, k, 0);
 }

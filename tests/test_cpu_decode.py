@@ -51,12 +51,15 @@ def test_linear_rejects_what_it_cannot_multiply():
         cpu.linear_cpu(torch.randn(2, 8), weight, torch.randn(3))
 
 
-def test_the_module_sends_small_batches_to_the_kernel_and_big_ones_to_torch(monkeypatch):
+@pytest.mark.parametrize("threads", [1, 2, 16])
+def test_the_module_sends_small_batches_to_the_kernel_and_big_ones_to_torch(threads, monkeypatch):
+    """Which product runs depends on the rows alone: the thread policy changes the thread count
+    with the machine's load, and that must never change the arithmetic."""
     calls = []
     layer = Linear(8, 4)
     layer.kernel = lambda x, w, b: calls.append(x.shape[0]) or F.linear(x, w, b)
-    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
-    small, big = Linear.rows_per_thread * 2, Linear.rows_per_thread * 2 + 1
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+    small, big = Linear.kernel_rows, Linear.kernel_rows + 1
     with torch.inference_mode():
         layer(torch.randn(1, 8)), layer(torch.randn(small, 8)), layer(torch.randn(big, 8))
     assert calls == [1, small]
@@ -88,7 +91,8 @@ def decode_step(model, seq_lens, block_size=16, seed=0, unwritten_row=None):
         return AttentionMetadata(slot_mapping=torch.tensor(slots),
                                  cu_seqlens_q=torch.arange(rows + 1, dtype=torch.int32),
                                  seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
-                                 block_tables=tables, max_seqlen_q=1, max_seqlen_k=max(seq_lens))
+                                 block_tables=tables, max_seqlen_q=1, max_seqlen_k=max(seq_lens),
+                                 num_decode_rows=rows)
 
     ids = torch.randint(3, args.vocab_size, (rows,), generator=gen)
     positions = torch.tensor(seq_lens) - 1
@@ -97,10 +101,11 @@ def decode_step(model, seq_lens, block_size=16, seed=0, unwritten_row=None):
 
 @pytest.mark.parametrize("seq_lens", [[1], [17], [5, 16, 33, 1, 64, 2], list(range(1, 40, 3))],
                          ids=["first-token", "one-row", "block-edges", "thirteen-rows"])
-def test_fused_layer_equals_the_torch_modules(tiny_model, seq_lens, monkeypatch):
+def test_fused_layer_equals_the_torch_modules(any_tiny_model, seq_lens, monkeypatch):
     """Hidden states and the KV written: grouped-query attention with 2 and 4 query heads per KV
-    head, q/k/v biases (Qwen2), head_dim 16 (the kernel's generic loop)."""
-    model = load_model(Path(tiny_model), attention="cpu")
+    head, q/k/v biases (Qwen2), q/k/v/o and MLP biases (Llama's attention_bias and mlp_bias),
+    per-head q/k norms and head_dim 32 (Qwen3), head_dim 16 (the kernel's generic loop)."""
+    model = load_model(Path(any_tiny_model), attention="cpu")
     assert model.model.fused_decode is not None
     ids, positions, caches, meta = decode_step(model, seq_lens, unwritten_row=len(seq_lens) // 2)
     modules_caches = [(k.clone(), v.clone()) for k, v in caches]
@@ -118,27 +123,42 @@ def test_fused_layer_equals_the_torch_modules(tiny_model, seq_lens, monkeypatch)
         torch.testing.assert_close(v, v_ref, atol=1e-5, rtol=1e-5)
 
 
-def test_steps_with_a_prompt_or_many_rows_take_the_modules(tiny_llama, monkeypatch):
+def _decode_meta(rows: int, num_decode_rows: int) -> AttentionMetadata:
+    return AttentionMetadata(slot_mapping=torch.arange(rows),
+                             cu_seqlens_q=torch.arange(rows + 1, dtype=torch.int32),
+                             seq_lens=torch.ones(rows, dtype=torch.int32),
+                             block_tables=torch.zeros(rows, 1, dtype=torch.int32),
+                             max_seqlen_q=1, max_seqlen_k=1, num_decode_rows=num_decode_rows)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 16])
+def test_the_plan_and_the_row_count_choose_the_path_never_the_threads(tiny_llama, threads,
+                                                                      monkeypatch):
     model = load_model(Path(tiny_llama), attention="cpu")
-    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
-    x = torch.zeros(3, model.args.hidden_size)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+    hidden = model.args.hidden_size
+    prompt = AttentionMetadata(slot_mapping=torch.arange(3), cu_seqlens_q=torch.tensor(
+        [0, 2, 3], dtype=torch.int32), seq_lens=torch.tensor([2, 1], dtype=torch.int32),
+        block_tables=torch.zeros(2, 1, dtype=torch.int32), max_seqlen_q=2, max_seqlen_k=2,
+        num_decode_rows=1)
+    assert not model.model.decodes_only(torch.zeros(3, hidden), prompt)   # a two-token prompt
+    most = Linear.kernel_rows
+    assert model.model.decodes_only(torch.zeros(most, hidden), _decode_meta(most, most))
+    assert not model.model.decodes_only(torch.zeros(most + 1, hidden),
+                                        _decode_meta(most + 1, most + 1))
+    # one query per row, but the plan counts one row as no decode (a prefill's last token): the
+    # plan decides, not the shape
+    assert not model.model.decodes_only(torch.zeros(4, hidden), _decode_meta(4, 3))
+
+
+def test_a_plan_of_decodes_with_more_tokens_than_rows_is_an_error(tiny_llama):
+    model = load_model(Path(tiny_llama), attention="cpu")
     meta = AttentionMetadata(slot_mapping=torch.arange(3), cu_seqlens_q=torch.tensor(
         [0, 2, 3], dtype=torch.int32), seq_lens=torch.tensor([2, 1], dtype=torch.int32),
-        block_tables=torch.zeros(2, 1, dtype=torch.int32), max_seqlen_q=2, max_seqlen_k=2)
-    assert not model.model.decodes_only(x, meta)        # a two-token prompt in the step
-    many = Linear.rows_per_thread + 1
-    meta = AttentionMetadata(slot_mapping=torch.arange(many),
-                             cu_seqlens_q=torch.arange(many + 1, dtype=torch.int32),
-                             seq_lens=torch.ones(many, dtype=torch.int32),
-                             block_tables=torch.zeros(many, 1, dtype=torch.int32),
-                             max_seqlen_q=1, max_seqlen_k=1)
-    assert not model.model.decodes_only(torch.zeros(many, model.args.hidden_size), meta)
-    fits = AttentionMetadata(slot_mapping=torch.arange(many - 1),
-                             cu_seqlens_q=torch.arange(many, dtype=torch.int32),
-                             seq_lens=torch.ones(many - 1, dtype=torch.int32),
-                             block_tables=torch.zeros(many - 1, 1, dtype=torch.int32),
-                             max_seqlen_q=1, max_seqlen_k=1)
-    assert model.model.decodes_only(torch.zeros(many - 1, model.args.hidden_size), fits)
+        block_tables=torch.zeros(2, 1, dtype=torch.int32), max_seqlen_q=2, max_seqlen_k=2,
+        num_decode_rows=2)
+    with pytest.raises(ValueError, match="marks all 2 rows as decodes, but the step has 3 tokens"):
+        model.model.decodes_only(torch.zeros(3, model.args.hidden_size), meta)
 
 
 def test_the_fused_layer_refuses_weights_it_cannot_read(tiny_llama):
@@ -146,11 +166,32 @@ def test_the_fused_layer_refuses_weights_it_cannot_read(tiny_llama):
     layer = model.model.layers[0]
     layer.mlp.down_proj.weight = torch.nn.Parameter(layer.mlp.down_proj.weight.double(),
                                                     requires_grad=False)
-    with pytest.raises(ValueError, match="contiguous float32 weights.*down is torch.float64"):
+    with pytest.raises(ValueError, match="contiguous float32 weights.*w_down is torch.float64"):
         model.use_cpu_kernels()
     layer.self_attn.qkv_proj = None
     with pytest.raises(ValueError, match="fuse_projections"):
         layer.cpu_weights()
+
+
+@pytest.mark.parametrize("where", ["self_attn", "mlp", "layer"])
+def test_the_fused_layer_refuses_a_tensor_it_has_no_slot_for(tiny_llama, where):
+    """A part the fused layer does not know (here a made-up scale) is refused by name, never
+    skipped: the layer would compute without it."""
+    model = load_model(Path(tiny_llama), attention="cpu")
+    layer = model.model.layers[1]
+    owner = layer if where == "layer" else getattr(layer, where)
+    owner.register_parameter("extra_scale", torch.nn.Parameter(torch.ones(4)))
+    name = "extra_scale" if where == "layer" else f"{where}.extra_scale"
+    with pytest.raises(ValueError, match=f"no slot for the layer's {name}"):
+        model.use_cpu_kernels()
+
+
+def test_a_separate_projection_that_is_no_view_of_the_fused_one_is_refused(tiny_llama):
+    model = load_model(Path(tiny_llama), attention="cpu")
+    attn = model.model.layers[0].self_attn
+    attn.k_proj.weight = torch.nn.Parameter(attn.k_proj.weight.clone(), requires_grad=False)
+    with pytest.raises(ValueError, match="k_proj.weight is no longer a view of"):
+        model.use_cpu_kernels()
 
 
 def test_a_table_outside_the_pool_is_an_error_not_a_wild_read(tiny_llama):
@@ -162,16 +203,16 @@ def test_a_table_outside_the_pool_is_an_error_not_a_wild_read(tiny_llama):
         model.model(ids, positions, caches, bad)
 
 
-def test_engine_on_the_fused_path_equals_transformers(tiny_model, monkeypatch):
+def test_engine_on_the_fused_path_equals_transformers(any_tiny_model, monkeypatch):
     """Whole requests through the engine (prompts through the modules, decode steps fused) give
     transformers' greedy tokens."""
     prompts = [[3 + (7 * i + j) % 500 for j in range(5 + 9 * i)] for i in range(6)]
     max_tokens = [40, 3, 25, 40, 12, 33]
-    references = hf_greedy(tiny_model, prompts, max_tokens)
+    references = hf_greedy(any_tiny_model, prompts, max_tokens)
     calls = []
     real = cpu.decode_layer_cpu
     monkeypatch.setattr(cpu, "decode_layer_cpu", lambda *a, **k: calls.append(1) or real(*a, **k))
-    llm = LLM(tiny_model, scheduler="continuous", kv_cache="paged", attention="cpu",
+    llm = LLM(any_tiny_model, scheduler="continuous", kv_cache="paged", attention="cpu",
               max_num_seqs=4, block_size=16)
     outputs = llm.generate(prompts, [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True)
                                      for n in max_tokens], use_tqdm=False)

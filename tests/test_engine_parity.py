@@ -54,6 +54,41 @@ def test_greedy_equals_transformers(tiny_model, workload, references, scheduler,
                                                                  "request ended")
 
 
+@pytest.fixture(scope="module")
+def variant_workload():
+    return make_workload(seed=5)
+
+
+@pytest.fixture(scope="module")
+def variant_references(tiny_variant, variant_workload):
+    prompts, max_tokens, _ = variant_workload
+    return hf_greedy(tiny_variant, prompts, max_tokens)
+
+
+@pytest.mark.parametrize("scheduler,kv_cache,attention", [("continuous", "paged", "cpu"),
+                                                          ("continuous", "paged", "torch"),
+                                                          ("static", "contiguous", "cpu")])
+def test_qwen3_and_biased_llama_greedy_equal_transformers(tiny_variant, variant_workload,
+                                                          variant_references, scheduler, kv_cache,
+                                                          attention, monkeypatch):
+    """Qwen3 (per-head q/k norms) and Llama with attention_bias and mlp_bias, random biases and
+    norm weights: through the torch modules, the cpu attention kernel and the fused decode layer
+    (the cpu backend's decode steps)."""
+    from minicb.kernels import cpu
+
+    prompts, max_tokens, arrival_steps = variant_workload
+    fused = []
+    real = cpu.decode_layer_cpu
+    monkeypatch.setattr(cpu, "decode_layer_cpu", lambda *a, **k: fused.append(1) or real(*a, **k))
+    llm = LLM(tiny_variant, scheduler=scheduler, kv_cache=kv_cache, attention=attention,
+              max_num_seqs=8, max_num_batched_tokens=256, max_model_len=320, block_size=16)
+    outputs = run_with_arrivals(llm, prompts, max_tokens, arrival_steps)
+    verdicts = [compare(ref, out.outputs[0].token_ids, out.outputs[0].logprobs, f"request {i}")
+                for i, (ref, out) in enumerate(zip(variant_references, outputs))]
+    assert verdicts.count("equal") >= len(prompts) - 2, verdicts
+    assert bool(fused) == (attention == "cpu"), "the cpu backend's decode steps were not fused"
+
+
 def test_chunked_prefill_equals_transformers(tiny_llama):
     """A token budget smaller than the prompts forces chunked prefill; outputs do not change."""
     prompts, max_tokens, arrival_steps = make_workload(8, seed=3)

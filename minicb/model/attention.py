@@ -29,6 +29,7 @@ class AttentionMetadata:
     max_seqlen_k: int
     q_lens_host: list[int] | None = None    # the same lengths as Python ints (shapes are decided on
     seq_lens_host: list[int] | None = None  # the host); derived from the tensors when not given
+    num_decode_rows: int | None = None      # rows the plan marks as decodes (one query each)
     _torch_plan: TorchPlan | None = field(default=None, init=False, repr=False, compare=False)
     _writes: tuple | None = field(default=None, init=False, repr=False, compare=False)
 
@@ -37,6 +38,8 @@ class AttentionMetadata:
             self.q_lens_host = (self.cu_seqlens_q[1:] - self.cu_seqlens_q[:-1]).tolist()
         if self.seq_lens_host is None:
             self.seq_lens_host = self.seq_lens.tolist()
+        if self.num_decode_rows is None:
+            self.num_decode_rows = sum(n == 1 for n in self.q_lens_host)
 
     def writes(self) -> tuple[torch.Tensor | None, torch.Tensor]:
         """(rows to write or None for all of them, their slots): the padding rows (slot -1) left
@@ -234,6 +237,7 @@ class Attention:
         if backend == "triton":
             from minicb import kernels  # imported lazily: only this backend needs Triton
 
+            kernels.require_triton()    # without it: an ImportError naming the extra
             self._write = lambda k, v, kc, vc, m: kernels.write_kv(k, v, kc, vc, m.slot_mapping)
             self._attend = lambda q, kc, vc, m, scale: kernels.paged_attention(
                 q, kc, vc, m.cu_seqlens_q, m.seq_lens, m.block_tables, scale, m.max_seqlen_q,

@@ -1,4 +1,4 @@
-"""A Llama-family decoder (Llama, Qwen2) that runs on a packed batch with a paged KV cache.
+"""A Llama-family decoder (Llama, Qwen2, Qwen3) that runs on a packed batch with a paged KV cache.
 
 Readable in one sitting. Module names mirror Hugging Face's so a checkpoint loads with
 `load_state_dict` and no renaming. What differs from transformers: there is no batch dimension.
@@ -30,9 +30,11 @@ class ModelArgs:
     rope_theta: float
     max_position_embeddings: int
     tie_word_embeddings: bool
-    qkv_bias: bool          # Qwen2 has q/k/v biases; Llama may (attention_bias)
+    qkv_bias: bool          # Qwen2 has q/k/v biases; Llama and Qwen3 may (attention_bias)
     mlp_bias: bool
     rope_scaling: dict | None = None
+    o_bias: bool = False    # an o_proj bias: Llama's and Qwen3's attention_bias (not Qwen2's)
+    qk_norm: bool = False   # Qwen3: an RMSNorm over each query and key head, before RoPE
 
 
 class Linear(nn.Linear):
@@ -43,17 +45,22 @@ class Linear(nn.Linear):
     reading the weights, and torch's general matrix product, built for big blocks of rows, reads
     them at a fraction of the speed the memory allows when there are only a few rows
     (kernels/cpu_linear.c). ``LlamaForCausalLM.use_cpu_kernels`` sets ``kernel``; then a call with
-    at most ``rows_per_thread`` rows per thread goes to it, and bigger ones (prompts, big
-    batches), where torch's blocked product wins, stay with torch. 32 rows per thread is where the
-    two met on a 2-core AVX2 CPU with one thread and with two (benchmarks/README.md).
+    at most ``kernel_rows`` rows goes to it, and bigger ones (prompts, big batches), where torch's
+    blocked product wins, stay with torch. The two met at 32 rows per thread on a 2-core AVX2 CPU
+    with one thread and with two (benchmarks/README.md); 64 is that for the two cores.
+
+    The limit is a fixed number of rows, never scaled by the live thread count: the two products
+    sum in a different order (they agree to about 1e-6), and the thread policy
+    (minicb/threads.py) changes the thread count with the machine's load between steps. Which
+    arithmetic a step runs depends only on its shape, so greedy outputs never depend on what else
+    the machine is doing; the threads change only how fast it runs.
     """
 
     kernel = None
-    rows_per_thread = 32
+    kernel_rows = 64
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if (self.kernel is not None and x.dim() == 2
-                and x.shape[0] <= self.rows_per_thread * torch.get_num_threads()):
+        if self.kernel is not None and x.dim() == 2 and x.shape[0] <= self.kernel_rows:
             return self.kernel(x.contiguous(), self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
 
@@ -136,7 +143,12 @@ class SelfAttention(nn.Module):
                                 bias=args.qkv_bias)
         self.v_proj = Linear(args.hidden_size, args.num_kv_heads * args.head_dim,
                                 bias=args.qkv_bias)
-        self.o_proj = Linear(args.num_heads * args.head_dim, args.hidden_size, bias=False)
+        self.o_proj = Linear(args.num_heads * args.head_dim, args.hidden_size, bias=args.o_bias)
+        if args.qk_norm:   # Qwen3: each query and key head normalised on its own, before RoPE
+            self.q_norm = RMSNorm(args.head_dim, args.rms_norm_eps)
+            self.k_norm = RMSNorm(args.head_dim, args.rms_norm_eps)
+        else:
+            self.q_norm = self.k_norm = None
         self.scale = args.head_dim ** -0.5
         self.attention = attention
         self.qkv_proj: nn.Linear | None = None      # set by fuse_projections after loading
@@ -150,8 +162,11 @@ class SelfAttention(nn.Module):
                  self.num_kv_heads * self.head_dim], dim=-1)
         else:
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        q = apply_rope(q.view(tokens, self.num_heads, self.head_dim), cos, sin)
-        k = apply_rope(k.view(tokens, self.num_kv_heads, self.head_dim), cos, sin)
+        q = q.view(tokens, self.num_heads, self.head_dim)
+        k = k.view(tokens, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         v = v.view(tokens, self.num_kv_heads, self.head_dim)
         out = self.attention(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)
         return self.o_proj(out.reshape(tokens, self.num_heads * self.head_dim))
@@ -224,23 +239,51 @@ class DecoderLayer(nn.Module):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, meta)
         return x + self.mlp(self.post_attention_layernorm(x))
 
+    # Every tensor of a layer, and where the fused decode layer reads it: its slot in the C
+    # struct (kernels/cpu_kernels.h), or for a separate projection, the fused one it is a view of
+    # (fuse_projections).
+    CPU_SLOTS = {"input_layernorm.weight": "norm1",
+                 "self_attn.qkv_proj.weight": "w_qkv", "self_attn.qkv_proj.bias": "b_qkv",
+                 "self_attn.q_norm.weight": "q_norm", "self_attn.k_norm.weight": "k_norm",
+                 "self_attn.o_proj.weight": "w_o", "self_attn.o_proj.bias": "b_o",
+                 "post_attention_layernorm.weight": "norm2",
+                 "mlp.gate_up_proj.weight": "w_gate_up", "mlp.gate_up_proj.bias": "b_gate_up",
+                 "mlp.down_proj.weight": "w_down", "mlp.down_proj.bias": "b_down"}
+    CPU_VIEWS = {"self_attn.q_proj": "self_attn.qkv_proj", "self_attn.k_proj": "self_attn.qkv_proj",
+                 "self_attn.v_proj": "self_attn.qkv_proj", "mlp.gate_proj": "mlp.gate_up_proj",
+                 "mlp.up_proj": "mlp.gate_up_proj"}
+
     def cpu_weights(self) -> dict[str, torch.Tensor | None]:
-        """The tensors the fused decode layer reads (after fuse_projections)."""
+        """The tensors the fused decode layer reads (after fuse_projections), by their slot
+        names. A tensor of the layer that has no slot (a part this code does not know) is refused,
+        never skipped: the fused layer would compute without it."""
+        from minicb.kernels.cpu import WEIGHTS, check_layer_weights
+
         attn, mlp = self.self_attn, self.mlp
         if attn.qkv_proj is None or mlp.gate_up_proj is None:
             raise ValueError("the fused decode layer reads the fused projections: call "
                              "fuse_projections() first.")
-        weights = {"norm1": self.input_layernorm.weight, "qkv": attn.qkv_proj.weight,
-                   "qkv_bias": attn.qkv_proj.bias, "o": attn.o_proj.weight,
-                   "norm2": self.post_attention_layernorm.weight,
-                   "gate_up": mlp.gate_up_proj.weight, "gate_up_bias": mlp.gate_up_proj.bias,
-                   "down": mlp.down_proj.weight, "down_bias": mlp.down_proj.bias}
-        for name, tensor in weights.items():   # the C code reads them as plain float32 arrays
-            if tensor is not None and (tensor.dtype != torch.float32 or tensor.device.type != "cpu"
-                                       or not tensor.is_contiguous()):
-                raise ValueError(f"the fused decode layer needs contiguous float32 weights on the "
-                                 f"CPU; {name} is {tensor.dtype} on {tensor.device}. Use "
-                                 "attention='torch' for other dtypes and devices.")
+        tensors = dict(self.named_parameters()) | dict(self.named_buffers())
+        weights: dict[str, torch.Tensor | None] = dict.fromkeys(WEIGHTS)
+        for name, tensor in tensors.items():
+            module, _, kind = name.rpartition(".")
+            if name in self.CPU_SLOTS:
+                weights[self.CPU_SLOTS[name]] = tensor
+            elif module in self.CPU_VIEWS:
+                fused = f"{self.CPU_VIEWS[module]}.{kind}"
+                if (fused not in tensors or tensor.untyped_storage().data_ptr()
+                        != tensors[fused].untyped_storage().data_ptr()):
+                    raise ValueError(f"{name} is no longer a view of {fused}, which the fused "
+                                     "decode layer reads; call fuse_projections() again after "
+                                     "changing weights.")
+            else:
+                raise ValueError(f"the fused decode layer has no slot for the layer's {name}: it "
+                                 "would compute without it. Use attention='torch'.")
+        norms = (self.input_layernorm, self.post_attention_layernorm, attn.q_norm, attn.k_norm)
+        if any(n is not None and n.eps != self.input_layernorm.eps for n in norms):
+            raise ValueError("the fused decode layer uses one epsilon for every RMSNorm of a "
+                             "layer; this layer's differ. Use attention='torch'.")
+        check_layer_weights(weights)
         return weights
 
 
@@ -265,11 +308,16 @@ class LlamaModel(nn.Module):
 
     @staticmethod
     def decodes_only(x: torch.Tensor, meta: AttentionMetadata) -> bool:
-        """Every row decodes one token (as many rows as requests), and few enough rows that the
-        small-batch products win (Linear.rows_per_thread)."""
-        rows = x.shape[0]
-        return (rows == meta.seq_lens.shape[0]
-                and rows <= Linear.rows_per_thread * torch.get_num_threads())
+        """The plan marks every row a decode (meta.num_decode_rows), and there are few enough
+        rows that the small-batch products win (Linear.kernel_rows, a fixed number: never the
+        live thread count)."""
+        rows = meta.seq_lens.shape[0]
+        if meta.num_decode_rows != rows or rows > Linear.kernel_rows:
+            return False
+        if x.shape[0] != rows:
+            raise ValueError(f"the plan marks all {rows} rows as decodes, but the step has "
+                             f"{x.shape[0]} tokens: a decode row has exactly one.")
+        return True
 
     def decode_cpu(self, x, cos, sin, kv_caches, meta):
         """The same layers through the fused C decode layer (kernels/cpu_decode_layer.c): one call
@@ -277,6 +325,7 @@ class LlamaModel(nn.Module):
         from minicb.kernels import cpu
 
         attn, rows = self.layers[0].self_attn, x.shape[0]
+        x = x.contiguous()
         step = cpu.decode_step_cpu(x, cos.reshape(rows, -1), sin.reshape(rows, -1),
                                    meta.slot_mapping, meta.seq_lens, meta.block_tables,
                                    attn.num_heads, attn.num_kv_heads, attn.head_dim,

@@ -12,8 +12,13 @@ from safetensors.torch import load_file
 from minicb.config import DTYPES as DTYPE_NAMES
 from minicb.model.llama import LlamaForCausalLM, ModelArgs, rope_inv_freq
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM")
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 SUPPORTED_ROPE_TYPES = ("default", "llama3")
+# what each RoPE type reads from rope_parameters (or the older rope_scaling)
+ROPE_FIELDS = {"default": ("rope_type", "type", "rope_theta"),
+               "llama3": ("rope_type", "type", "rope_theta", "factor", "low_freq_factor",
+                          "high_freq_factor", "original_max_position_embeddings")}
+SUPPORTED_ACTIVATIONS = ("silu",)       # the MLP is SwiGLU: silu(gate) * up
 # the torch dtype of each name EngineConfig accepts
 DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}
 
@@ -47,6 +52,51 @@ def resolve_model_path(model: str | os.PathLike | None) -> Path:
 
 REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
             "num_attention_heads")
+# Every config.json field minicb knows. A field in neither list is refused at load: minicb cannot
+# tell whether it changes the forward pass, and a model that silently computes something else
+# than its checkpoint means is worse than one that does not load.
+HONOURED = (*REQUIRED, "architectures", "model_type", "num_key_value_heads", "head_dim",
+            "rms_norm_eps", "rope_theta", "rope_scaling", "rope_parameters",
+            "max_position_embeddings", "tie_word_embeddings", "attention_bias", "mlp_bias",
+            # checked below: only the values the forward computes are accepted
+            "hidden_act", "layer_types", "use_sliding_window", "sliding_window",
+            "max_window_layers")
+INERT = ("bos_token_id", "eos_token_id", "pad_token_id",   # the tokenizer's and sampler's business
+         "dtype", "torch_dtype",                 # the engine's dtype decides
+         "transformers_version", "_name_or_path", "use_cache", "initializer_range",
+         "attention_dropout",                    # dropout is off at inference
+         "pretraining_tp",                       # read by no forward (transformers ignores it too)
+         "output_attentions", "output_hidden_states", "return_dict", "id2label", "label2id",
+         "tokenizer_class")
+
+
+def check_fields(config: dict, source: str) -> None:
+    """Refuse, naming the field, every config field whose effect the forward does not compute:
+    an unknown field, an activation other than SiLU, a sliding window that would take effect."""
+    unknown = sorted(set(config) - set(HONOURED) - set(INERT))
+    if unknown:
+        raise ValueError(f"{source}: minicb does not know the field(s) {', '.join(unknown)}; it "
+                         "cannot tell whether they change the model's arithmetic, so it refuses "
+                         "the checkpoint rather than run it differently from transformers.")
+    act = config.get("hidden_act", "silu")
+    if act not in SUPPORTED_ACTIVATIONS:
+        raise ValueError(f"{source}: hidden_act={act!r} is not supported; minicb's MLP computes "
+                         f"{' or '.join(SUPPORTED_ACTIVATIONS)} (SwiGLU).")
+    layers, max_len = config["num_hidden_layers"], config.get("max_position_embeddings")
+    window = config.get("sliding_window") if config.get("use_sliding_window") else None
+    if "layer_types" in config:
+        types = config["layer_types"] or []
+        sliding = [i for i, kind in enumerate(types) if kind != "full_attention"]
+        if any(kind not in ("full_attention", "sliding_attention") for kind in types):
+            raise ValueError(f"{source}: layer_types={types!r}; minicb runs 'full_attention' "
+                             "layers only.")
+    else:   # older configs: the layers from max_window_layers on use the window
+        sliding = list(range(config.get("max_window_layers", 0), layers)) if window else []
+    binding = window is None or max_len is None or window < max_len
+    if sliding and binding:
+        raise ValueError(f"{source}: use_sliding_window with sliding_window={window} on layers "
+                         f"{sliding} (layer_types / max_window_layers) is not supported; minicb "
+                         "has no sliding window: every token attends to all earlier ones.")
 
 
 def model_args_from_config(config: dict, source: str = "config.json") -> ModelArgs:
@@ -59,6 +109,11 @@ def model_args_from_config(config: dict, source: str = "config.json") -> ModelAr
     if rope_type not in SUPPORTED_ROPE_TYPES:
         raise ValueError(f"rope_type {rope_type!r} is not supported; minicb handles "
                          f"{SUPPORTED_ROPE_TYPES}.")
+    extra = sorted(set(rope) - set(ROPE_FIELDS[rope_type]))
+    if extra:
+        raise ValueError(f"{source}: the RoPE settings {', '.join(extra)} are not supported for "
+                         f"rope_type {rope_type!r}; minicb reads "
+                         f"{', '.join(ROPE_FIELDS[rope_type])}.")
     missing = [name for name in REQUIRED if name not in config]
     if missing:
         raise ValueError(f"{source} lacks {', '.join(missing)}: a Llama-family config needs "
@@ -76,7 +131,9 @@ def model_args_from_config(config: dict, source: str = "config.json") -> ModelAr
     if num_heads % num_kv_heads:
         raise ValueError(f"{source}: num_attention_heads={num_heads} is not a multiple of "
                          f"num_key_value_heads={num_kv_heads}.")
+    check_fields(config, source)
     is_qwen2 = architectures[0] == "Qwen2ForCausalLM"
+    attention_bias = bool(config.get("attention_bias", False))
     return ModelArgs(
         vocab_size=config["vocab_size"],
         hidden_size=config["hidden_size"],
@@ -89,9 +146,11 @@ def model_args_from_config(config: dict, source: str = "config.json") -> ModelAr
         rope_theta=rope.get("rope_theta", config.get("rope_theta", 10000.0)),
         max_position_embeddings=config.get("max_position_embeddings", 2048),
         tie_word_embeddings=config.get("tie_word_embeddings", False),
-        qkv_bias=is_qwen2 or config.get("attention_bias", False),
-        mlp_bias=config.get("mlp_bias", False),
+        qkv_bias=is_qwen2 or attention_bias,     # Qwen2: always, and never on o_proj
+        o_bias=attention_bias and not is_qwen2,
+        mlp_bias=bool(config.get("mlp_bias", False)),
         rope_scaling=rope if rope_type == "llama3" else None,
+        qk_norm=architectures[0] == "Qwen3ForCausalLM",
     )
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import importlib.util
 import os
 import platform
 import subprocess
@@ -22,10 +23,10 @@ from pathlib import Path
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-FALLBACK_REQUIRED = ["torch", "transformers", "safetensors", "tokenizers", "triton", "numpy",
-                     "matplotlib", "ipywidgets", "tqdm", "fastapi", "uvicorn", "httpx", "psutil"]
-FALLBACK_DEV = ["pytest", "pytest-timeout", "nbval", "jupyterlab", "hypothesis", "ruff", "openai",
-                "nbformat", "ipykernel"]
+FALLBACK_REQUIRED = ["torch", "transformers", "safetensors", "tokenizers", "numpy", "matplotlib",
+                     "ipywidgets", "tqdm", "fastapi", "uvicorn", "httpx", "psutil"]
+FALLBACK_DEV = ["triton", "pytest", "pytest-timeout", "nbval", "jupyterlab", "hypothesis", "ruff",
+                "openai", "nbformat", "ipykernel"]
 MINIMUM_PYTHON = (3, 10)
 
 # A kernel launch in a fresh interpreter (TRITON_INTERPRET must be set before triton is imported):
@@ -164,7 +165,10 @@ def check(run_kernel: bool = True) -> tuple[list[str], bool]:
     except Exception as error:  # torch missing or broken
         ok = False
         lines.append(f"FAIL device: torch unusable ({error})")
-    if run_kernel:
+    if run_kernel and importlib.util.find_spec("triton") is None:
+        lines.append("WARN triton: not installed; the CPU engine runs without it, the Triton "
+                     "backend needs it (pip install 'minicb[triton]'; make setup installs it)")
+    elif run_kernel:
         kernel_ok, message = triton_smoke(cuda)
         ok &= kernel_ok
         lines.append(f"{'OK  ' if kernel_ok else 'FAIL'} triton: {message}")

@@ -1,0 +1,114 @@
+/* The CPU kernels' interface: every entry point kernels/cpu.py calls through ctypes, the
+ * arguments of the fused decoder layer as one struct, and the few loops the .c files share.
+ *
+ *   cpu_attention.c     paged attention for a packed batch          minicb_paged_attention_f32
+ *   cpu_linear.c        x W^T (+ bias) for the few rows of a decode  minicb_linear_f32
+ *   cpu_decode_layer.c  a whole decoder layer for a step of decodes  minicb_decode_layer_f32
+ *
+ * Each .c file includes this header and compiles on its own; kernels/cpu.py links the three into
+ * one library (libminicb_cpu_kernels). The Python side mirrors struct minicb_layer_args field by
+ * field (cpu.LayerArgs), and a test checks the two layouts against each other through
+ * minicb_layer_args_field below.
+ */
+#ifndef MINICB_CPU_KERNELS_H
+#define MINICB_CPU_KERNELS_H
+
+#include <stdint.h>
+
+/* ---- entry points ------------------------------------------------------------------------- */
+
+/* Attention for a packed batch over the paged cache; 0, -1 (no memory) or -2 (a block table
+ * outside the pool, or shorter than its row's keys). With decodes_only, rows of more than one
+ * query are skipped (their output is left as it was). */
+int minicb_paged_attention_f32(
+    const float *q,               /* [num_tokens, q_heads, head_dim] */
+    const float *k_cache,         /* [num_blocks, block_size, kv_heads, head_dim] */
+    const float *v_cache,
+    float *out,                   /* [num_tokens, q_heads, head_dim] */
+    const int32_t *cu_seqlens_q,  /* [num_seqs + 1] */
+    const int32_t *seq_lens,      /* [num_seqs] */
+    const int32_t *block_tables,  /* [num_seqs, table_width] */
+    int64_t num_seqs, int64_t num_tokens, int64_t q_heads, int64_t kv_heads, int64_t head_dim,
+    int64_t block_size, int64_t table_width, int64_t num_blocks, float scale,
+    int32_t decodes_only);
+
+/* y = x W^T (+ bias) */
+void minicb_linear_f32(
+    const float *x,      /* [m, k] */
+    const float *w,      /* [n, k]: torch's Linear weight, one output per row */
+    const float *bias,   /* [n] or NULL */
+    float *y,            /* [m, n] */
+    int64_t m, int64_t n, int64_t k);
+
+/* Everything one decoder layer of a decode step reads and writes. A pointer marked "or NULL" is
+ * a part the model may not have (a bias, Qwen3's per-head q/k norms). */
+struct minicb_layer_args {
+    /* the residual stream, [m, hidden], updated in place */
+    float *x;
+    /* the layer's weights, as DecoderLayer.cpu_weights gives them */
+    const float *norm1;          /* [hidden] input_layernorm */
+    const float *w_qkv;          /* [(q_heads + 2 kv_heads) head_dim, hidden] */
+    const float *b_qkv;          /* [(q_heads + 2 kv_heads) head_dim] or NULL */
+    const float *q_norm;         /* [head_dim] or NULL: RMSNorm of each query head (Qwen3) */
+    const float *k_norm;         /* [head_dim] or NULL: RMSNorm of each key head (Qwen3) */
+    const float *w_o;            /* [hidden, q_heads head_dim] */
+    const float *b_o;            /* [hidden] or NULL */
+    const float *norm2;          /* [hidden] post_attention_layernorm */
+    const float *w_gate_up;      /* [2 intermediate, hidden] */
+    const float *b_gate_up;      /* [2 intermediate] or NULL */
+    const float *w_down;         /* [hidden, intermediate] */
+    const float *b_down;         /* [hidden] or NULL */
+    /* the step, shared by every layer */
+    const float *cos;            /* [m, head_dim] */
+    const float *signed_sin;     /* [m, head_dim] */
+    float *k_cache;              /* [num_blocks, block_size, kv_heads, head_dim] */
+    float *v_cache;
+    const int64_t *slot_mapping; /* [m]: where each row's k and v go; -1 = not written */
+    const int32_t *seq_lens;     /* [m]: keys of each row, its own included */
+    const int32_t *block_tables; /* [m, table_width] */
+    /* scratch rows */
+    float *h;                    /* [m, hidden] */
+    float *qkv;                  /* [m, (q_heads + 2 kv_heads) head_dim] */
+    float *attn;                 /* [m, q_heads head_dim] */
+    float *gate_up;              /* [m, 2 intermediate] */
+    float *act;                  /* [m, intermediate] */
+    /* sizes */
+    int64_t m, hidden, intermediate, q_heads, kv_heads, head_dim, block_size, table_width,
+        num_blocks;
+    float eps;                   /* every RMSNorm's epsilon */
+    float scale;                 /* attention's softmax scale */
+};
+
+/* One decoder layer for a step in which every row decodes one token; 0, -1 (no memory) or -2 (a
+ * bad block table or slot). */
+int minicb_decode_layer_f32(const struct minicb_layer_args *args);
+
+/* The struct's layout, for the test that holds the ctypes mirror to it: field i's name, with its
+ * byte offset and size in *offset and *size; NULL past the last field. */
+const char *minicb_layer_args_field(int64_t i, int64_t *offset, int64_t *size);
+int64_t minicb_layer_args_size(void);
+
+/* ---- shared between the .c files (not called from Python) -------------------------------- */
+
+/* Every block a row reads must be in the pool: -2 otherwise. Sets *max_seq_len to the longest
+ * row's keys (at least 1). (cpu_attention.c) */
+int minicb_check_tables(const int32_t *seq_lens, const int32_t *block_tables, int64_t num_seqs,
+                        int64_t block_size, int64_t table_width, int64_t num_blocks,
+                        int64_t *max_seq_len);
+
+/* One thread's scratch rows for the scores (q_heads x max_seq_len); on failure sets *failed.
+ * (cpu_attention.c) */
+float *minicb_scores_scratch(int64_t q_heads, int64_t max_seq_len, int *failed);
+
+/* One query token against keys 0..n-1 of its request, every head, written to ot.
+ * (cpu_attention.c) */
+void minicb_attend_token(const float *qt, float *ot, const float *k_cache, const float *v_cache,
+                         const int32_t *table, int64_t n, int64_t q_heads, int64_t kv_heads,
+                         int64_t head_dim, int64_t block_size, float scale, float *scores);
+
+/* y = x W^T (+ bias), or y += when accumulate, with the weight rows shared out among the threads
+ * of the enclosing OpenMP parallel region (one thread does it all outside one). (cpu_linear.c) */
+void minicb_linear_rows(const float *x, const float *w, const float *bias, float *y, int64_t m,
+                        int64_t n, int64_t k, int accumulate);
+
+#endif
