@@ -35,6 +35,9 @@ Usage::
     python scripts/train_default_model.py --minutes 40            # writes
     minicb/assets/default_model
     python scripts/train_default_model.py --minutes 1 --out /tmp/m  # smoke run
+    python scripts/train_default_model.py --minutes 12 --hidden 128 --layers 2 --heads 2 \
+        --kv-heads 1 --intermediate 352 --tokenizer minicb/assets/default_model \
+        --out minicb/assets/draft_model        # the draft model for speculative decoding
 """
 
 from __future__ import annotations
@@ -326,6 +329,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--stdlib", type=Path, default=Path(sysconfig.get_paths()["stdlib"]))
     p.add_argument("--val-percent", type=float, default=8.0)
     p.add_argument("--vocab-size", type=int, default=4096)
+    p.add_argument("--tokenizer", type=Path, default=None,
+                   help="reuse the tokenizer.json of this model directory instead of training one "
+                        "(a draft model for speculative decoding shares its target's tokenizer)")
     # model
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--layers", type=int, default=4)
@@ -368,7 +374,12 @@ def main(argv: list[str] | None = None) -> None:
     log(f"corpus: {len(corpus['train'])} train files ({n_bytes['train'] / 1e6:.2f} MB), "
         f"{len(corpus['val'])} validation files ({n_bytes['val'] / 1e6:.2f} MB)")
 
-    raw_tok = train_tokenizer(train_texts, args.vocab_size)
+    if args.tokenizer is not None:     # a draft model must share its target's tokenizer exactly
+        from tokenizers import Tokenizer
+
+        raw_tok = Tokenizer.from_file(str(args.tokenizer / "tokenizer.json"))
+    else:
+        raw_tok = train_tokenizer(train_texts, args.vocab_size)
     eot_id = raw_tok.token_to_id(EOT)
     vocab_size = raw_tok.get_vocab_size()
     train_docs = tokenize_files(raw_tok, corpus["train"], eot_id)
