@@ -41,6 +41,8 @@ html_theme_options = {
     "home_page_in_toc": True,
     "show_navbar_depth": 1,
 }
+# light: the recorded figures are drawn on white (an empty mode is a console error)
+html_context = {"default_mode": "light"}
 html_last_updated_fmt = None
 html_show_sourcelink = False
 
