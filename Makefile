@@ -88,7 +88,7 @@ env-check: setup
 	$(BIN)/python -m minicb env-check
 
 lint: setup
-	$(BIN)/ruff check minicb kernels tests exercises solutions scripts
+	$(BIN)/ruff check minicb kernels tests exercises solutions scripts book
 
 # Grade the student's exercises/ (all chapters, or one: make grade CH=04); V=1 adds tracebacks.
 grade: setup

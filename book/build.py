@@ -109,11 +109,11 @@ def facts_page() -> str:
     facts = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = facts                  # dataclasses look their module up there
     spec.loader.exec_module(facts)
-    return ("# Cited facts\n\nEvery number in the book that comes from outside the project (a data "
-            "sheet, a paper, another engine's defaults), with its unit and its source. The chapters, "
-            "the simulator and the benchmarks read these values from `minicb/facts.py` "
-            "({doc}`source page <source/minicb/facts>`), so a sentence that quotes one and the code "
-            "that uses it cannot disagree.\n\n" + facts.facts_table() + "\n")
+    return ("# Cited facts\n\nEvery number in the book that comes from outside the project (a "
+            "data sheet, a paper, another engine's defaults), with its unit and its source. The "
+            "chapters, the simulator and the benchmarks read these values from `minicb/facts.py` "
+            "({doc}`source page <source/minicb/facts>`), so a sentence that quotes one and the "
+            "code that uses it cannot disagree.\n\n" + facts.facts_table() + "\n")
 
 
 def results_index() -> str:
@@ -143,8 +143,9 @@ def source_page(path: Path) -> str:
                                                         cssclass="highlight minicb-source"))
     body = re.sub(r'<span id="L-(\d+)">', r'<span id="L\1">', body)
     lines = code.count("\n") + (not code.endswith("\n"))
-    return (f"---\norphan: true\n---\n\n# {relative}\n\n`{relative}`, {lines} lines, as this site was built. The chapters' "
-            f"*Read the real thing* sections link here to the lines they show.\n\n"
+    return (f"---\norphan: true\n---\n\n# {relative}\n\n`{relative}`, {lines} lines, as this "
+            "site was built. The chapters' *Read the real thing* sections link here to the lines "
+            "they show.\n\n"
             f"```{{raw}} html\n{body}\n```\n")
 
 
@@ -152,7 +153,8 @@ def source_index(files: list[Path]) -> str:
     lines = []
     for path in files:
         relative = path.relative_to(ROOT)
-        lines.append(f"* {{doc}}`{relative.as_posix()} <source/{relative.with_suffix('').as_posix()}>`")
+        page = "source/" + relative.with_suffix("").as_posix()
+        lines.append(f"* {{doc}}`{relative.as_posix()} <{page}>`")
     return ("# Source code\n\nEvery file of the `minicb` package and its kernels, as the site was "
             "built, with line numbers: the chapters link each listing they show to its lines "
             "here.\n\n" + "\n".join(lines) + "\n")
@@ -184,8 +186,9 @@ def stage(src: Path) -> None:
     for page in BOOK.glob("*.md"):
         if page.name != "index.md":
             shutil.copy(page, src / page.name)
+    benchmarks = sorted((ROOT / "benchmarks").glob("*.md"))
     for page in (["docs/ARCHITECTURE.md", "exercises/README.md"]
-                 + [p.relative_to(ROOT).as_posix() for p in sorted((ROOT / "benchmarks").glob("*.md"))]):
+                 + [p.relative_to(ROOT).as_posix() for p in benchmarks]):
         text = promote_headings((ROOT / page).read_text(encoding="utf-8"))
         # a link to the results folder lands on the page that lists it
         write(src / page, text.replace("](results/)", "](results/index.md)"))

@@ -59,7 +59,8 @@ def gathered_interview_cells(folder: Path) -> list[str]:
 
     questions = book_interview(folder)
     chapters = list(dict.fromkeys(q.chapter for q in questions))
-    return [f"### {chapter}\n\n" + interview_markdown([q for q in questions if q.chapter == chapter])
+    return [f"### {chapter}\n\n"
+            + interview_markdown([q for q in questions if q.chapter == chapter])
             for chapter in chapters]
 
 
@@ -92,9 +93,7 @@ def clean(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
     notebook shows as modified the moment a reader opens it (the kernel fills in the rest). Cell
     metadata the book uses (tags, `jupyter.source_hidden`) stays.
     """
-    pairing = {key: value for key, value in nb.metadata.get("jupytext", {}).items()
-               if key != "text_representation"}       # that belongs in the text file's header
-    nb.metadata = {"jupytext": {**pairing, "formats": PAIRING}, "kernelspec": dict(KERNELSPEC),
+    nb.metadata = {"jupytext": {"formats": PAIRING}, "kernelspec": dict(KERNELSPEC),
                    "language_info": nb.metadata.get("language_info", {"name": "python"})}
     for index, cell in enumerate(nb.cells):
         cell.id = f"c{index:03d}"

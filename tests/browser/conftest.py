@@ -117,9 +117,9 @@ class Lab:
 
 @pytest.fixture(scope="session")
 def lab(tmp_path_factory):
-    """JupyterLab over a copy of notebooks/ (the .ipynb and their .md pairs) that sits where the real one does: the rest of the
-    repository is linked beside it, so the chapters' relative paths (../scripts, ../benchmarks)
-    resolve as they do for a reader."""
+    """JupyterLab over a copy of notebooks/ (each .ipynb with its .md pair) that sits where the
+    real one does: the rest of the repository is linked beside it, so the chapters' relative
+    paths (../scripts, ../benchmarks) resolve as they do for a reader."""
     root = tmp_path_factory.mktemp("repository")
     for entry in ROOT.iterdir():
         if entry.name not in ("notebooks", ".git", ".venv") and not entry.name.startswith(".venv"):

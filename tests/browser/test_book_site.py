@@ -32,7 +32,7 @@ NOTEBOOKS = book_build.book_notebooks()
 # Sphinx 9 deprecates attributes the theme and myst-parser still read; the build itself must
 # stay free of Sphinx warnings (-W), which these are not
 pytestmark = pytest.mark.filterwarnings(
-    "ignore:.*Check CHANGES for Sphinx API modifications:DeprecationWarning")
+    "ignore:.*Check CHANGES for Sphinx API modifications")
 
 
 def _by():
