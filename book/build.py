@@ -202,17 +202,21 @@ def stage(src: Path) -> None:
     write(src / "source.md", source_index(files))
 
 
+def sphinx_args(src: Path, out: Path, quiet: bool = True) -> list[str]:
+    """sphinx-build's arguments: every warning an error (all of them reported), a fresh
+    environment each time (so a warning is never hidden by a cached page)."""
+    return (["-q"] if quiet else []) + [
+        "-b", "html", "-W", "--keep-going", "-E", "-c", str(BOOK), "-d", str(out / "doctrees"),
+        str(src), str(out / "html")]
+
+
 def build(out: Path = DEFAULT_OUT, quiet: bool = True) -> Path:
     """Stage and build the site into out/html; raise if Sphinx warned or failed."""
     from sphinx.cmd.build import build_main
 
     src = out / "src"
     stage(src)
-    args = ["-b", "html", "-W", "--keep-going", "-E", "-c", str(BOOK),
-            "-d", str(out / "doctrees"), str(src), str(out / "html")]
-    if quiet:
-        args.insert(0, "-q")
-    status = build_main(args)
+    status = build_main(sphinx_args(src, out, quiet))
     if status:
         raise SystemExit(f"the book did not build (sphinx-build exited {status}): see the "
                          "warnings above")

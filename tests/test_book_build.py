@@ -7,11 +7,15 @@ import importlib.util
 from pathlib import Path
 
 import nbformat
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 spec = importlib.util.spec_from_file_location("book_build", ROOT / "book" / "build.py")
 book_build = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(book_build)
+# Sphinx 9 deprecates attributes the theme and myst-parser still read (Python warnings, not the
+# Sphinx warnings the build turns into errors)
+pytestmark = pytest.mark.filterwarnings("ignore:.*Check CHANGES for Sphinx API modifications")
 
 
 def _notebook(tmp_path: Path) -> Path:
@@ -68,3 +72,20 @@ def test_every_source_file_gets_a_page_with_an_anchor_per_line():
     lines = (ROOT / "minicb" / "kv" / "blocks.py").read_text().count("\n")
     assert f'<span id="L{lines}">' in page and f'<span id="L{lines + 1}">' not in page
     assert '<span id="L1">' in page
+
+
+def test_a_broken_link_or_a_missing_image_fails_the_build(tmp_path):
+    """The site's configuration with the build's own arguments, on two small pages: a page that
+    links a missing page or shows a missing picture must fail, the same page without them not."""
+    from sphinx.cmd.build import build_main
+
+    def build(body: str) -> int:
+        src = tmp_path / "src"
+        src.mkdir(exist_ok=True)
+        (src / "index.md").write_text("# A book\n\n```{toctree}\npage\n```\n")
+        (src / "page.md").write_text(f"# A page\n\n{body}\n")
+        return build_main(book_build.sphinx_args(src, tmp_path / "out"))
+
+    assert build("Some prose.") == 0
+    assert build("See [the chapter](missing.md).") != 0
+    assert build("![a figure](results/missing.png)") != 0
