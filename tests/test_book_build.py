@@ -3,7 +3,9 @@ tests/browser/test_book_site.py): what a reader of the site sees of a notebook's
 
 from __future__ import annotations
 
+import html
 import importlib.util
+import re
 from pathlib import Path
 
 import nbformat
@@ -89,3 +91,33 @@ def test_a_broken_link_or_a_missing_image_fails_the_build(tmp_path):
     assert build("Some prose.") == 0
     assert build("See [the chapter](missing.md).") != 0
     assert build("![a figure](results/missing.png)") != 0
+
+
+def test_a_hidden_input_prose_cell_shows_only_its_prose_on_the_page(tmp_path):
+    from sphinx.cmd.build import build_main
+
+    nb = nbformat.v4.new_notebook()
+    cell = nbformat.v4.new_code_cell("Markdown(f'The pool held **{blocks}** blocks.')",
+                                     execution_count=1)
+    cell.metadata["jupyter"] = {"source_hidden": True}
+    cell.outputs = [nbformat.v4.new_output("display_data", data={
+        "text/markdown": "The pool held **96** blocks.", "text/plain": "<Markdown>"})]
+    shown = nbformat.v4.new_code_cell("print('shown')", execution_count=2)
+    nb.cells = [nbformat.v4.new_markdown_cell("# 98 · Hidden inputs"), cell, shown]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                 "language": "python"}
+    source = tmp_path / "98_hidden.ipynb"
+    nbformat.write(nb, source)
+    src = tmp_path / "src"
+    (src / "downloads").mkdir(parents=True)
+    (src / "index.md").write_text("# A book\n\n```{toctree}\n98_hidden\n```\n")
+    (src / "downloads" / source.name).write_text(source.read_text())
+    site = book_build.site_notebook(source)
+    site.cells[1].source = "A note."                   # the run note links ../downloads/
+    nbformat.write(site, src / source.name)
+    assert build_main(book_build.sphinx_args(src, tmp_path / "out")) == 0
+    page = (tmp_path / "out" / "html" / "98_hidden.html").read_text()
+    text = html.unescape(re.sub(r"<[^>]+>", "", page))      # what a reader sees
+    assert "The pool held <strong>96</strong> blocks." in page
+    assert "Markdown(f'The pool held" not in text
+    assert "print('shown')" in text                   # other inputs still show

@@ -24,8 +24,11 @@ spec.loader.exec_module(execute_notebooks)
 PAIRS = execute_notebooks.book_notebooks()
 
 
-def cells(nb) -> list[tuple[str, str, list[str]]]:
-    return [(c.cell_type, c.source, list(c.metadata.get("tags", []))) for c in nb.cells]
+def cells(nb) -> list[tuple[str, str, dict]]:
+    """Each cell's type, source and metadata (tags, `jupyter.source_hidden`: what the site and
+    JupyterLab read), without the run's timestamps."""
+    return [(c.cell_type, c.source, {k: v for k, v in c.metadata.items() if k != "execution"})
+            for c in nb.cells]
 
 
 def test_every_notebook_is_paired_with_a_text_file():
@@ -114,13 +117,19 @@ def test_execute_notebooks_runs_cleans_and_keeps_the_pair(tmp_path):
     md = tmp_path / "99_small.md"
     md.write_text("---\njupytext:\n  formats: ipynb,md:myst\nkernelspec:\n  display_name: Python 3 "
                   "(ipykernel)\n  language: python\n  name: python3\n---\n\n# A small chapter\n\n"
-                  "```{code-cell} ipython3\nprint(6 * 7)\n```\n")
+                  "```{code-cell} ipython3\nprint(6 * 7)\n```\n\n"
+                  "```{code-cell} ipython3\n---\njupyter:\n  source_hidden: true\n"
+                  "tags: [remove-input]\n---\nfrom IPython.display import Markdown\n"
+                  "Markdown(f'**{6 * 7}** tokens')\n```\n")
     execute_notebooks.sync(md)
     ipynb = md.with_suffix(".ipynb")
     execute_notebooks.process(ipynb, timeout=60)
     nb = nbformat.read(ipynb, as_version=4)
-    assert [c.id for c in nb.cells] == ["c000", "c001"]
+    assert [c.id for c in nb.cells] == ["c000", "c001", "c002"]
     assert nb.cells[1].outputs[0]["text"] == "42\n" and nb.cells[1].execution_count == 1
     assert "execution" not in nb.cells[1].metadata and "widgets" not in nb.metadata
     assert set(nb.metadata) == {"jupytext", "kernelspec", "language_info"}
+    hidden = nb.cells[2]                   # a sentence built from a value: only its prose shows
+    assert hidden.outputs[0]["data"]["text/markdown"] == "**42** tokens"
+    assert hidden.metadata == {"jupyter": {"source_hidden": True}, "tags": ["remove-input"]}
     assert cells(jupytext.read(md)) == cells(nb)
