@@ -4,6 +4,8 @@
 #                notebooks (nbval), exercises (graded against solutions/)
 #   make test-gpu  on a CUDA machine: the GPU tests, with compiled Triton kernels
 #   make lock    record the versions in .venv as constraints.txt (what make setup installs)
+#   make book    the book as a website in build/book/html, from the committed notebooks
+#   make notebooks [CH=04]  re-execute the notebooks (or one chapter) for commit
 PYTHON     ?= python3
 VENV       ?= .venv
 BIN        := $(VENV)/bin
@@ -18,7 +20,8 @@ LOCK       := constraints.txt
 export MPLCONFIGDIR := $(abspath $(VENV))/matplotlib
 CH         ?=
 
-.PHONY: setup lock browser-setup test test-gpu lab demo lint grade env-check guidellm peer-vllm clean
+.PHONY: setup lock browser-setup test test-gpu lab demo lint grade env-check guidellm peer-vllm clean \
+	book notebooks
 
 setup: $(STAMP)
 
@@ -28,9 +31,10 @@ $(STAMP): pyproject.toml $(LOCK)
 	@$(BIN)/python -m pip install --quiet --upgrade pip
 	@echo "setup: torch ($(TORCH_SPEC))"
 	@$(BIN)/python -m pip install --quiet $(TORCH_SPEC)
-	@echo "setup: minicb and what it needs (transformers, triton, jupyterlab, ...) at the versions in $(LOCK)"
-	@# setuptools warns at length about every editable install; nothing in it concerns a reader
-	@PYTHONWARNINGS=ignore $(BIN)/python -m pip install --quiet -c $(LOCK) -e ".[dev]"
+	@echo "setup: minicb and what it needs (transformers, triton, jupyterlab, jupytext, sphinx, ...) at the versions in $(LOCK)"
+	@# setuptools warns at length about every editable install; nothing in it concerns a reader.
+	@# jupytext's wheel carries its JupyterLab extension: the chapters' .md and .ipynb stay paired.
+	@PYTHONWARNINGS=ignore $(BIN)/python -m pip install --quiet -c $(LOCK) -e ".[dev,book]"
 	@$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
 	@$(BIN)/python -c "import matplotlib.font_manager" 2>/dev/null   # build the font cache now
 	@echo "setup: checking the environment (python -m minicb env-check prints every line)"
@@ -62,6 +66,17 @@ test: setup browser-setup
 test-gpu: setup
 	$(BIN)/python -m pytest tests/test_kernels.py tests/test_engine_triton.py -p no:cacheprovider
 
+# The book as a website (Sphinx, myst-nb, sphinx-book-theme; book/): built from the committed,
+# executed notebooks without running them, every Sphinx warning an error. Open
+# build/book/html/index.html, or serve it: python3 -m http.server -d build/book/html
+book: setup
+	@$(BIN)/python book/build.py
+
+# Re-execute the notebooks for commit (all, or one: make notebooks CH=04): sync each jupytext
+# pair, run it with nbclient, clean what changes on every run (scripts/execute_notebooks.py).
+notebooks: setup
+	@$(BIN)/python scripts/execute_notebooks.py $(CH)
+
 # Jupyter refuses to run as root unless told; in a container you often are root.
 lab: setup
 	$(BIN)/jupyter lab notebooks/ $(if $(filter 0,$(shell id -u)),--allow-root)
@@ -73,7 +88,7 @@ env-check: setup
 	$(BIN)/python -m minicb env-check
 
 lint: setup
-	$(BIN)/ruff check minicb kernels tests exercises solutions scripts
+	$(BIN)/ruff check minicb kernels tests exercises solutions scripts book
 
 # Grade the student's exercises/ (all chapters, or one: make grade CH=04); V=1 adds tracebacks.
 grade: setup

@@ -192,7 +192,7 @@ def test_parse_interview_reads_question_answer_and_wrong_answer():
 
 
 def test_every_chapter_contributes_questions_with_wrong_answers():
-    questions = book_interview(ROOT / "scripts" / "chapters")
+    questions = book_interview(ROOT / "notebooks")
     chapters = list(dict.fromkeys(q.chapter for q in questions))
     assert [c[:2] for c in chapters] == [f"{n:02d}" for n in range(8)]
     for chapter in chapters:
@@ -200,7 +200,7 @@ def test_every_chapter_contributes_questions_with_wrong_answers():
     for q in questions:
         assert q.question.endswith("?") and q.answer and q.wrong_answer.strip('"')
     with pytest.raises(FileNotFoundError):
-        book_interview(ROOT / "notebooks")
+        book_interview(ROOT / "docs")
 
 
 def test_quiz_card_hides_the_answer_until_asked():
@@ -238,6 +238,6 @@ def test_quiz_widget_reveals_then_moves_on_hidden():
 def test_the_interview_notebook_holds_every_chapter_question():
     notebook = nbformat.read(ROOT / "notebooks" / "interview.ipynb", as_version=4)
     markdown = "\n".join(cell.source for cell in notebook.cells if cell.cell_type == "markdown")
-    missing = [q.question for q in book_interview(ROOT / "scripts" / "chapters") if q.question
+    missing = [q.question for q in book_interview(ROOT / "notebooks") if q.question
                not in markdown]
-    assert not missing, f"rebuild it: scripts/build_notebooks.py interview ({missing})"
+    assert not missing, f"refresh it: scripts/execute_notebooks.py interview ({missing})"

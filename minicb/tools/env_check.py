@@ -53,7 +53,8 @@ def requirements() -> tuple[list[Requirement], list[Requirement]]:
     except importlib.metadata.PackageNotFoundError:
         return [Requirement(n) for n in FALLBACK_REQUIRED], [Requirement(n) for n in FALLBACK_DEV]
     runtime = [r for r in declared if r.marker is None]
-    dev = [r for r in declared if r.marker is not None and r.marker.evaluate({"extra": "dev"})]
+    dev = [r for r in declared if r.marker is not None
+           and any(r.marker.evaluate({"extra": extra}) for extra in ("dev", "book"))]
     return runtime, dev
 
 

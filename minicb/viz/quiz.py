@@ -1,6 +1,6 @@
 """The book's interview questions as data, and a self-quiz that hides each answer until asked.
 
-Every chapter source (scripts/chapters/chNN_*.py, a list of notebook cells) ends with a section
+Every chapter notebook (notebooks/NN_*.ipynb) ends with a section
 
     ## Interview questions
 
@@ -15,7 +15,7 @@ callback: a plain function); `quiz_widget` wires it to two buttons.
 
 from __future__ import annotations
 
-import importlib.util
+import json
 import re
 import textwrap
 from collections.abc import Sequence
@@ -59,22 +59,21 @@ def parse_interview(markdown: str, chapter: str) -> list[InterviewQuestion]:
     return questions
 
 
-def _chapter_cells(path: Path) -> list[tuple[str, str]]:
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.CELLS
+def _markdown_cells(path: Path) -> list[str]:
+    cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+    return ["".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+            for cell in cells if cell["cell_type"] == "markdown"]
 
 
 def book_interview(chapters_dir: str | Path) -> list[InterviewQuestion]:
-    """Every chapter's interview questions, in chapter order, read from the chapter sources."""
-    sources = sorted(Path(chapters_dir).glob("ch[0-9][0-9]_*.py"))
+    """Every chapter's interview questions, in chapter order, read from the chapter notebooks."""
+    sources = sorted(Path(chapters_dir).glob("[0-9][0-9]_*.ipynb"))
     if not sources:
-        raise FileNotFoundError(f"no chapter sources (chNN_*.py) in {chapters_dir}; pass "
-                                "scripts/chapters.")
+        raise FileNotFoundError(f"no chapter notebooks (NN_*.ipynb) in {chapters_dir}; pass "
+                                "the book's notebooks/ folder.")
     questions = []
     for path in sources:
-        cells = [textwrap.dedent(source) for kind, source in _chapter_cells(path) if kind == "md"]
+        cells = _markdown_cells(path)
         title = next((line[2:].strip() for cell in cells for line in cell.strip().splitlines()
                       if line.startswith("# ")), path.stem)
         for cell in cells:

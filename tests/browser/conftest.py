@@ -117,23 +117,28 @@ class Lab:
 
 @pytest.fixture(scope="session")
 def lab(tmp_path_factory):
-    """JupyterLab over a copy of notebooks/ that sits where the real one does: the rest of the
-    repository is linked beside it, so the chapters' relative paths (../scripts, ../benchmarks)
-    resolve as they do for a reader."""
+    """JupyterLab over a copy of notebooks/ (each .ipynb with its .md pair) that sits where the
+    real one does: the rest of the repository is linked beside it, so the chapters' relative
+    paths (../scripts, ../benchmarks) resolve as they do for a reader."""
     root = tmp_path_factory.mktemp("repository")
     for entry in ROOT.iterdir():
         if entry.name not in ("notebooks", ".git", ".venv") and not entry.name.startswith(".venv"):
             (root / entry.name).symlink_to(entry)
     (root / "notebooks").mkdir()
+    # each notebook with its jupytext text file, as a reader's clone has them (jupytext's
+    # JupyterLab extension opens the pair)
     for notebook in (ROOT / "notebooks").glob("*.ipynb"):
-        shutil.copy(notebook, root / "notebooks" / notebook.name)
+        for path in (notebook, notebook.with_suffix(".md")):
+            if path.exists():
+                shutil.copy(path, root / "notebooks" / path.name)
     server = Lab(root / "notebooks")
     yield server
     server.stop()
 
 
-@pytest.fixture(scope="session")
-def browser():
+def start_chromium(console_log: bool = False):
+    """A headless Chromium under chromedriver; with `console_log`, the page's console messages
+    can be read with driver.get_log("browser")."""
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
@@ -145,6 +150,21 @@ def browser():
                      f"--user-data-dir={tempfile.mkdtemp(prefix='minicb-chromium-')}",
                      "--window-size=1400,1000"):
         options.add_argument(argument)
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    if console_log:
+        options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    return webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+
+
+@pytest.fixture(scope="session")
+def browser():
+    driver = start_chromium()
+    yield driver
+    driver.quit()
+
+
+@pytest.fixture(scope="session")
+def console_browser():
+    """A headless Chromium whose console messages the test reads (driver.get_log("browser"))."""
+    driver = start_chromium(console_log=True)
     yield driver
     driver.quit()

@@ -1,0 +1,143 @@
+#!/usr/bin/env python
+"""Execute the book's notebooks for commit: sync each pair, run it, clean it, sync it back.
+
+Every chapter is a jupytext pair in notebooks/: `NN_name.md` (MyST markdown, the text you edit
+and review) and `NN_name.ipynb` (the executed notebook with its outputs). JupyterLab keeps the
+two in step when jupytext is installed (`make setup` installs it); this script is what rebuilds
+the outputs:
+
+    .venv/bin/python scripts/execute_notebooks.py             # every notebook
+    .venv/bin/python scripts/execute_notebooks.py 00 04       # some chapters (or: interview)
+    .venv/bin/python scripts/execute_notebooks.py --no-execute  # sync and clean only
+    make notebooks CH=04
+
+For each notebook: `jupytext --sync` takes whichever file of the pair is newer; the interview
+notebook's "Every chapter's questions" section is regathered from the chapters; nbclient runs
+it with the kernel `python3` (the venv's, installed by `make setup`) in notebooks/; then what
+changes on every run and carries no content is dropped (execution timestamps, widget state,
+transient output metadata) and cell ids are numbered, so a rebuild only changes the lines whose
+content changed; finally the text file is written again from the notebook. Wall-clock outputs
+sit in cells whose first line is `# NBVAL_IGNORE_OUTPUT`; `pytest --nbval` compares every other
+output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import time
+from pathlib import Path
+
+import jupytext
+import nbformat
+from jupytext.cli import jupytext as jupytext_cli
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = ROOT / "notebooks"
+PAIRING = "ipynb,md:myst"
+KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
+GATHERED = "## Every chapter's questions"       # the interview's generated section starts here
+CHEAT_SHEET = "## Cheat sheet"                  # ... and ends here
+
+
+def book_notebooks(folder: Path = NOTEBOOKS) -> list[Path]:
+    """The paired notebooks in reading order: the chapters, then the others (interview, ...)."""
+    pairs = [path for path in sorted(folder.glob("*.ipynb")) if path.with_suffix(".md").exists()]
+    return ([p for p in pairs if re.match(r"\d\d_", p.name)]
+            + [p for p in pairs if not re.match(r"\d\d_", p.name)])
+
+
+def sync(path: Path) -> None:
+    """jupytext --sync: the newer file of the pair wins; outputs stay with the notebook."""
+    jupytext_cli(["--sync", "--quiet", str(path)])
+
+
+def gathered_interview_cells(folder: Path) -> list[str]:
+    """The interview notebook's per-chapter sections, read from the chapter notebooks."""
+    from minicb.viz.quiz import book_interview, interview_markdown
+
+    questions = book_interview(folder)
+    chapters = list(dict.fromkeys(q.chapter for q in questions))
+    return [f"### {chapter}\n\n"
+            + interview_markdown([q for q in questions if q.chapter == chapter])
+            for chapter in chapters]
+
+
+def refresh_interview(nb: nbformat.NotebookNode, folder: Path) -> nbformat.NotebookNode:
+    """Replace the interview's gathered section (and the question count) with what the chapter
+    notebooks in `folder` hold now: the questions live in the chapters, once."""
+    sources = [cell.source for cell in nb.cells]
+    start = next(i for i, s in enumerate(sources) if s.startswith(GATHERED)) + 1
+    stop = next(i for i, s in enumerate(sources) if s.startswith(CHEAT_SHEET))
+    fresh = gathered_interview_cells(folder)
+    total = sum(s.count("<details>") for s in fresh)
+    nb.cells[start:stop] = [nbformat.v4.new_markdown_cell(s) for s in fresh]
+    nb.cells[0].source = re.sub(r"(gathers all\s+)\d+(\s+of them)", rf"\g<1>{total}\g<2>",
+                                nb.cells[0].source)
+    return nb
+
+
+def execute(nb: nbformat.NotebookNode, folder: Path, timeout: int) -> nbformat.NotebookNode:
+    from nbclient import NotebookClient
+
+    NotebookClient(nb, timeout=timeout, kernel_name="python3", store_widget_state=False,
+                   resources={"metadata": {"path": str(folder)}}).execute()
+    return nb
+
+
+def clean(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """Drop what differs between two runs of the same notebook but carries no content.
+
+    The kernel's language_info stays whole, as JupyterLab writes it: with only part of it, a
+    notebook shows as modified the moment a reader opens it (the kernel fills in the rest). Cell
+    metadata the book uses (tags, `jupyter.source_hidden`) stays.
+    """
+    nb.metadata = {"jupytext": {"formats": PAIRING}, "kernelspec": dict(KERNELSPEC),
+                   "language_info": nb.metadata.get("language_info", {"name": "python"})}
+    for index, cell in enumerate(nb.cells):
+        cell.id = f"c{index:03d}"
+        cell.metadata.pop("execution", None)
+        for output in cell.get("outputs", []):
+            output.get("metadata", {}).pop("transient", None)
+    nbformat.validate(nb)
+    return nb
+
+
+def process(path: Path, run: bool = True, timeout: int = 600) -> float:
+    """Sync, (re)gather, execute and clean one paired notebook; return the seconds it ran."""
+    sync(path)
+    nb = nbformat.read(path, as_version=4)
+    if path.stem == "interview":
+        refresh_interview(nb, path.parent)
+    start = time.perf_counter()
+    if run:
+        execute(nb, path.parent, timeout)
+    seconds = time.perf_counter() - start
+    nbformat.write(clean(nb), path)
+    jupytext.write(nb, path.with_suffix(".md"), fmt="md:myst")
+    return seconds
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("names", nargs="*",
+                        help="chapter numbers (00, 01, ...) or notebook names; default: all")
+    parser.add_argument("--no-execute", action="store_true",
+                        help="sync and clean the pairs without running them")
+    parser.add_argument("--timeout", type=int, default=600, help="seconds a single cell may run")
+    args = parser.parse_args(argv)
+    paths = book_notebooks()
+    if args.names:
+        paths = [p for p in paths if p.name[:2] in args.names or p.stem in args.names]
+        if not paths:
+            parser.error(f"no paired notebook matches {args.names} in {NOTEBOOKS}")
+    for path in paths:
+        seconds = process(path, run=not args.no_execute, timeout=args.timeout)
+        verb = "executed" if not args.no_execute else "synced"
+        print(f"{verb} {path.relative_to(ROOT)} in {seconds:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,223 @@
+"""The book's website (book/, `make book`), built here from the committed notebooks and read in
+a headless Chromium over http://127.0.0.1, as a reader on a static host reads it.
+
+Every page loads with no console error and no broken image; the sidebar lists every chapter in
+order and each chapter links the previous and next; the search finds "block table" on chapter
+04; a folded interview answer opens on click; a widget's place shows its stand-in line and the
+static picture after it; each "Read the real thing" heading links to its source page, whose
+highlighted first line is the listing's first line; each chapter's download link serves the
+committed notebook, byte for byte.
+"""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import importlib.util
+import re
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import nbformat
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+spec = importlib.util.spec_from_file_location("book_build", ROOT / "book" / "build.py")
+book_build = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(book_build)
+
+NOTEBOOKS = book_build.book_notebooks()
+# Sphinx 9 deprecates attributes the theme and myst-parser still read; the build itself must
+# stay free of Sphinx warnings (-W), which these are not
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:.*Check CHANGES for Sphinx API modifications")
+
+
+def _by():
+    from selenium.webdriver.common.by import By
+
+    return By
+
+
+def wait_for(condition, timeout: float, what: str):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+class Site:
+    def __init__(self, folder: Path):
+        self.folder = folder
+        handler = functools.partial(_QuietHandler, directory=str(folder))
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def pages(self) -> list[str]:
+        return sorted(p.relative_to(self.folder).as_posix() for p in self.folder.rglob("*.html")
+                      if not p.relative_to(self.folder).parts[0].startswith("_"))
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    html = book_build.build(tmp_path_factory.mktemp("book"))
+    served = Site(html)
+    yield served
+    served.server.shutdown()
+
+
+def open_page(driver, site: Site, page: str) -> None:
+    driver.get(f"{site.url}/{page}")
+    wait_for(lambda: driver.execute_script("return document.readyState") == "complete", 30,
+             f"{page} to load")
+
+
+def console_errors(driver) -> list[str]:
+    return [entry["message"] for entry in driver.get_log("browser") if entry["level"] == "SEVERE"]
+
+
+BROKEN_IMAGES = """return Array.from(document.images)
+    .filter(img => !img.complete || img.naturalWidth === 0).map(img => img.src);"""
+
+
+def test_every_page_loads_without_console_errors_or_broken_images(site, console_browser):
+    pages = site.pages()
+    assert {"index.html", "search.html", "facts.html", "docs/ARCHITECTURE.html",
+            "exercises/README.html", "benchmarks/README.html", "source/minicb/kv/blocks.html"} \
+        <= set(pages)
+    assert {f"notebooks/{p.stem}.html" for p in NOTEBOOKS} <= set(pages)
+    images = 0
+    problems = {}
+    console_browser.get_log("browser")                       # start from an empty log
+    for page in pages:
+        open_page(console_browser, site, page)
+        broken = console_browser.execute_script(BROKEN_IMAGES)
+        images += console_browser.execute_script("return document.images.length;")
+        errors = console_errors(console_browser)
+        if broken or errors:
+            problems[page] = {"broken images": broken, "console errors": errors}
+    assert not problems, problems
+    figures = sum("image/png" in output.get("data", {}) for notebook in NOTEBOOKS
+                  for cell in nbformat.read(notebook, as_version=4).cells
+                  for output in cell.get("outputs", []))
+    figures += sum(len(re.findall(r"!\[[^\]]*\]\(", page.read_text()))
+                   for page in (ROOT / "benchmarks").glob("*.md"))
+    assert images >= figures, f"{images} images on the site, {figures} figures in its sources"
+
+
+def test_the_sidebar_lists_every_chapter_in_order_and_chapters_link_their_neighbours(
+        site, console_browser):
+    By = _by()
+    open_page(console_browser, site, "index.html")
+    links = console_browser.find_elements(By.CSS_SELECTOR, ".bd-sidebar-primary nav a.reference")
+    listed = [a.get_attribute("href").rsplit("/", 1)[-1] for a in links
+              if "/notebooks/" in a.get_attribute("href")]
+    assert listed == [f"{p.stem}.html" for p in NOTEBOOKS]
+    titles = [a.text.strip() for a in links if "/notebooks/" in a.get_attribute("href")]
+    assert titles == [book_build.title_of(nbformat.read(p, as_version=4), p.stem)
+                      for p in NOTEBOOKS]
+    assert [t[:2] for t in titles[:8]] == [f"{n:02d}" for n in range(8)]
+    for before, page, after in zip(NOTEBOOKS, NOTEBOOKS[1:], NOTEBOOKS[2:]):
+        open_page(console_browser, site, f"notebooks/{page.stem}.html")
+        previous = console_browser.find_element(By.CSS_SELECTOR, "a.left-prev")
+        following = console_browser.find_element(By.CSS_SELECTOR, "a.right-next")
+        assert previous.get_attribute("href").endswith(f"/notebooks/{before.stem}.html")
+        assert following.get_attribute("href").endswith(f"/notebooks/{after.stem}.html")
+
+
+def test_search_finds_block_table_on_the_chapter_04_page(site, console_browser):
+    By = _by()
+    open_page(console_browser, site, "search.html?q=block+table")
+    results = wait_for(lambda: console_browser.find_elements(
+        By.CSS_SELECTOR, "#search-results ul.search li a"), 30, "search results")
+    hrefs = [a.get_attribute("href") for a in results]
+    assert any("notebooks/04_paged_kv_cache.html" in href for href in hrefs), hrefs
+
+
+def test_a_folded_answer_stays_folded_until_clicked(site, console_browser):
+    By = _by()
+    open_page(console_browser, site, "notebooks/interview.html")
+    answers = console_browser.find_elements(By.CSS_SELECTOR, "article details")
+    assert len(answers) >= 30
+    first = answers[0]
+    text = first.find_element(By.CSS_SELECTOR, "p")
+    assert first.get_attribute("open") is None and not text.is_displayed()
+    console_browser.execute_script("arguments[0].scrollIntoView({block: 'center'});", first)
+    first.find_element(By.TAG_NAME, "summary").click()
+    wait_for(lambda: text.is_displayed(), 5, "the answer to show")
+    assert first.get_attribute("open") is not None and len(text.text) > 40
+    assert answers[1].get_attribute("open") is None        # the others stay folded
+
+
+@pytest.mark.parametrize("page", ["03_continuous_batching", "interview"])
+def test_a_widget_shows_its_static_stand_in(site, console_browser, page):
+    By = _by()
+    open_page(console_browser, site, f"notebooks/{page}.html")
+    notes = console_browser.find_elements(By.CSS_SELECTOR, ".minicb-widget-note")
+    assert len(notes) == 1 and notes[0].is_displayed()
+    assert "Interactive in the notebook" in notes[0].text
+    assert not console_browser.find_elements(By.XPATH, "//*[starts-with(normalize-space(.), "
+                                                       "'VBox(children')]")
+    if page == "03_continuous_batching":          # the static picture right after it
+        picture = console_browser.execute_script("""
+            const cells = Array.from(document.querySelectorAll('div.cell'));
+            const at = cells.findIndex(c => c.querySelector('.minicb-widget-note'));
+            const img = cells.slice(at + 1).map(c => c.querySelector('img')).find(i => i);
+            return img ? img.naturalWidth : 0;""")
+        assert picture > 100
+
+
+def _shown_first_line(link) -> tuple[int, str]:
+    """The first line of the listing under a "Read the real thing" heading: (number, code)."""
+    listing = link.find_element(_by().XPATH, "following::pre[1]").text
+    number, _, code = listing.splitlines()[0].strip().partition(" ")
+    return int(number), code.strip()
+
+
+def test_read_the_real_thing_links_land_on_the_lines_they_show(site, console_browser):
+    By = _by()
+    checked = []
+    for notebook in NOTEBOOKS:
+        open_page(console_browser, site, f"notebooks/{notebook.stem}.html")
+        links = [(a.get_attribute("href"), a.text, _shown_first_line(a)) for a in
+                 console_browser.find_elements(By.CSS_SELECTOR, "a.minicb-source-link")]
+        for href, text, (number, code) in links:
+            path, first, last = re.fullmatch(r"(\S+\.py), lines (\d+)-(\d+)", text).groups()
+            assert href.endswith(f"source/{path[:-3]}.html#L{first}-L{last}")
+            assert int(first) == number
+            console_browser.get(href)
+            wait_for(lambda: console_browser.find_elements(By.CSS_SELECTOR, ".minicb-shown"), 10,
+                     f"the lines of {text} to be highlighted")
+            shown = console_browser.find_elements(By.CSS_SELECTOR, ".minicb-shown")
+            assert len(shown) == int(last) - int(first) + 1
+            line = console_browser.execute_script(
+                "const line = arguments[0].cloneNode(true);"
+                "line.querySelectorAll('.linenos').forEach(n => n.remove());"
+                "return line.textContent;", shown[0]).strip()
+            assert line == code, f"{notebook.name}: {text} shows {code!r}, the page has {line!r}"
+            checked.append(text)
+    assert len(checked) >= 10, checked
+
+
+def test_each_chapter_links_its_notebook_for_download_and_says_how_to_open_it(
+        site, console_browser):
+    By = _by()
+    for notebook in NOTEBOOKS:
+        open_page(console_browser, site, f"notebooks/{notebook.stem}.html")
+        article = console_browser.find_element(By.CSS_SELECTOR, "article")
+        download = article.find_element(By.CSS_SELECTOR, "a.download")
+        assert download.get_attribute("href").endswith(f"/{notebook.name}")
+        with urllib.request.urlopen(download.get_attribute("href"), timeout=10) as response:
+            assert response.read() == notebook.read_bytes()
+        assert f"jupyter lab notebooks/{notebook.name}" in article.text
