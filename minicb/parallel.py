@@ -109,7 +109,9 @@ PCIE = Link("PCIe Gen4 x16", fact("a100_pcie_bandwidth").value / 2 * 1e9,
             fact("nccl_hop_latency_pcie").value * 1e-6)
 INFINIBAND = Link("InfiniBand HDR", fact("infiniband_hdr_bandwidth").value / 8 * 1e9,
                   fact("nccl_hop_latency_network").value * 1e-6)
-LINKS = {"nvlink": NVLINK, "pcie": PCIE, "infiniband": INFINIBAND}
+ETHERNET_25G = Link("25 Gb/s Ethernet", fact("ethernet_25g_bandwidth").value / 8 * 1e9,
+                    fact("nccl_hop_latency_network").value * 1e-6)
+LINKS = {"nvlink": NVLINK, "pcie": PCIE, "infiniband": INFINIBAND, "ethernet": ETHERNET_25G}
 
 
 # --- tensor parallelism in the cost model --------------------------------------------------------
