@@ -11,10 +11,10 @@ prompts with short answers, short prompts with short answers), each with a TTFT 
 arrive as Poisson processes for a fixed time (so a higher rate means more requests, and a
 queue that grows has time to show it). Per system: the highest rate at which 90 % of requests
 meet both targets, divided by its GPUs (per-GPU goodput); the same at tighter and looser
-targets; the best disaggregated split over slower links. Then tensor parallelism: a decode step and a prefill step
-of Llama-2-7B and of a 70B model (its cost model scaled from the 7B one) on 1, 2, 4 and 8 GPUs
-over NVLink, PCIe and InfiniBand, by where the time goes, and the simulated TPOT of a chat
-workload on each group. Results: benchmarks/results/disagg.json and disagg-*.png.
+targets; the best disaggregated split over slower links. Then tensor parallelism: a decode
+step and a prefill step of Llama-2-7B and of a 70B model (its cost model scaled from the 7B one)
+on 1, 2, 4 and 8 GPUs over NVLink, PCIe and InfiniBand, by where the time goes, and the simulated
+TPOT of a chat workload on each group. Results: benchmarks/results/disagg.json and disagg-*.png.
 """
 
 from __future__ import annotations
