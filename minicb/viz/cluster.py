@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from matplotlib.figure import Figure
-from matplotlib.patches import Rectangle
+from matplotlib.patches import Patch, Rectangle
 
 from minicb.viz.base import PALETTE, new_figure
 
@@ -52,10 +52,10 @@ def cluster_timeline(result, until: float | None = None, width: float = 10.0) ->
     ax.set_ylim(-0.7, len(instances) - 0.3)
     ax.set_yticks([lanes[i.name] for i in instances], [i.name for i in instances])
     ax.set_xlabel(f"time ({'s' if result.instances[0].cost.unit == 's' else 'units'})")
-    for colour, label in ((PREFILL_COLOUR, "prompt tokens only"), (DECODE_COLOUR, "decodes only"),
-                          (MIXED_COLOUR, "prompt + decodes"), (TRANSFER_COLOUR, "KV transfer")):
-        ax.bar(0, 0, color=colour, label=label)
-    ax.legend(fontsize=7, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.25))
+    key = [Patch(color=colour, label=label) for colour, label in (
+        (PREFILL_COLOUR, "prompt tokens only"), (DECODE_COLOUR, "decodes only"),
+        (MIXED_COLOUR, "prompt + decodes"), (TRANSFER_COLOUR, "KV transfer"))]
+    ax.legend(handles=key, fontsize=7, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.25))
     return fig
 
 
