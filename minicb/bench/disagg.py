@@ -172,16 +172,17 @@ def disaggregation(duration: float, scales: tuple[float, ...], progress: bool = 
     return {"goodput": rows, "curves": curves, "links": links, "slo_scale": scale_rows}
 
 
-def tensor_parallel(duration: float, rate: float = 4.0) -> list[dict]:
+def tensor_parallel(duration: float) -> list[dict]:
     """Per model, link and TP degree: a decode step (32 rows of 1,024 keys) and a 2,048-token
-    prefill step by part, and the chat workload's simulated TPOT p50/p95 on that group."""
+    prefill step by part, and the chat workload's simulated TPOT p50/p95 on that group (at a rate
+    one group of two serves without a queue of prompts: 4 requests/s for 7B, 1 for 70B)."""
     base = A100_LLAMA2_7B
-    models = {LLAMA2_7B.name: (LLAMA2_7B, base),
-              LLAMA2_70B.name: (LLAMA2_70B, scaled_cost_model(base, LLAMA2_7B, LLAMA2_70B))}
-    chat = TASKS["chat"].workload(duration, rate)
-    timed = chat.with_arrivals(poisson_arrivals(len(chat), rate, seed=0))
+    models = {LLAMA2_7B.name: (LLAMA2_7B, base, 4.0),
+              LLAMA2_70B.name: (LLAMA2_70B, scaled_cost_model(base, LLAMA2_7B, LLAMA2_70B), 1.0)}
     rows = []
-    for model, (shape, cost) in models.items():
+    for model, (shape, cost, rate) in models.items():
+        chat = TASKS["chat"].workload(duration, rate)
+        timed = chat.with_arrivals(poisson_arrivals(len(chat), rate, seed=0))
         for link_name in TP_LINKS:
             link = LINKS[link_name]
             for degree in TP_DEGREES:
