@@ -203,6 +203,27 @@ def tensor_parallel(duration: float) -> list[dict]:
     return rows
 
 
+def draw(record: dict, out: Path, name: str) -> None:
+    """The pictures of a results record: attainment curves, goodput bars (the best split over
+    each slower link beside the systems), SLO scales, and tensor parallelism's steps and TPOT."""
+    from minicb.viz.cluster import (
+        goodput_bars,
+        slo_attainment_curves,
+        slo_scale_plot,
+        tp_parts,
+        tp_tpot,
+    )
+
+    slo_attainment_curves(record["curves"], goal=record["goal"]).savefig(
+        out / f"{name}-attainment.png")
+    slower = [{**r, "system": "best split"} for r in record["links"] if r["link"] != "nvlink"]
+    goodput_bars(record["goodput"] + slower).savefig(out / f"{name}-goodput.png")
+    if len({r["scale"] for r in record["slo_scale"]}) > 1:
+        slo_scale_plot(record["slo_scale"]).savefig(out / f"{name}-slo-scale.png")
+    tp_parts(record["tp"]).savefig(out / f"{name}-tp-parts.png")
+    tp_tpot(record["tp"]).savefig(out / f"{name}-tp-tpot.png")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m minicb bench disagg",
                                      description=__doc__.split("\n\n")[0])
@@ -212,36 +233,31 @@ def main(argv: list[str] | None = None) -> int:
                         help="seconds of arrivals per simulated run (default 40, 15 with "
                              "--quick)")
     parser.add_argument("--out-dir", default="benchmarks/results")
+    parser.add_argument("--replot", action="store_true",
+                        help="redraw the pictures from the results already written")
     args = parser.parse_args(argv)
     from minicb.bench.machine import machine_line
-    from minicb.viz.cluster import (
-        goodput_bars,
-        slo_attainment_curves,
-        slo_scale_plot,
-        tp_parts,
-        tp_tpot,
-    )
 
+    name = "disagg-quick" if args.quick else "disagg"
+    out = Path(args.out_dir)
+    if args.replot:
+        if not (out / f"{name}.json").exists():
+            parser.error(f"--replot draws {out / name}.json, which is not there; run the "
+                         "benchmark without --replot first.")
+        draw(json.loads((out / f"{name}.json").read_text()), out, name)
+        return 0
+    out.mkdir(parents=True, exist_ok=True)
     duration = args.duration or (15.0 if args.quick else 40.0)
     started = time.perf_counter()
     record = {"date": time.strftime("%Y-%m-%d"), "machine": machine_line(),
               "cost_model": A100_LLAMA2_7B.name, "arrival_seconds": duration,
               "min_requests": MIN_REQUESTS, "goal": GOAL,
               "tasks": {t.name: vars(t) for t in TASKS.values()},
-              "knobs": knobs(), "links": {k: vars(v) for k, v in LINKS.items()},
+              "knobs": knobs(), "link_specs": {k: vars(v) for k, v in LINKS.items()},
               **disaggregation(duration, (1.0,) if args.quick else SLO_SCALES),
               "tp": tensor_parallel(duration)}
     record["wall_time_s"] = time.perf_counter() - started
-    name = "disagg-quick" if args.quick else "disagg"
-    out = Path(args.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     (out / f"{name}.json").write_text(json.dumps(record, indent=1, default=str))
-    slo_attainment_curves(record["curves"], goal=GOAL).savefig(out / f"{name}-attainment.png")
-    goodput_bars(record["goodput"] + [r for r in record["links"] if r["link"] != "nvlink"]) \
-        .savefig(out / f"{name}-goodput.png")
-    if not args.quick:
-        slo_scale_plot(record["slo_scale"]).savefig(out / f"{name}-slo-scale.png")
-    tp_parts(record["tp"]).savefig(out / f"{name}-tp-parts.png")
-    tp_tpot(record["tp"]).savefig(out / f"{name}-tp-tpot.png")
+    draw(record, out, name)
     print(f"\nresults: {out / name}.json and {name}-*.png ({record['wall_time_s']:.0f} s)")
     return 0

@@ -85,7 +85,7 @@ def slo_attainment_curves(curves: Sequence[Mapping], goal: float = 0.9,
 
 def goodput_bars(rows: Sequence[Mapping], width: float = 11.0) -> Figure:
     """Per-GPU goodput, grouped by workload: one bar per system (and link, where it is not
-    NVLink)."""
+    NVLink). A hatched bar marked ≥ met the goal at the highest rate tried."""
     workloads = _ordered(r["workload"] for r in rows)
 
     def label(row: Mapping) -> str:
@@ -96,13 +96,18 @@ def goodput_bars(rows: Sequence[Mapping], width: float = 11.0) -> Figure:
     fig, (ax,) = new_figure(width, 3.6)
     bar = 0.8 / len(labels)
     for k, name in enumerate(labels):
-        xs, heights = [], []
+        xs, heights, capped = [], [], []
         for w, workload in enumerate(workloads):
             match = [r for r in rows if r["workload"] == workload and label(r) == name]
             if match:
                 xs.append(w + (k - (len(labels) - 1) / 2) * bar)
                 heights.append(match[0]["per_gpu"])
-        ax.bar(xs, heights, bar, color=PALETTE[k % len(PALETTE)], label=name)
+                capped.append(bool(match[0].get("capped")))
+        ax.bar(xs, heights, bar, color=PALETTE[k % len(PALETTE)], label=name,
+               hatch=["//" if c else None for c in capped])
+        for x, height, cap in zip(xs, heights, capped):
+            if cap:     # the goal was met at the highest rate tried: at least this
+                ax.text(x, height, "≥", ha="center", va="bottom", fontsize=8)
     ax.set_xticks(range(len(workloads)), workloads)
     ax.set_ylabel("goodput (requests/s per GPU)")
     ax.legend(fontsize=7, ncol=2)
