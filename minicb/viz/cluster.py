@@ -128,8 +128,8 @@ def slo_scale_plot(rows: Sequence[Mapping], width: float = 11.0) -> Figure:
         ax.set_title(workload, fontsize=10)
         ax.set_xlabel("SLO scale (x both targets)")
         ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
     axes[0].set_ylabel("goodput (requests/s per GPU)")
-    axes[0].legend(fontsize=7)
     return fig
 
 
