@@ -15,12 +15,15 @@ from minicb.cluster_sim import (
 )
 from minicb.parallel import (
     LLAMA2_7B,
+    LLAMA2_70B,
     NVLINK,
     PCIE,
     Link,
     ModelShape,
+    kv_blocks_per_gpu,
     kv_transfer_time,
     ring_allreduce_time,
+    scaled_cost_model,
     tp_cost_model,
     tp_step_parts,
 )
@@ -104,6 +107,20 @@ def test_tp_with_a_free_link_only_divides_and_a_slow_link_can_lose():
 def test_tp_refuses_a_cost_model_cheaper_than_its_weights():
     with pytest.raises(ValueError, match="not this model's cost model"):
         tp_cost_model(CostModel(step_overhead=1e-3), LLAMA2_7B, 2, NVLINK)
+
+
+def test_kv_blocks_per_gpu_and_the_scaled_model_by_hand():
+    # 90 % of 80 GB, less 13.48 GB of fp16 weights, in blocks of 16 tokens of half a MiB
+    assert kv_blocks_per_gpu(LLAMA2_7B) == int((0.9 * 80e9 - 6_738_415_616 * 2)
+                                               // (16 * 512 * 1024)) == 6976
+    assert kv_blocks_per_gpu(LLAMA2_70B, 1) == 0               # 138 GB of weights do not fit
+    # two GPUs: each holds half the weights and half of every token's KV
+    half_token = 2 * 80 * 8 * 128 * 2 / 2
+    assert kv_blocks_per_gpu(LLAMA2_70B, 2) == int((0.9 * 80e9 - 68_976_648_192)
+                                                   // (16 * half_token))
+    same = scaled_cost_model(A100_LLAMA2_7B, LLAMA2_7B, LLAMA2_7B)
+    for shape in SHAPES:
+        assert same.step_time(*shape) == pytest.approx(A100_LLAMA2_7B.step_time(*shape))
 
 
 # --- one request, by hand ------------------------------------------------------------------------
@@ -239,3 +256,19 @@ def test_goodput_grows_with_slo_slack():
         at = lambda rate, k=k: attainment_at_rate(mixed(40), rate, 10 * k, 1.5 * k, **cluster)
         best.append(max_rate_meeting(at, [0.05, 0.1, 0.2, 0.4, 0.8], goal=0.9, refine=2)[0])
     assert best == sorted(best) and best[0] < best[-1]
+
+
+def test_the_benchmarks_runs_grow_by_adding_later_requests():
+    """bench disagg: a higher rate serves more requests, the same ones first; a split's GPUs are
+    its two pools'."""
+    from minicb.bench.disagg import MIN_REQUESTS, TASKS, systems
+
+    task = TASKS["long prompts"]
+    small, large = task.workload(10, 1.0), task.workload(40, 3.0)
+    assert len(small) == MIN_REQUESTS and len(large) == 120
+    assert large.prompt_lens[:MIN_REQUESTS] == small.prompt_lens
+    assert large.output_lens[:MIN_REQUESTS] == small.output_lens
+    assert all(1024 <= p <= 3072 for p in large.prompt_lens)
+    for name, (gpus, cluster) in systems("pcie").items():
+        pools = [cluster[k] for k in ("colocated", "prefill", "decode") if k in cluster]
+        assert gpus == sum(pool.count * pool.gpus for pool in pools), name
