@@ -44,8 +44,8 @@ FACTS: dict[str, Fact] = {
                                      "single-port ConnectX-6 VPI 200 Gb/s HDR InfiniBand (one per "
                                      "GPU), https://www.nvidia.com/content/dam/en-zz/Solutions/"
                                      "Data-Center/nvidia-dgx-a100-datasheet.pdf"),
-    "ethernet_25g_bandwidth": Fact(25, "Gb/s", "IEEE Std 802.3by-2016 (25 Gb/s Ethernet), "
-                                   "https://standards.ieee.org/ieee/802.3by/5955/"),
+    "ethernet_25g_bandwidth": Fact(25, "Gb/s", "IEEE Std 802.3by-2016, the 25 Gb/s Ethernet "
+                                   "standard (25GBASE-R)"),
     # NCCL's own latency model for a ring all-reduce: a base latency plus one hop latency per
     # step, 2(n-1) steps (the Simple protocol, the one that carries large messages)
     "nccl_ring_base_latency": Fact(8.4, "us", "NVIDIA/nccl, src/graph/tuning.cc, table baseLat "
@@ -91,7 +91,7 @@ FACTS: dict[str, Fact] = {
     # --- DistServe (Zhong et al., OSDI 2024) ---
     "distserve_slo_attainment": Fact(90, "%", "Zhong et al., DistServe: Disaggregating Prefill "
                                      "and Decoding for Goodput-optimized LLM Serving, OSDI 2024, "
-                                     "abstract and section 2 (goodput: the highest request rate "
+                                     "abstract and introduction (goodput: the highest request rate "
                                      "per GPU at which this share of requests meets both the "
                                      "TTFT and the TPOT target)"),
     "distserve_goodput_gain": Fact(4.48, "x", "DistServe's reported best case against vLLM, "
