@@ -216,6 +216,20 @@ def test_every_request_finishes_once_and_every_transfer_follows_the_formula():
         assert instance.kv.num_free_blocks() == instance.kv.num_blocks
 
 
+def test_a_decode_instance_admits_arrived_caches_only_into_free_slots():
+    """Two decode slots, four requests prefilled together: two decode, two wait for a slot."""
+    four = workload(*[(10, 6, 0.0)] * 4)
+    slots = {"max_num_seqs": 2, "num_kv_blocks": 64}          # blocks for all: slots bind
+    result = simulate_cluster(four, prefill=Pool(1, UNIT), decode=Pool(1, UNIT, slots),
+                              transfer=lambda tokens: 0.0)
+    prefill, decode = result.instances
+    # one prefill step of 40 tokens ends at 1.4; the first two decode 5 steps (until 6.4), then
+    # the other two
+    assert [rows for *_, rows in decode.steps] == [2] * 10
+    late = result.requests[3].times.token_times
+    assert late[0] == pytest.approx(1.4) and late[1] == pytest.approx(7.4)
+
+
 def test_bad_clusters_are_refused_with_the_fix():
     one = workload((10, 2, 0.0))
     with pytest.raises(ValueError, match="either colocated"):
