@@ -36,6 +36,68 @@ FACTS: dict[str, Fact] = {
                                    "https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet"),
     "a100_nvlink_bandwidth": Fact(600, "GB/s", "NVIDIA A100 data sheet: NVLink 600 GB/s "
                                   "(both directions together), same document as a100_hbm_bandwidth"),
+    "a100_pcie_bandwidth": Fact(64, "GB/s", "NVIDIA A100 data sheet: PCIe Gen4 64 GB/s (both "
+                                "directions together), same document as a100_hbm_bandwidth"),
+    "a100_memory": Fact(80, "GB", "NVIDIA A100 data sheet (A100 80GB SXM: 80 GB HBM2e), same "
+                        "document as a100_hbm_bandwidth"),
+    "infiniband_hdr_bandwidth": Fact(200, "Gb/s", "NVIDIA DGX A100 data sheet: networking 8x "
+                                     "single-port ConnectX-6 VPI 200 Gb/s HDR InfiniBand (one per "
+                                     "GPU), https://www.nvidia.com/content/dam/en-zz/Solutions/"
+                                     "Data-Center/nvidia-dgx-a100-datasheet.pdf"),
+    "ethernet_25g_bandwidth": Fact(25, "Gb/s", "IEEE Std 802.3by-2016, the 25 Gb/s Ethernet "
+                                   "standard (25GBASE-R)"),
+    # NCCL's own latency model for a ring all-reduce: a base latency plus one hop latency per
+    # step, 2(n-1) steps (the Simple protocol, the one that carries large messages)
+    "nccl_ring_base_latency": Fact(8.4, "us", "NVIDIA/nccl, src/graph/tuning.cc, table baseLat "
+                                   "(Ring, Simple protocol), https://github.com/NVIDIA/nccl"),
+    "nccl_hop_latency_nvlink": Fact(3.4, "us", "NVIDIA/nccl, src/graph/tuning.cc, table hwLat "
+                                    "(NVLINK, Ring, Simple protocol), https://github.com/NVIDIA/nccl"),
+    "nccl_hop_latency_pcie": Fact(5.7, "us", "NVIDIA/nccl, src/graph/tuning.cc, table hwLat "
+                                  "(PCI, Ring, Simple protocol), https://github.com/NVIDIA/nccl"),
+    "nccl_hop_latency_network": Fact(14.0, "us", "NVIDIA/nccl, src/graph/tuning.cc, table hwLat "
+                                     "(NET, Ring, Simple protocol), https://github.com/NVIDIA/nccl"),
+    # --- models (the checkpoints' config.json on the Hugging Face hub) ---
+    "llama2_7b_params": Fact(6_738_415_616, "parameters", "meta-llama/Llama-2-7b-hf config.json's "
+                             "shapes (32 layers of 4 x 4096^2 attention + 3 x 4096 x 11008 MLP "
+                             "+ 2 norms, two 32000 x 4096 embeddings, a final norm); Touvron et "
+                             "al., Llama 2 (2023), Table 1: 7B"),
+    "llama2_7b_layers": Fact(32, "layers", "meta-llama/Llama-2-7b-hf config.json: "
+                             "num_hidden_layers"),
+    "llama2_7b_hidden_size": Fact(4096, "elements", "meta-llama/Llama-2-7b-hf config.json: "
+                                  "hidden_size"),
+    "llama2_7b_kv_heads": Fact(32, "heads", "meta-llama/Llama-2-7b-hf config.json: "
+                               "num_key_value_heads (no grouped-query attention at 7B)"),
+    "llama2_7b_head_dim": Fact(128, "elements", "meta-llama/Llama-2-7b-hf config.json: "
+                               "hidden_size 4096 "
+                               "/ num_attention_heads 32"),
+    "llama2_70b_params": Fact(68_976_648_192, "parameters", "meta-llama/Llama-2-70b-hf "
+                              "config.json's "
+                              "shapes (80 layers of 2 x 8192^2 + 2 x 8192 x 1024 attention + 3 x "
+                              "8192 x 28672 MLP + 2 norms, two 32000 x 8192 embeddings, a final "
+                              "norm); Touvron et al., Llama 2 (2023), Table 1: 70B"),
+    "llama2_70b_layers": Fact(80, "layers", "meta-llama/Llama-2-70b-hf config.json: "
+                              "num_hidden_layers"),
+    "llama2_70b_hidden_size": Fact(8192, "elements", "meta-llama/Llama-2-70b-hf config.json: "
+                                   "hidden_size"),
+    "llama2_70b_kv_heads": Fact(8, "heads", "meta-llama/Llama-2-70b-hf config.json: "
+                                "num_key_value_heads (grouped-query attention, Llama 2 paper "
+                                "section 2.2)"),
+    "llama2_70b_head_dim": Fact(128, "elements", "meta-llama/Llama-2-70b-hf config.json: "
+                                "hidden_size "
+                                "8192 / num_attention_heads 64"),
+    "vllm_gpu_memory_utilization": Fact(0.9, "fraction", "vLLM engine arguments, "
+                                        "--gpu-memory-utilization default, "
+                                        "https://docs.vllm.ai/en/latest/configuration/engine_args.html"),
+    # --- DistServe (Zhong et al., OSDI 2024) ---
+    "distserve_slo_attainment": Fact(90, "%", "Zhong et al., DistServe: Disaggregating Prefill "
+                                     "and Decoding for Goodput-optimized LLM Serving, OSDI 2024, "
+                                     "abstract and introduction (goodput: the highest request rate "
+                                     "per GPU at which this share of requests meets both the "
+                                     "TTFT and the TPOT target)"),
+    "distserve_goodput_gain": Fact(4.48, "x", "DistServe's reported best case against vLLM, "
+                                   "https://hao-ai-lab.github.io/summary/distserve (\"up to 4.48x "
+                                   "goodput or 10.2x tighter SLO\"), on OPT models, ShareGPT, "
+                                   "HumanEval and LongBench traces"),
 }
 
 

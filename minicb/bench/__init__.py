@@ -28,6 +28,8 @@ BENCHMARKS = {
                   "fit the cost model's four terms to this machine's real step times"),
     "neighbour": ("minicb.bench.neighbour",
                   "each system quiet and beside a busy loop on one core: the slowdown"),
+    "disagg": ("minicb.bench.disagg",
+               "prefill/decode disaggregation and tensor parallelism on a GPU's cost model"),
 }
 
 

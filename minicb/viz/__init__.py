@@ -10,12 +10,22 @@ One batch: batch_layout (padded rows or packed), attention_mask.
 Measurements: request_timelines, tradeoff_curve, line_plot, bar_chart, roofline, length_histogram.
 Knobs: knob_sweep (numbers), knob_view (the picture for one setting), knob_widget (sliders).
 Memory: block_map, block_reuse, free_blocks_timeline. Kernels: paged_lookup. Steps: step_costs.
+Several GPUs (minicb.cluster_sim, bench disagg): cluster_timeline, slo_attainment_curves,
+goodput_bars, slo_scale_plot, tp_parts, tp_tpot.
 The interview quiz: quiz_widget, interview_markdown. The engine's own code: show_source.
 A figure is shown in a notebook when a cell returns it; nothing is drawn through pyplot.
 """
 
 from minicb.viz.base import PALETTE, format_table, new_figure, request_colour
 from minicb.viz.batch import attention_mask, batch_layout, mask_image
+from minicb.viz.cluster import (
+           cluster_timeline,
+           goodput_bars,
+           slo_attainment_curves,
+           slo_scale_plot,
+           tp_parts,
+           tp_tpot,
+)
 from minicb.viz.curves import (
            bar_chart,
            length_histogram,
@@ -54,4 +64,6 @@ __all__ = ["PALETTE", "format_table", "new_figure", "request_colour", "attention
            "interview_markdown", "quiz_card", "quiz_widget", "compare_timelines", "draw_slots",
            "kv_usage", "kv_usage_timeline", "slot_grid", "slot_timeline", "step_costs",
            "show_source", "load_study_plot", "rate_label", "decode_grid_picture",
-           "decode_programs", "split_kv_picture", "split_ranges", "length_spread"]
+           "decode_programs", "split_kv_picture", "split_ranges", "length_spread",
+           "cluster_timeline", "goodput_bars", "slo_attainment_curves", "slo_scale_plot",
+           "tp_parts", "tp_tpot"]

@@ -1,0 +1,288 @@
+"""Several GPUs in the cost model: KV transfers, prefill/decode disaggregation, tensor parallelism
+and goodput, checked against cases worked by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from minicb.calibrate import A100_LLAMA2_7B
+from minicb.cluster_sim import (
+    Pool,
+    attainment_at_rate,
+    max_rate_meeting,
+    simulate_cluster,
+    slo_attainment,
+)
+from minicb.parallel import (
+    LLAMA2_7B,
+    LLAMA2_70B,
+    NVLINK,
+    PCIE,
+    Link,
+    ModelShape,
+    kv_blocks_per_gpu,
+    kv_transfer_time,
+    ring_allreduce_time,
+    scaled_cost_model,
+    tp_cost_model,
+    tp_step_parts,
+)
+from minicb.sim import CostModel, simulate
+from minicb.workload import Workload, WorkloadRequest, fixed, mixed, poisson_arrivals
+
+# one unit per step, a hundredth of a unit per prompt token: hand arithmetic stays exact
+UNIT = CostModel(step_overhead=1.0, prefill_token=0.01)
+TINY = ModelShape("tiny", params=1000, layers=2, hidden_size=8, kv_heads=3, head_dim=4)
+
+
+def workload(*requests: tuple[int, int, float]) -> Workload:
+    return Workload("hand", [WorkloadRequest(p, o, a) for p, o, a in requests])
+
+
+# --- links ---------------------------------------------------------------------------------------
+def test_kv_transfer_time_is_bytes_over_bandwidth_plus_latency():
+    # K and V x 2 layers x 3 KV heads x 4 values x 2 bytes = 96 bytes per token
+    assert TINY.kv_bytes_per_token == 96
+    link = Link("slow", bandwidth=960.0, latency=0.25)
+    assert kv_transfer_time(TINY, 10, link) == pytest.approx(0.25 + 1.0)
+    faster = Link("faster", bandwidth=1920.0, latency=0.25)
+    assert kv_transfer_time(TINY, 10, faster) == pytest.approx(0.25 + 0.5)
+    assert kv_transfer_time(TINY, 20, link) == pytest.approx(0.25 + 2.0)
+    # Llama-2-7B: 32 layers x 32 KV heads x 128 x 2 bytes x K and V = half a MiB per token
+    assert LLAMA2_7B.kv_bytes_per_token == 512 * 1024
+    with pytest.raises(ValueError, match="bandwidth > 0"):
+        Link("broken", bandwidth=0.0, latency=0.0)
+
+
+def test_ring_allreduce_hand_case():
+    link = Link("hand", bandwidth=100.0, latency=1.0)
+    # 4 GPUs: 6 hops of 1, each GPU sends 6/4 of 1000 bytes at 100 B/s, plus a base of 2
+    assert ring_allreduce_time(1000, 4, link, base_latency=2.0) == pytest.approx(2 + 6 + 15)
+    assert ring_allreduce_time(1000, 2, link) == pytest.approx(2 + 10)
+    assert ring_allreduce_time(1000, 1, link, base_latency=2.0) == 0.0
+    with pytest.raises(ValueError, match="at least one GPU"):
+        ring_allreduce_time(1000, 0, link)
+
+
+# --- tensor parallelism --------------------------------------------------------------------------
+SHAPES = [(0, 1, 0), (0, 32, 32 * 700), (2048, 0, 0), (512, 16, 16 * 300)]
+
+
+def test_tp_of_one_is_the_single_gpu_cost_model():
+    one = tp_cost_model(A100_LLAMA2_7B, LLAMA2_7B, 1, PCIE)
+    for prefill, rows, keys in SHAPES:
+        assert one.step_time(prefill, rows, keys) == A100_LLAMA2_7B.step_time(prefill, rows, keys)
+
+
+def test_tp_step_by_hand():
+    """Two GPUs over PCIe, one decode row reading 1,000 keys, from the published numbers."""
+    base = A100_LLAMA2_7B
+    weights = 6_738_415_616 * 2 / 2039e9                     # seconds to read fp16 weights once
+    one_allreduce = 8.4e-6 + 2 * 5.7e-6 + 1 * 4096 * 2 / 32e9   # base + 2 hops + half of 8 KiB
+    expected = (base.step_overhead - weights) + weights / 2 + base.decode_seq / 2 \
+        + base.context_token * 1000 / 2 + 2 * 32 * one_allreduce
+    got = tp_cost_model(base, LLAMA2_7B, 2, PCIE).step_time(0, 1, 1000)
+    assert got == pytest.approx(expected, rel=1e-12)
+    parts = tp_step_parts(base, LLAMA2_7B, 2, PCIE, 0, 1, 1000)
+    assert parts["all-reduce"] == pytest.approx(2 * 32 * one_allreduce, rel=1e-12)
+    assert sum(parts.values()) == pytest.approx(got, rel=1e-12)
+
+
+def test_tp_with_a_free_link_only_divides_and_a_slow_link_can_lose():
+    free = Link("free", bandwidth=1e30, latency=0.0)
+    base = A100_LLAMA2_7B
+    weights = LLAMA2_7B.weight_bytes / 2039e9
+    for n in (2, 4, 8):
+        got = tp_cost_model(base, LLAMA2_7B, n, free, base_latency=0.0).step_time(0, 32, 22400)
+        expected = (base.step_overhead - weights) + (weights + 32 * base.decode_seq
+                                                     + 22400 * base.context_token) / n
+        assert got == pytest.approx(expected, rel=1e-9)
+    # the same step gets slower from 4 to 8 GPUs over PCIe, but not over NVLink
+    step = {(link.name, n): tp_cost_model(base, LLAMA2_7B, n, link).step_time(0, 32, 22400)
+            for link in (NVLINK, PCIE) for n in (4, 8)}
+    assert step[(PCIE.name, 8)] > step[(PCIE.name, 4)]
+    assert step[(NVLINK.name, 8)] <= step[(NVLINK.name, 4)]
+
+
+def test_tp_refuses_a_cost_model_cheaper_than_its_weights():
+    with pytest.raises(ValueError, match="not this model's cost model"):
+        tp_cost_model(CostModel(step_overhead=1e-3), LLAMA2_7B, 2, NVLINK)
+
+
+def test_kv_blocks_per_gpu_and_the_scaled_model_by_hand():
+    # 90 % of 80 GB, less 13.48 GB of fp16 weights, in blocks of 16 tokens of half a MiB
+    assert kv_blocks_per_gpu(LLAMA2_7B) == int((0.9 * 80e9 - 6_738_415_616 * 2)
+                                               // (16 * 512 * 1024)) == 6976
+    assert kv_blocks_per_gpu(LLAMA2_70B, 1) == 0               # 138 GB of weights do not fit
+    # two GPUs: each holds half the weights and half of every token's KV
+    half_token = 2 * 80 * 8 * 128 * 2 / 2
+    assert kv_blocks_per_gpu(LLAMA2_70B, 2) == int((0.9 * 80e9 - 68_976_648_192)
+                                                   // (16 * half_token))
+    same = scaled_cost_model(A100_LLAMA2_7B, LLAMA2_7B, LLAMA2_7B)
+    for shape in SHAPES:
+        assert same.step_time(*shape) == pytest.approx(A100_LLAMA2_7B.step_time(*shape))
+
+
+# --- one request, by hand ------------------------------------------------------------------------
+def test_single_request_timeline_by_hand():
+    """100-token prompt, 5 tokens out. Co-located: the prompt step costs 1 + 100 x 0.01 = 2, then
+    a token per unit. Disaggregated: the same first token, then the transfer, then a token per
+    unit on the decode instance."""
+    one = workload((100, 5, 0.0))
+    together = simulate_cluster(one, colocated=Pool(1, UNIT)).requests[0]
+    assert together.times.token_times == [2.0, 3.0, 4.0, 5.0, 6.0]
+    link = Link("hand", bandwidth=96 * 100 / 0.5, latency=0.25)     # 100 tokens in 0.5 + 0.25
+    apart = simulate_cluster(one, prefill=Pool(1, UNIT), decode=Pool(1, UNIT), shape=TINY,
+                             link=link)
+    request = apart.requests[0]
+    assert request.times.token_times == pytest.approx([2.0, 3.75, 4.75, 5.75, 6.75])
+    (sent,) = apart.transfers
+    assert (sent.ready, sent.start, sent.end, sent.num_tokens) == pytest.approx((2, 2, 2.75, 100))
+    assert apart.finished_on["0"] == ["prefill-0", "decode-0"]
+
+
+def test_prefill_no_longer_stalls_a_running_decode():
+    """A decodes; B's 500-token prompt arrives at t = 3. Co-located, one of A's tokens waits for
+    the 1 + 5 = 6-unit step that carries B's prompt; disaggregated, A's tokens keep a unit apart."""
+    two = workload((10, 10, 0.0), (500, 2, 3.0))
+    knobs = {"max_num_batched_tokens": 1024}
+    together = simulate_cluster(two, colocated=Pool(1, UNIT, knobs)).metrics[0]
+    assert max(together.itl) == pytest.approx(6.0)
+    apart = simulate_cluster(two, prefill=Pool(1, UNIT, knobs), decode=Pool(1, UNIT, knobs),
+                             transfer=lambda tokens: 0.0).metrics[0]
+    assert apart.itl == pytest.approx([1.0] * 9)
+
+
+# --- against the one-GPU simulator ---------------------------------------------------------------
+def timed_mix(n: int = 40, rate: float = 0.08, seed: int = 0) -> Workload:
+    return mixed(n, seed).with_arrivals(poisson_arrivals(n, rate, seed=seed))
+
+
+def test_one_colocated_instance_is_the_one_gpu_simulator():
+    w = timed_mix()
+    knobs = dict(max_num_seqs=6, max_num_batched_tokens=64, num_kv_blocks=24, block_size=8)
+    alone = simulate(w, cost=UNIT, **knobs)
+    cluster = simulate_cluster(w, colocated=Pool(1, UNIT, knobs))
+    assert sum(r.num_preemptions for r in alone.requests) > 0      # the case is not trivial
+    assert [r.times.token_times for r in cluster.requests] == \
+        [r.times.token_times for r in alone.requests]
+
+
+def test_an_arrival_at_the_end_of_a_step_joins_the_next_step():
+    """Steps end at whole units here (1 + 100 x 0.01, then 1 per decode); a request arriving at
+    t = 4, the instant a step ends, is in the step that starts then, as in the one-GPU
+    simulator."""
+    w = workload((100, 6, 0.0), (50, 3, 4.0))
+    cluster = simulate_cluster(w, colocated=Pool(1, UNIT))
+    assert cluster.requests[1].times.token_times[0] == pytest.approx(4.0 + 1 + 0.5)
+    assert [r.times.token_times for r in cluster.requests] == \
+        [r.times.token_times for r in simulate(w, cost=UNIT).requests]
+
+
+def test_free_transfers_recover_colocated_when_requests_do_not_meet():
+    """Requests that never overlap: with a free transfer, disaggregation changes nothing."""
+    spaced = fixed("spaced", [12, 40, 7, 90], [6, 3, 9, 2]).with_arrivals([0, 100, 200, 300])
+    together = simulate(spaced, cost=UNIT)
+    apart = simulate_cluster(spaced, prefill=Pool(1, UNIT), decode=Pool(1, UNIT),
+                             transfer=lambda tokens: 0.0)
+    assert [r.times.token_times for r in apart.requests] == \
+        [r.times.token_times for r in together.requests]
+
+
+# --- conservation --------------------------------------------------------------------------------
+def test_every_request_finishes_once_and_every_transfer_follows_the_formula():
+    w = fixed("conserve", [5, 60, 33, 8, 120, 17, 64, 2, 45, 90, 3, 30],
+              [1, 7, 12, 1, 30, 4, 9, 15, 1, 6, 22, 5])
+    w = w.with_arrivals(poisson_arrivals(len(w), 0.5, seed=3))
+    link = Link("hand", bandwidth=480.0, latency=0.125)
+    knobs = dict(max_num_seqs=3, max_num_batched_tokens=64, num_kv_blocks=20, block_size=8)
+    result = simulate_cluster(w, prefill=Pool(2, UNIT, knobs), decode=Pool(2, UNIT, knobs),
+                              shape=TINY, link=link)
+    for spec, request in zip(w.requests, result.requests):
+        where = result.finished_on[request.request_id]
+        assert [name.split("-")[0] for name in where] == (["prefill"] if spec.output_len == 1
+                                                          else ["prefill", "decode"])
+        assert request.num_output_tokens == spec.output_len
+        times = request.times.token_times
+        assert times == sorted(times) and times[0] > spec.arrival
+    assert len(result.transfers) == sum(o > 1 for o in w.output_lens)
+    for sent in result.transfers:
+        assert sent.end - sent.start == pytest.approx(0.125 + sent.num_tokens * 96 / 480.0)
+        assert sent.num_tokens == w.requests[int(sent.request_id)].prompt_len
+    for source in ("prefill-0", "prefill-1"):           # one KV cache at a time on each link
+        mine = [t for t in result.transfers if t.source == source]
+        assert all(a.end <= b.start for a, b in zip(mine, mine[1:]))
+    for instance in result.instances:                  # nothing leaked
+        assert instance.kv.num_free_blocks() == instance.kv.num_blocks
+
+
+def test_a_decode_instance_admits_arrived_caches_only_into_free_slots():
+    """Two decode slots, four requests prefilled together: two decode, two wait for a slot."""
+    four = workload(*[(10, 6, 0.0)] * 4)
+    slots = {"max_num_seqs": 2, "num_kv_blocks": 64}          # blocks for all: slots bind
+    result = simulate_cluster(four, prefill=Pool(1, UNIT), decode=Pool(1, UNIT, slots),
+                              transfer=lambda tokens: 0.0)
+    prefill, decode = result.instances
+    # one prefill step of 40 tokens ends at 1.4; the first two decode 5 steps (until 6.4), then
+    # the other two
+    assert [rows for *_, rows in decode.steps] == [2] * 10
+    late = result.requests[3].times.token_times
+    assert late[0] == pytest.approx(1.4) and late[1] == pytest.approx(7.4)
+
+
+def test_bad_clusters_are_refused_with_the_fix():
+    one = workload((10, 2, 0.0))
+    with pytest.raises(ValueError, match="either colocated"):
+        simulate_cluster(one, colocated=Pool(1, UNIT), prefill=Pool(1, UNIT))
+    with pytest.raises(ValueError, match="either colocated"):
+        simulate_cluster(one, prefill=Pool(1, UNIT))
+    with pytest.raises(ValueError, match="shape= and link="):
+        simulate_cluster(one, prefill=Pool(1, UNIT), decode=Pool(1, UNIT))
+    with pytest.raises(ValueError, match="raise num_kv_blocks"):
+        simulate_cluster(workload((100, 2, 0.0)),
+                         colocated=Pool(1, UNIT, dict(num_kv_blocks=2, block_size=8)))
+
+
+# --- goodput -------------------------------------------------------------------------------------
+def test_max_rate_meeting_scans_then_refines():
+    calls = []
+
+    def attainment(rate):
+        calls.append(rate)
+        return 1.0 if rate <= 5.5 else 0.5
+
+    best, tried = max_rate_meeting(attainment, [8, 1, 2, 4], goal=0.9, refine=3)
+    assert best == 5.0
+    assert calls == [1, 2, 4, 8, 5.0, 6.0]              # stops at the first miss, both times
+    assert tried[-1] == (6.0, 0.5)
+    assert max_rate_meeting(lambda rate: 0.0, [1, 2], goal=0.9)[0] == 0.0
+
+
+def test_goodput_grows_with_slo_slack():
+    w = timed_mix(60, rate=0.3, seed=1)
+    metrics = simulate_cluster(w, colocated=Pool(1, UNIT, dict(max_num_seqs=4))).metrics
+    shares = [slo_attainment(metrics, 20 * k, 1.5 * k) for k in (0.25, 0.5, 1, 2, 4, 100)]
+    assert shares == sorted(shares) and shares[0] < shares[-1] == 1.0
+    cluster = dict(prefill=Pool(1, UNIT, dict(max_num_seqs=4)),
+                   decode=Pool(1, UNIT, dict(max_num_seqs=4)), transfer=lambda tokens: 0.5)
+    best = []
+    for k in (0.5, 1, 2):
+        at = lambda rate, k=k: attainment_at_rate(mixed(40), rate, 10 * k, 1.5 * k, **cluster)
+        best.append(max_rate_meeting(at, [0.05, 0.1, 0.2, 0.4, 0.8], goal=0.9, refine=2)[0])
+    assert best == sorted(best) and best[0] < best[-1]
+
+
+def test_the_benchmarks_runs_grow_by_adding_later_requests():
+    """bench disagg: a higher rate serves more requests, the same ones first; a split's GPUs are
+    its two pools'."""
+    from minicb.bench.disagg import MIN_REQUESTS, TASKS, systems
+
+    task = TASKS["long prompts"]
+    small, large = task.workload(10, 1.0), task.workload(40, 3.0)
+    assert len(small) == MIN_REQUESTS and len(large) == 120
+    assert large.prompt_lens[:MIN_REQUESTS] == small.prompt_lens
+    assert large.output_lens[:MIN_REQUESTS] == small.output_lens
+    assert all(1024 <= p <= 3072 for p in large.prompt_lens)
+    for name, (gpus, cluster) in systems("pcie").items():
+        pools = [cluster[k] for k in ("colocated", "prefill", "decode") if k in cluster]
+        assert gpus == sum(pool.count * pool.gpus for pool in pools), name
