@@ -174,16 +174,17 @@ def _query_tile(group_pad: int, max_seqlen_q: int, max_rows: int = PREFILL_ROWS)
     return max(smallest, min(largest, triton.next_power_of_2(max_seqlen_q)))
 
 
-def shared_estimate(rows: int, block_n: int, dim_pad: int, itemsize: int, kv_buffers: int) -> int:
-    """Bytes of shared memory the kernel needs: ``tl.dot`` stages its operands there, so the
-    query tile (rows x dim), the probabilities (rows x keys) and ``kv_buffers`` K/V tiles (keys
-    x dim; K and V take turns in one buffer, and each extra pipeline stage adds one)::
+def shared_estimate(rows: int, block_n: int, dim_pad: int, itemsize: int, stages: int) -> int:
+    """Bytes of shared memory the kernel needs, at most: ``tl.dot`` stages its operands there,
+    so the query tile (rows x dim), the probabilities (rows x keys) and the K/V tiles (keys x
+    dim): with one stage K and V take turns in one buffer; pipelined, each has one per stage::
 
-        float32, head_dim 128, 64 rows, 64 keys, 1 buffer:
+        float32, head_dim 128, 64 rows, 64 keys, 1 stage:
             4 B x (64x128 + 64x64 + 64x128) = 81,920 B   > a T4's 65,536
-        the same with 32 keys:
-            4 B x (64x128 + 64x32 + 32x128) = 57,344 B   fits
+        float16, head_dim 128, 64 rows, 64 keys, 2 stages:
+            2 B x (64x128 + 64x64 + 4 x 64x128) = 90,112 B   > a T4's, < an A100's 166,912
     """
+    kv_buffers = 1 if stages == 1 else 2 * stages
     return itemsize * (rows * dim_pad + rows * block_n + kv_buffers * block_n * dim_pad) \
         + SHARED_SLACK
 
@@ -195,8 +196,8 @@ def attention_launch(dtype: torch.dtype, head_dim: int, group: int, max_seqlen_q
     ``limits`` is the device's (``None`` under the interpreter: no limit, the largest tiles).
     Preferred: 64 rows of queries for long chunks (32 in float32), 64 keys per step, two
     pipeline stages for 2-byte dtypes. On a device whose shared memory per block cannot hold
-    that (64 KiB on a T4 and the AMD parts, with head_dim 256), fewer stages, then fewer keys
-    per step, then fewer query rows, until :func:`shared_estimate` fits. Returns the kernel's
+    that (64 KiB on a T4 and the AMD parts), fewer keys per step, then fewer stages, then fewer
+    query rows, until :func:`shared_estimate` fits. Returns the kernel's
     constexprs with ``num_warps``, ``num_stages`` and ``shared_estimate``; the runtime and the
     compile check both call this.
     """
@@ -208,20 +209,22 @@ def attention_launch(dtype: torch.dtype, head_dim: int, group: int, max_seqlen_q
     # float32 runs tl.dot exactly (input_precision "ieee") on the FMA units, which hold the
     # operands in registers: 64 query rows spill kilobytes per thread on every GPU, 32 do not.
     first_rows = PREFILL_ROWS if itemsize <= 2 else 32
+    # float32 multiplies exactly ("ieee"); for 2-byte inputs the setting changes nothing, but
+    # it must be one the target accepts: AMD's gfx90a (MI250) refuses "tf32"
+    hip = limits is not None and limits.backend == "hip"
+    dot_precision = "ieee" if dtype == torch.float32 or hip else "tf32"
     budget = limits.shared_per_block if limits is not None else None
-    pipelines = limits is None or limits.async_copy  # without cp.async there is one buffer
     for max_rows in sorted({first_rows, 32, MIN_DOT_ROWS}, reverse=True):
         block_m = _query_tile(group_pad, max_seqlen_q, max_rows)
         for stages in range(wanted_stages, 0, -1):
             for block_n in KEY_TILES:
-                need = shared_estimate(block_m * group_pad, block_n, dim_pad, itemsize,
-                                       stages if pipelines else 1)
+                need = shared_estimate(block_m * group_pad, block_n, dim_pad, itemsize, stages)
                 if budget is None or need <= budget:
                     return dict(
                         GROUP=group, GROUP_PAD=group_pad, BLOCK_M=block_m, BLOCK_N=block_n,
                         HEAD_DIM=head_dim, DIM_PAD=dim_pad, BLOCK_SIZE=block_size,
                         SPLIT_KV=split_kv,
-                        DOT_PRECISION="ieee" if dtype == torch.float32 else "tf32",
+                        DOT_PRECISION=dot_precision,
                         # 8 warps spread the tiles over twice the threads: with 4, a 16 x 128
                         # float32 tile needs about 250 registers per thread, with 8 about 100
                         num_warps=8, num_stages=stages, shared_estimate=need)

@@ -43,7 +43,6 @@ class GpuLimits:
     max_threads_per_sm: int
     max_blocks_per_sm: int
     bf16: bool
-    async_copy: bool           # cp.async (sm_80+): Triton's num_stages > 1 buffers K/V tiles
 
     @property
     def label(self) -> str:
@@ -67,7 +66,7 @@ def _from_facts(key: str, name: str, backend: str, arch: int | str) -> GpuLimits
         registers_per_sm=registers, max_registers_per_thread=value("max_registers_per_thread"),
         max_threads_per_sm=value("max_threads_per_sm"),
         max_blocks_per_sm=value("max_blocks_per_sm"),
-        bf16=value("bf16") == "yes", async_copy=backend == "cuda" and int(arch) >= 80,
+        bf16=value("bf16") == "yes",
     )
 
 
@@ -120,7 +119,6 @@ def limits_for_device(device) -> GpuLimits:
         max_threads_per_sm=getattr(props, "max_threads_per_multi_processor", 2048),
         max_blocks_per_sm=16,
         bf16=key.startswith("gfx") or major >= 8,
-        async_copy=not key.startswith("gfx") and major >= 8,
     )
 
 

@@ -92,6 +92,7 @@ for _arch in ("gfx90a", "gfx942"):
         f"{_arch}_warp_size": Fact(64, "threads", _src, "a wavefront"),
         f"{_arch}_bf16": Fact("yes", "native bfloat16", _src),
     }
+del _cc, _per_sm, _per_block, _threads, _blocks, _arch, _src
 
 
 def fact(name: str) -> Fact:

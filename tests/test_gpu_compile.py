@@ -36,8 +36,8 @@ T4 = TARGETS["sm_75"]
 
 
 def lean_subset() -> list:
-    """Per target: float32 decode with split-KV, float32's largest prefill tile, the 2-byte
-    dtype's largest prefill tile (bfloat16, float16 on a T4), the merge and the KV write."""
+    """Per target: float32's largest prefill tile, the 2-byte dtype's largest (bfloat16;
+    float16 on a T4), the merge and the KV write; the split-KV decode on a T4 and an MI300."""
     picked = []
     for limits in TARGETS.values():
         launches = gpu_compile.launches_for(limits, quick=True)
@@ -45,7 +45,9 @@ def lean_subset() -> list:
         for asked in ("float32", "bfloat16"):
             mine = [la for la in attention if la.asked == asked]
             picked.append(max(mine, key=lambda la: la.shared_estimate))
-        picked.append(next(la for la in attention if la.asked == "float32" and la.params["split"]))
+        if limits.key in ("sm_75", "gfx942"):
+            picked.append(next(la for la in attention
+                               if la.asked == "float32" and la.params["split"]))
         picked.append(max((la for la in launches if la.kernel == "merge"),
                           key=lambda la: la.params["splits"]))
         picked.append(next(la for la in launches if la.kernel == "write"
@@ -97,10 +99,11 @@ def test_tile_choice_stays_within_every_device():
     h100 = attention_launch(torch.bfloat16, 256, 4, 128, 16, False, TARGETS["sm_90"])
     assert t4["shared_estimate"] <= T4.shared_per_block < h100["shared_estimate"]
     assert t4["BLOCK_N"] < h100["BLOCK_N"]
-    # without cp.async (a T4) a second pipeline stage buys nothing and is not counted
+    # head_dim 128 in float16, pipelined in two stages: a T4 takes half the keys per step
     t4 = attention_launch(torch.float16, 128, 4, 128, 16, False, T4)
     a100 = attention_launch(torch.float16, 128, 4, 128, 16, False, TARGETS["sm_80"])
-    assert t4["shared_estimate"] < a100["shared_estimate"]
+    assert t4["shared_estimate"] <= T4.shared_per_block < a100["shared_estimate"]
+    assert t4["BLOCK_N"] < a100["BLOCK_N"]
 
 
 def test_a_head_size_no_tile_can_hold_is_refused_with_the_device_named():
@@ -156,8 +159,9 @@ def test_the_t4_tiles_compute_the_same_attention():
 
 
 def test_the_committed_table_is_the_current_code_and_clean():
-    """The committed full matrix covers exactly the launches the code chooses now, on all seven
-    targets, with no defect: a tile change without re-running the benchmark fails here."""
+    """The committed matrix covers exactly the launches the code chooses now (in its scope: all
+    of them, or the corners of every dimension), on all seven targets, with no defect: a tile
+    change without re-running the benchmark fails here."""
     data = json.loads(gpu_compile.RESULTS.read_text())
     rows = data["rows"]
     assert not data["quick"]
@@ -168,7 +172,7 @@ def test_the_committed_table_is_the_current_code_and_clean():
                  for r in rows}
     now = set()
     for limits in TARGETS.values():
-        for la in gpu_compile.launches_for(limits):
+        for la in gpu_compile.launches_for(limits, corners=data["corners"]):
             p = la.params
             now.add((la.target, la.kernel, la.asked, la.dtype, la.num_warps, la.num_stages,
                      p.get("head_dim"), p.get("group"), p.get("rows"), p.get("keys"),

@@ -36,6 +36,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "gpu-targets.json"
+PAGE = RESULTS.parents[1] / "gpu-targets.md"   # its table is rewritten from the results
+TABLE_START, TABLE_END = "<!-- table: python -m minicb bench gpu-compile -->", "<!-- end table -->"
 DTYPES = ("float32", "float16", "bfloat16")
 HEAD_DIMS = (64, 128)           # the loader's common sizes; others pad to the next power of two
 GROUPS = (1, 2, 4, 8)           # query heads per KV head
@@ -347,8 +349,8 @@ def _kib(n: int) -> str:
 
 def table_markdown(path: Path | str = RESULTS) -> str:
     """The committed results as markdown: one line per device (what fits, the largest shared
-    memory against the limit, registers, spills, occupancy), then the tiles the engine's default
-    (float32, head_dim 128, GQA group 4) gets on each device, decode and prefill."""
+    memory against the limit, registers, spills, occupancy), then the attention tiles each
+    device gets for head_dim 128 and GQA group 8, decode and prefill, float32 and bfloat16."""
     data = json.loads(Path(path).read_text())
     rows = data["rows"]
     from minicb.kernels.targets import TARGETS
@@ -370,24 +372,42 @@ def table_markdown(path: Path | str = RESULTS) -> str:
                      f"| {sum(r['fits'] for r in mine)} | {_kib(largest)} / "
                      f"{_kib(limits.shared_per_block)} | {registers} "
                      f"| {sum(r['spill_bytes'] > 0 for r in done)} | {occ} |")
-    lines += ["", "The engine's default (float32, head_dim 128, GQA group 4) on each device:", "",
-              "| device | tile | query rows x keys | stages | shared / limit | registers "
+    lines += ["", "The attention tiles each device gets for head_dim 128 and GQA group 8, as the "
+              "engine runs them (bfloat16 runs as float16 on a T4):", "",
+              "| device | dtype | tile | query rows x keys | stages | shared / limit | registers "
               "| spilled bytes | blocks per SM | occupancy |",
-              "|---|---|---|---:|---:|---:|---:|---:|---:|"]
+              "|---|---|---|---|---:|---:|---:|---:|---:|---:|"]
     for key, limits in TARGETS.items():
-        for tile in ("decode", "prefill"):
-            picks = [r for r in rows if r["target"] == key and r["kernel"] == "attention"
-                     and r["asked"] == "float32" and r.get("head_dim") == 128
-                     and r.get("group") == 4 and r.get("tile") == tile and not r.get("split")
-                     and r["compiled"]]
-            if not picks:
-                continue
-            r = max(picks, key=lambda r: r["rows"])
-            lines.append(f"| {limits.name} ({key}) | {tile} | {r['rows']} x {r['keys']} "
-                         f"| {r['num_stages']} | {_kib(r['shared'])} / "
-                         f"{_kib(limits.shared_per_block)} | {r['registers']} "
-                         f"| {r['spill_bytes']:,} | {r['blocks_per_sm']} | {r['occupancy']:.0%} |")
+        for asked in ("float32", "bfloat16"):
+            dtype = _engine_dtype(asked, limits)
+            for tile in ("decode", "prefill"):
+                picks = [r for r in rows if r["target"] == key and r["kernel"] == "attention"
+                         and r["dtype"] == dtype and r.get("head_dim") == 128
+                         and r.get("group") == GROUPS[-1] and r.get("tile") == tile
+                         and not r.get("split") and r["compiled"]]
+                if not picks:
+                    continue
+                r = max(picks, key=lambda r: r["rows"])
+                lines.append(
+                    f"| {limits.name} ({key}) | {r['dtype']} | {tile} | {r['rows']} x {r['keys']} "
+                    f"| {r['num_stages']} | {_kib(r['shared'])} / {_kib(limits.shared_per_block)} "
+                    f"| {r['registers']} | {r['spill_bytes']:,} | {r['blocks_per_sm']} "
+                    f"| {r['occupancy']:.0%} |")
     return "\n".join(lines)
+
+
+def update_page(page: Path = PAGE, results: Path = RESULTS) -> bool:
+    """Rewrite the table between the markers of ``page`` from ``results``; False if the page
+    has no markers."""
+    if not page.exists():
+        return False
+    text = page.read_text()
+    if TABLE_START not in text or TABLE_END not in text:
+        return False
+    head, rest = text.split(TABLE_START, 1)
+    _, tail = rest.split(TABLE_END, 1)
+    page.write_text(f"{head}{TABLE_START}\n{table_markdown(results)}\n{TABLE_END}{tail}")
+    return True
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -439,6 +459,8 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(data, indent=1) + "\n")
     print(table_markdown(args.out))
+    if args.out == RESULTS and not args.quick and update_page():
+        print(f"table rewritten in {PAGE}")
     bad = problems(rows)
     for line in bad:
         print("DEFECT:", line)
