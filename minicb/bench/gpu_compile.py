@@ -427,6 +427,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def _dumps(data: dict) -> str:
+    """JSON with one result row per line: readable in a diff, a third of indent's size."""
+    head = {k: v for k, v in data.items() if k != "rows"}
+    rows = ",\n".join("  " + json.dumps(row) for row in data["rows"])
+    return json.dumps(head, indent=1)[:-2] + ',\n "rows": [\n' + rows + "\n ]\n}\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.worker:
@@ -457,7 +464,7 @@ def main(argv: list[str] | None = None) -> int:
             "compile_seconds": round(time.perf_counter() - start, 1),
             "quick": args.quick, "corners": args.corners, "rows": rows}
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(data, indent=1) + "\n")
+    args.out.write_text(_dumps(data))
     print(table_markdown(args.out))
     if args.out == RESULTS and not args.quick and update_page():
         print(f"table rewritten in {PAGE}")
