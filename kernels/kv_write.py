@@ -121,6 +121,14 @@ def _check_write_args(
                              ".contiguous()")
 
 
+def write_launch(num_kv_heads: int, head_dim: int, block_size: int) -> dict:
+    """The write kernel's constexprs and launch options (the runtime and the compile check both
+    call this): one program per token copies a [kv_heads, head_dim] tile of K and one of V."""
+    return dict(NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
+                HEADS_PAD=triton.next_power_of_2(num_kv_heads),
+                DIM_PAD=triton.next_power_of_2(head_dim), num_warps=4)
+
+
 def write_kv(
     k: torch.Tensor,
     v: torch.Tensor,
@@ -154,11 +162,7 @@ def write_kv(
         v_cache.stride(0),
         v_cache.stride(1),
         v_cache.stride(2),
-        NUM_KV_HEADS=num_kv_heads,
-        HEAD_DIM=head_dim,
-        BLOCK_SIZE=block_size,
-        HEADS_PAD=triton.next_power_of_2(num_kv_heads),
-        DIM_PAD=triton.next_power_of_2(head_dim),
+        **write_launch(num_kv_heads, head_dim, block_size),
     )
 
 

@@ -43,13 +43,21 @@ import triton.language as tl
 
 from .reference import check_attention_args, paged_attention_reference
 from .split_kv import choose_num_splits, merge_splits
+from .targets import DoesNotFit, GpuLimits, limits_for_device
 
 __all__ = ["paged_attention", "paged_attention_reference"]
 
 LOG2_E = 1.4426950408889634
-BLOCK_N = 64  # keys per inner-loop step; any value >= 16 works with any block_size
+# Keys per inner-loop step, largest first: any value >= 16 works with any block_size; a device
+# with little shared memory gets the first that fits (attention_launch).
+KEY_TILES = (64, 32, 16)
+BLOCK_N = KEY_TILES[0]
 MIN_DOT_ROWS = 16
 PREFILL_ROWS = 64
+# What the compiled kernel keeps in shared memory beyond the tiles (barriers, a reduction
+# scratch); the compile check (python -m minicb bench gpu-compile) verifies the estimate below
+# is never under what Triton allocates, on seven GPUs.
+SHARED_SLACK = 1024
 
 
 @triton.jit
@@ -158,11 +166,73 @@ def _num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def _query_tile(group_pad: int, max_seqlen_q: int) -> int:
-    """Queries per tile (BLOCK_M): at least 16 rows for tl.dot, up to 64 rows for long chunks."""
+def _query_tile(group_pad: int, max_seqlen_q: int, max_rows: int = PREFILL_ROWS) -> int:
+    """Queries per tile (BLOCK_M): at least 16 rows for tl.dot, up to ``max_rows`` rows (64) for
+    long chunks."""
     smallest = max(1, MIN_DOT_ROWS // group_pad)
-    largest = max(smallest, PREFILL_ROWS // group_pad)
+    largest = max(smallest, max_rows // group_pad)
     return max(smallest, min(largest, triton.next_power_of_2(max_seqlen_q)))
+
+
+def shared_estimate(rows: int, block_n: int, dim_pad: int, itemsize: int, stages: int) -> int:
+    """Bytes of shared memory the kernel needs, at most: ``tl.dot`` stages its operands there,
+    so the query tile (rows x dim), the probabilities (rows x keys) and the K/V tiles (keys x
+    dim): with one stage K and V take turns in one buffer; pipelined, each has one per stage::
+
+        float32, head_dim 128, 64 rows, 64 keys, 1 stage:
+            4 B x (64x128 + 64x64 + 64x128) = 81,920 B   > a T4's 65,536
+        float16, head_dim 128, 64 rows, 64 keys, 2 stages:
+            2 B x (64x128 + 64x64 + 4 x 64x128) = 90,112 B   > a T4's, < an A100's 166,912
+    """
+    kv_buffers = 1 if stages == 1 else 2 * stages
+    return itemsize * (rows * dim_pad + rows * block_n + kv_buffers * block_n * dim_pad) \
+        + SHARED_SLACK
+
+
+def attention_launch(dtype: torch.dtype, head_dim: int, group: int, max_seqlen_q: int,
+                     block_size: int, split_kv: bool, limits: GpuLimits | None) -> dict:
+    """The attention kernel's tiles and launch options for one batch shape on one device.
+
+    ``limits`` is the device's (``None`` under the interpreter: no limit, the largest tiles).
+    Preferred: 64 rows of queries for long chunks (32 in float32), 64 keys per step, two
+    pipeline stages for 2-byte dtypes. On a device whose shared memory per block cannot hold
+    that (64 KiB on a T4 and the AMD parts), fewer keys per step, then fewer stages, then fewer
+    query rows, until :func:`shared_estimate` fits. Returns the kernel's
+    constexprs with ``num_warps``, ``num_stages`` and ``shared_estimate``; the runtime and the
+    compile check both call this.
+    """
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    group_pad = triton.next_power_of_2(group)
+    dim_pad = max(16, triton.next_power_of_2(head_dim))
+    # float32 tiles are twice the bytes: one stage keeps them within smaller GPUs' shared memory
+    wanted_stages = 2 if itemsize <= 2 else 1
+    # float32 runs tl.dot exactly (input_precision "ieee") on the FMA units, which hold the
+    # operands in registers: 64 query rows spill kilobytes per thread on every GPU, 32 do not.
+    first_rows = PREFILL_ROWS if itemsize <= 2 else 32
+    # float32 multiplies exactly ("ieee"); for 2-byte inputs the setting changes nothing, but
+    # it must be one the target accepts: AMD's gfx90a (MI250) refuses "tf32"
+    hip = limits is not None and limits.backend == "hip"
+    dot_precision = "ieee" if dtype == torch.float32 or hip else "tf32"
+    budget = limits.shared_per_block if limits is not None else None
+    for max_rows in sorted({first_rows, 32, MIN_DOT_ROWS}, reverse=True):
+        block_m = _query_tile(group_pad, max_seqlen_q, max_rows)
+        for stages in range(wanted_stages, 0, -1):
+            for block_n in KEY_TILES:
+                need = shared_estimate(block_m * group_pad, block_n, dim_pad, itemsize, stages)
+                if budget is None or need <= budget:
+                    return dict(
+                        GROUP=group, GROUP_PAD=group_pad, BLOCK_M=block_m, BLOCK_N=block_n,
+                        HEAD_DIM=head_dim, DIM_PAD=dim_pad, BLOCK_SIZE=block_size,
+                        SPLIT_KV=split_kv,
+                        DOT_PRECISION=dot_precision,
+                        # 8 warps spread the tiles over twice the threads: with 4, a 16 x 128
+                        # float32 tile needs about 250 registers per thread, with 8 about 100
+                        num_warps=8, num_stages=stages, shared_estimate=need)
+    smallest = shared_estimate(group_pad * max(1, MIN_DOT_ROWS // group_pad), KEY_TILES[-1],
+                               dim_pad, itemsize, 1)
+    raise DoesNotFit(f"paged attention with head_dim {head_dim}, GQA group {group} in {dtype} "
+                     f"needs at least {smallest:,} bytes of shared memory per block; the "
+                     f"{limits.label} allows {limits.shared_per_block:,}. Use a smaller dtype.")
 
 
 def paged_attention(
@@ -177,13 +247,15 @@ def paged_attention(
     max_seqlen_k: int,
     out: torch.Tensor | None = None,
     num_splits: int | None = None,
+    limits: GpuLimits | None = None,
 ) -> torch.Tensor:
     """Attention of ``q: [num_tokens, num_q_heads, head_dim]`` over the paged cache.
 
     ``max_seqlen_q`` must be at least the longest segment (it sizes the grid); ``max_seqlen_k``
     (the longest ``seq_lens``) only steers the split choice. ``num_splits=None`` splits all-decode
     batches by :func:`choose_num_splits` on a GPU; an int forces that many key splits, for any
-    batch. Returns ``out`` (allocated when None), in q's dtype; accumulation is float32.
+    batch. ``limits`` picks the tiles for that device (default: the live GPU's; none under the
+    interpreter). Returns ``out`` (allocated when None), in q's dtype; accumulation is float32.
     """
     check_attention_args(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, max_seqlen_q,
                          out)
@@ -203,10 +275,12 @@ def paged_attention(
     if not 1 <= num_splits <= 65535:
         raise ValueError(f"num_splits must be between 1 and 65535; got {num_splits}")
 
-    group = num_q_heads // num_kv_heads
-    group_pad = triton.next_power_of_2(group)
-    block_m = _query_tile(group_pad, max_seqlen_q)
-    num_q_tiles = triton.cdiv(max_seqlen_q, block_m)
+    if limits is None and q.is_cuda:
+        limits = limits_for_device(q.device)
+    launch = attention_launch(q.dtype, head_dim, num_q_heads // num_kv_heads, max_seqlen_q,
+                              block_size, num_splits > 1, limits)
+    launch.pop("shared_estimate")
+    num_q_tiles = triton.cdiv(max_seqlen_q, launch["BLOCK_M"])
     if num_splits > 1:
         target = torch.empty((num_splits, num_tokens, num_q_heads, head_dim), dtype=torch.float32,
                              device=q.device)
@@ -229,11 +303,7 @@ def paged_attention(
         block_tables.stride(0),
         *target_strides,
         *lse_strides,
-        GROUP=group, GROUP_PAD=group_pad, BLOCK_M=block_m, BLOCK_N=BLOCK_N,
-        HEAD_DIM=head_dim, DIM_PAD=max(16, triton.next_power_of_2(head_dim)), BLOCK_SIZE=block_size,
-        SPLIT_KV=num_splits > 1, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        # float32 tiles are twice the bytes: one stage keeps them within smaller GPUs' shared memory
-        num_warps=4, num_stages=2 if q.element_size() <= 2 else 1,
+        **launch,
     )
     if num_splits > 1:
         merge_splits(target, lse, out)

@@ -112,6 +112,13 @@ def _merge_splits_kernel(
     )
 
 
+def merge_launch(head_dim: int, num_splits: int) -> dict:
+    """The merge kernel's constexprs and launch options (the runtime and the compile check both
+    call this): one program per (token, head) holds a [splits, head_dim] float32 tile."""
+    return dict(HEAD_DIM=head_dim, DIM_PAD=max(16, triton.next_power_of_2(head_dim)),
+                SPLITS_PAD=triton.next_power_of_2(num_splits), num_warps=4)
+
+
 def merge_splits(partial: torch.Tensor, lse: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     """Combine ``partial: [num_splits, num_tokens, num_q_heads, head_dim]`` (float32, each split
     normalised) and ``lse: [num_splits, num_tokens, num_q_heads]`` (log2-sum-exp2) into ``out``."""
@@ -133,8 +140,6 @@ def merge_splits(partial: torch.Tensor, lse: torch.Tensor, out: torch.Tensor) ->
         lse.stride(1),
         out.stride(0),
         out.stride(1),
-        HEAD_DIM=head_dim,
-        DIM_PAD=max(16, triton.next_power_of_2(head_dim)),
-        SPLITS_PAD=triton.next_power_of_2(num_splits),
+        **merge_launch(head_dim, num_splits),
     )
     return out

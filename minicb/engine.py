@@ -36,6 +36,9 @@ class LLMEngine:
         path = resolve_model_path(config.model)
         self.model_path = str(path)
         self.tokenizer = load_tokenizer(path)
+        if config.device.startswith("cuda"):  # bfloat16 on a GPU without it: float16, stated
+            from minicb.kernels.targets import resolve_dtype
+            config.dtype = resolve_dtype(config.dtype, config.device)
         config.attention = resolve_backend(config.attention, config.device, config.dtype)
         self.model = load_model(path, config.device, config.dtype, config.attention)
         # on a CPU, how many threads each step uses: the cores other programs leave free

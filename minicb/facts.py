@@ -100,6 +100,62 @@ FACTS: dict[str, Fact] = {
                                    "HumanEval and LongBench traces"),
 }
 
+# --- What one GPU holds: per-device limits the compiled kernels are checked against ---
+# (minicb.kernels.targets reads these; benchmarks/gpu-targets.md shows the check.)
+_CUDA_SPECS = ("NVIDIA CUDA C++ Programming Guide, Compute Capabilities, table 'Technical "
+               "Specifications per Compute Capability', https://docs.nvidia.com/cuda/"
+               "cuda-c-programming-guide/index.html#features-and-technical-specifications")
+_CUDA_TUNING = {75: "Turing Tuning Guide, 1.4.2.1 'Occupancy' and 1.4.2.2 'Shared Memory'",
+                80: "NVIDIA Ampere GPU Architecture Tuning Guide, 1.4.1.1 'Occupancy' and "
+                    "1.4.1.2 'Shared Memory'",
+                86: "NVIDIA Ampere GPU Architecture Tuning Guide (GA10x, compute capability 8.6)",
+                89: "NVIDIA Ada GPU Architecture Tuning Guide, 'Occupancy' and 'Shared Memory'",
+                90: "NVIDIA Hopper Tuning Guide, 'Occupancy' and 'Shared Memory'"}
+_BF16 = ("PTX ISA, 'Half precision floating point instructions' (bf16 forms require sm_80 or "
+         "higher; ptxas: \"Feature '.bf16' requires .target sm_80 or higher\"), "
+         "https://docs.nvidia.com/cuda/parallel-thread-execution/")
+# capability: (shared per SM KiB, shared per block opt-in KiB, threads per SM, blocks per SM)
+_CUDA = {75: (64, 64, 1024, 16), 80: (164, 163, 2048, 32), 86: (100, 99, 1536, 16),
+         89: (100, 99, 1536, 24), 90: (228, 227, 2048, 32)}
+for _cc, (_per_sm, _per_block, _threads, _blocks) in _CUDA.items():
+    _src = f"{_CUDA_SPECS}, compute capability {_cc // 10}.{_cc % 10}; {_CUDA_TUNING[_cc]}"
+    FACTS |= {
+        f"sm{_cc}_shared_per_block": Fact(_per_block * KIB, "bytes", _src,
+                                           "the opt-in maximum a block may ask for"),
+        f"sm{_cc}_shared_per_sm": Fact(_per_sm * KIB, "bytes", _src),
+        f"sm{_cc}_shared_reserved_per_block": Fact(KIB if _cc >= 80 else 0, "bytes", _src,
+                                                    "system use, counted against the SM"),
+        f"sm{_cc}_registers_per_sm": Fact(64 * KIB, "32-bit registers", _src),
+        f"sm{_cc}_max_registers_per_thread": Fact(255, "registers", _src),
+        f"sm{_cc}_max_threads_per_sm": Fact(_threads, "threads", _src),
+        f"sm{_cc}_max_blocks_per_sm": Fact(_blocks, "blocks", _src),
+        f"sm{_cc}_warp_size": Fact(32, "threads", _src),
+        f"sm{_cc}_bf16": Fact("yes" if _cc >= 80 else "no", "native bfloat16", _BF16),
+    }
+_AMD_SPECS = ("AMD ROCm documentation, 'AMD GPU specifications' (LDS, wavefront size, VGPR file), "
+              "https://rocm.docs.amd.com/en/latest/reference/gpu-specs.html")
+_AMD_ISA = {"gfx90a": "AMD Instinct MI200 (CDNA2) Instruction Set Architecture reference guide, "
+                      "'Wave occupancy' and 'Vector GPRs' (512 unified VGPRs + AccVGPRs per lane)",
+            "gfx942": "AMD Instinct MI300 (CDNA3) Instruction Set Architecture reference guide, "
+                      "'Wave occupancy' and 'Vector GPRs' (512 unified VGPRs + AccVGPRs per lane)"}
+for _arch in ("gfx90a", "gfx942"):
+    _src = f"{_AMD_SPECS}, {_arch}; {_AMD_ISA[_arch]}"
+    FACTS |= {
+        f"{_arch}_shared_per_block": Fact(64 * KIB, "bytes", _src, "LDS per workgroup"),
+        f"{_arch}_shared_per_sm": Fact(64 * KIB, "bytes", _src, "LDS per compute unit"),
+        f"{_arch}_shared_reserved_per_block": Fact(0, "bytes", _src),
+        f"{_arch}_registers_per_simd_lane": Fact(512, "32-bit VGPRs", _src,
+                                                 "arch VGPRs and AccVGPRs share one file"),
+        f"{_arch}_simds_per_cu": Fact(4, "SIMDs", _src),
+        f"{_arch}_max_waves_per_simd": Fact(8, "wavefronts", _src),
+        f"{_arch}_max_registers_per_thread": Fact(512, "VGPRs", _src),
+        f"{_arch}_max_threads_per_sm": Fact(2048, "threads", _src, "4 SIMDs x 8 waves x 64"),
+        f"{_arch}_max_blocks_per_sm": Fact(32, "workgroups", _src),
+        f"{_arch}_warp_size": Fact(64, "threads", _src, "a wavefront"),
+        f"{_arch}_bf16": Fact("yes", "native bfloat16", _src),
+    }
+del _cc, _per_sm, _per_block, _threads, _blocks, _arch, _src
+
 
 def fact(name: str) -> Fact:
     """One cited fact by name; an unknown name is an error that lists the known ones."""

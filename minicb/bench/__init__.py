@@ -19,6 +19,9 @@ BENCHMARKS = {
                    "sweep request rates against servers, one per scheduler"),
     "kernels": ("minicb.bench.kernels",
                 "the attention kernels against the device's copy bandwidth"),
+    "gpu-compile": ("minicb.bench.gpu_compile",
+                    "every launch the engine can choose, compiled for seven GPUs, against "
+                    "each one's limits"),
     "memory": ("minicb.bench.memory", "requests that fit one KV budget, contiguous against paged"),
     "overhead": ("minicb.bench.overhead",
                  "the scheduler's CPU time per step against the model's step"),

@@ -1,0 +1,479 @@
+"""What each GPU will hold: every launch the engine can choose, compiled for seven GPUs.
+
+    python -m minicb bench gpu-compile                 # the full matrix (tens of minutes)
+    python -m minicb bench gpu-compile --quick         # the subset make test runs
+    python -m minicb bench gpu-compile --targets sm_75 gfx942 --jobs 2
+
+No GPU is needed: Triton compiles for a named target ahead of time (``triton.compile`` with a
+``GPUTarget``; ptxas and cuobjdump ship in the triton wheel, and so does AMD's LLVM back end).
+The launches are not a hand-written list: they come from the same functions that pick them at
+run time (``attention_launch``, ``merge_launch``, ``write_launch``) over every dtype, head
+size, GQA group, query length (decode to long prefill chunk) and split count the engine can
+reach, each resolved for the device first (bfloat16 on a T4 runs as float16, see
+``minicb.kernels.targets.resolve_dtype``). For each compiled kernel: shared memory (Triton's
+metadata) against the device's per-block limit, registers per thread and spilled bytes (the
+cubin's resource usage on NVIDIA, the code object's metadata on AMD), and the occupancy that
+follows. Results: ``benchmarks/results/gpu-targets.json``, rendered by :func:`table_markdown`.
+
+Triton's interpreter (``TRITON_INTERPRET=1``, how ``make test`` runs) replaces the kernels with
+Python, so the compiles run in child processes without it; the compile cache goes to a
+temporary directory unless ``TRITON_CACHE_DIR`` is set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "gpu-targets.json"
+PAGE = RESULTS.parents[1] / "gpu-targets.md"   # its table is rewritten from the results
+TABLE_START, TABLE_END = "<!-- table: python -m minicb bench gpu-compile -->", "<!-- end table -->"
+DTYPES = ("float32", "float16", "bfloat16")
+HEAD_DIMS = (64, 128)           # the loader's common sizes; others pad to the next power of two
+GROUPS = (1, 2, 4, 8)           # query heads per KV head
+QUERY_LENGTHS = (1, 2, 4, 8, 16, 32, 64, 128)  # max_seqlen_q: a decode step up to long chunks
+KV_HEADS = (1, 8, 32)           # the write kernel holds all KV heads of one token
+BLOCK_SIZE = 16                 # the engine's default; it enters the kernels only as // and %
+KERNELS = ("attention", "merge", "write")
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One kernel launch the engine can make on one device, as the compiler needs it."""
+
+    target: str
+    kernel: str
+    asked: str                  # the dtype the user asked for
+    dtype: str                  # the dtype the engine runs on this device
+    params: dict                # head_dim, group, rows, ... (for the table)
+    constexprs: dict
+    num_warps: int
+    num_stages: int | None
+    shared_estimate: int | None = None
+
+    def key(self) -> tuple:
+        return (self.target, self.kernel, self.dtype, tuple(sorted(self.constexprs.items())),
+                self.num_warps, self.num_stages)
+
+
+@dataclass
+class Result:
+    launch: Launch
+    compiled: bool
+    error: str = ""
+    shared: int = 0
+    registers: int = 0
+    spill_bytes: int = 0
+    seconds: float = 0.0
+    extra: dict = field(default_factory=dict)
+
+
+# --- the launches: asked of the engine's own tile-choosing functions ---
+
+def _engine_dtype(asked: str, limits) -> str:
+    from minicb.kernels.targets import resolve_dtype
+
+    if limits.backend != "cuda":
+        return asked
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return resolve_dtype(asked, "cuda", capability=(int(limits.arch) // 10,
+                                                        int(limits.arch) % 10))
+
+
+def launches_for(limits, quick: bool = False, corners: bool = False) -> list[Launch]:
+    """Every distinct launch the engine can make on ``limits``' device.
+
+    ``corners``: the extremes of each dimension only (GQA groups 1 and 8, a decode step, a
+    split decode and the longest prefill chunk, 2 and 64 splits, 1 and 32 KV heads), every
+    dtype and head size: the tiles between them lie between them in shared memory. ``quick``:
+    the largest tiles and one of each other kernel, for ``make test``."""
+    import torch
+
+    from minicb.kernels.kv_write import write_launch
+    from minicb.kernels.paged_attention import attention_launch
+    from minicb.kernels.split_kv import MAX_SPLITS, merge_launch
+
+    found: dict[tuple, Launch] = {}
+
+    def add(launch: Launch) -> None:
+        found.setdefault(launch.key(), launch)
+
+    dtypes = ("float32", "bfloat16") if quick else DTYPES
+    head_dims = (128,) if quick else HEAD_DIMS
+    groups = (8,) if quick else (GROUPS[0], GROUPS[-1]) if corners else GROUPS
+    lengths = (1, QUERY_LENGTHS[-1]) if quick or corners else QUERY_LENGTHS
+    kv_heads = (KV_HEADS[-1],) if quick else (KV_HEADS[0], KV_HEADS[-1]) if corners else KV_HEADS
+    for asked in dtypes:
+        dtype = _engine_dtype(asked, limits)
+        for head_dim in head_dims:
+            for group in groups:
+                for max_seqlen_q in lengths:
+                    # A decode step may be split across programs (split-KV); a chunk never is.
+                    for split in ((False, True) if max_seqlen_q == 1 else (False,)):
+                        opts = attention_launch(getattr(torch, dtype), head_dim, group,
+                                                max_seqlen_q, BLOCK_SIZE, split, limits)
+                        warps, stages = opts.pop("num_warps"), opts.pop("num_stages")
+                        estimate = opts.pop("shared_estimate")
+                        rows = opts["BLOCK_M"] * opts["GROUP_PAD"]
+                        tile = "decode" if max_seqlen_q == 1 else "prefill"
+                        add(Launch(limits.key, "attention", asked, dtype,
+                                   dict(head_dim=head_dim, group=group, tile=tile, rows=rows,
+                                        keys=opts["BLOCK_N"], split=split),
+                                   opts, warps, stages, estimate))
+            splits = (2, MAX_SPLITS) if quick or corners else (2, 8, MAX_SPLITS)
+            for num_splits in splits:
+                opts = merge_launch(head_dim, num_splits)
+                warps = opts.pop("num_warps")
+                add(Launch(limits.key, "merge", asked, dtype,
+                           dict(head_dim=head_dim, splits=opts["SPLITS_PAD"]), opts, warps, None))
+            for num_kv_heads in kv_heads:
+                opts = write_launch(num_kv_heads, head_dim, BLOCK_SIZE)
+                warps = opts.pop("num_warps")
+                add(Launch(limits.key, "write", asked, dtype,
+                           dict(head_dim=head_dim, kv_heads=num_kv_heads), opts, warps, None))
+    launches = list(found.values())
+    if quick:  # one bfloat16 launch of each kernel is enough to prove the dtype compiles
+        seen, kept = set(), []
+        for launch in launches:
+            tag = (launch.kernel, launch.dtype, launch.params.get("tile"))
+            if launch.asked == "float32" or tag not in seen:
+                kept.append(launch)
+                seen.add(tag)
+        launches = kept
+    return launches
+
+
+# --- compiling one launch (in a process without TRITON_INTERPRET) ---
+
+_TRITON_TYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
+
+
+def _signature(fn, kernel: str, dtype: str, constexprs: dict) -> tuple[dict, dict]:
+    """Each argument's type as the launcher would see it, and the 16-byte alignment hints the
+    launcher derives from torch tensors (pointers) and from strides that are multiples of 16."""
+    element = _TRITON_TYPES[dtype]
+    float32_ptrs = {"lse_ptr"} | ({"partial_ptr"} if kernel == "merge" else set())
+    int_ptrs = {"cu_seqlens_q_ptr", "seq_lens_ptr", "block_tables_ptr", "slot_mapping_ptr"}
+    signature, attrs = {}, {}
+    for index, name in enumerate(fn.arg_names):
+        if name in constexprs:
+            signature[name] = "constexpr"
+        elif name.endswith("_ptr"):
+            kind = ("fp32" if name in float32_ptrs else
+                    "i64" if name == "slot_mapping_ptr" else
+                    "i32" if name in int_ptrs else element)
+            signature[name] = "*" + kind
+            attrs[(index,)] = [["tt.divisibility", 16]]
+        elif name == "scale_log2":
+            signature[name] = "fp32"
+        else:
+            signature[name] = "i32"
+            # strides along tokens, heads and blocks are multiples of head_dim (>= 16)
+            if name.startswith("stride_") and "lse" not in name:
+                attrs[(index,)] = [["tt.divisibility", 16]]
+    return signature, attrs
+
+
+def _kernel_fn(kernel: str):
+    import importlib
+
+    module, name = {"attention": ("paged_attention", "_paged_attention_kernel"),
+                    "merge": ("split_kv", "_merge_splits_kernel"),
+                    "write": ("kv_write", "_write_kv_kernel")}[kernel]
+    return getattr(importlib.import_module(f"minicb.kernels.{module}"), name)
+
+
+def _nvidia_resources(cubin: bytes) -> tuple[int, int]:
+    """Registers per thread and local-memory (stack: spills) bytes per thread, from cuobjdump."""
+    import triton
+
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        out = subprocess.run([str(tool), "--dump-resource-usage", f.name], capture_output=True,
+                             text=True, check=True).stdout
+    registers = int(re.search(r"REG:(\d+)", out).group(1))
+    stack = int(re.search(r"STACK:(\d+)", out).group(1))
+    local = int(re.search(r"LOCAL:(\d+)", out).group(1))
+    return registers, stack + local
+
+
+def _amd_resources(amdgcn: str) -> tuple[int, int, dict]:
+    """VGPRs per lane (arch + accumulation registers) and spills, from the code object's
+    metadata in the assembly."""
+    def number(key: str) -> int:
+        match = re.search(rf"\.{key}:\s+(\d+)", amdgcn)
+        return int(match.group(1)) if match else 0
+
+    vgprs, agprs = number("vgpr_count"), number("agpr_count")
+    # VGPR spills go to scratch memory (4 bytes a lane each); SGPR spills mostly to VGPR lanes
+    spills = number("vgpr_spill_count") * 4
+    return vgprs, spills, {"sgprs": number("sgpr_count"), "agprs": agprs,
+                           "vgpr_spills": number("vgpr_spill_count"),
+                           "sgpr_spills": number("sgpr_spill_count")}
+
+
+def compile_launch(launch: Launch) -> Result:
+    """Compile one launch for its target and read what it uses. Must run without
+    TRITON_INTERPRET (see :func:`compile_all`)."""
+    import triton
+    from triton.compiler import ASTSource
+
+    from minicb.kernels.targets import TARGETS, triton_target
+
+    limits = TARGETS[launch.target]
+    fn = _kernel_fn(launch.kernel)
+    signature, attrs = _signature(fn, launch.kernel, launch.dtype, launch.constexprs)
+    options = {"num_warps": launch.num_warps}
+    if launch.num_stages is not None:
+        options["num_stages"] = launch.num_stages
+    start = time.perf_counter()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            compiled = triton.compile(ASTSource(fn, signature, launch.constexprs, attrs),
+                                      target=triton_target(limits), options=options)
+    except Exception as error:  # the compiler's own message is the result
+        message = str(error).strip().splitlines()
+        return Result(launch, False, error=" ".join(message[:3])[:400],
+                      seconds=time.perf_counter() - start)
+    extra = {}
+    if limits.backend == "cuda":
+        registers, spills = _nvidia_resources(compiled.asm["cubin"])
+    else:
+        registers, spills, extra = _amd_resources(compiled.asm["amdgcn"])
+    return Result(launch, True, shared=compiled.metadata.shared, registers=registers,
+                  spill_bytes=spills, seconds=time.perf_counter() - start, extra=extra)
+
+
+def _worker() -> int:
+    """Child process: launches as JSON on stdin, one result per line on stdout."""
+    for item in json.load(sys.stdin):
+        result = compile_launch(Launch(**item))
+        row = asdict(result)
+        row["launch"] = item
+        print(json.dumps(row), flush=True)
+    return 0
+
+
+def compile_all(launches: list[Launch], jobs: int = 1, progress=None) -> list[Result]:
+    """Compile every launch in ``jobs`` child processes that run without TRITON_INTERPRET."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # the runtime's default, without its warning
+    cache = None
+    if "TRITON_CACHE_DIR" not in env:
+        cache = tempfile.TemporaryDirectory(prefix="minicb-triton-cache-")
+        env["TRITON_CACHE_DIR"] = cache.name
+    # Longest first (prefill tiles), dealt round-robin, so the children finish together.
+    order = sorted(launches, key=lambda launch: -(launch.shared_estimate or 0))
+    shares = [order[i::jobs] for i in range(max(1, jobs))]
+    procs = []
+    for share in shares:
+        if not share:
+            continue
+        proc = subprocess.Popen([sys.executable, "-m", "minicb.bench.gpu_compile", "--worker"],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True)
+        proc.stdin.write(json.dumps([asdict(launch) for launch in share]))
+        proc.stdin.close()
+        procs.append((proc, share))
+    results = []
+    try:
+        for proc, _ in procs:
+            for line in proc.stdout:
+                row = json.loads(line)
+                launch = Launch(**row.pop("launch"))
+                results.append(Result(launch=launch, **{k: v for k, v in row.items()
+                                                        if k != "launch"}))
+                if progress:
+                    progress(results[-1])
+            if proc.wait() != 0:
+                raise RuntimeError(f"a compile worker exited with {proc.returncode}")
+    finally:
+        if cache is not None:
+            cache.cleanup()
+    by_key = {launch.key(): i for i, launch in enumerate(launches)}
+    return sorted(results, key=lambda r: by_key[r.launch.key()])
+
+
+# --- the table ---
+
+def row_of(result: Result) -> dict:
+    """One result as a flat, JSON-ready row with the device's limits and the occupancy."""
+    from minicb.kernels.targets import TARGETS, occupancy
+
+    launch, limits = result.launch, TARGETS[result.launch.target]
+    row = {"target": launch.target, "device": limits.name, "kernel": launch.kernel,
+           "asked": launch.asked, "dtype": launch.dtype, **launch.params,
+           "num_warps": launch.num_warps, "num_stages": launch.num_stages,
+           "compiled": result.compiled, "error": result.error,
+           "shared": result.shared, "shared_limit": limits.shared_per_block,
+           "shared_estimate": launch.shared_estimate, "registers": result.registers,
+           "spill_bytes": result.spill_bytes, "seconds": round(result.seconds, 2), **result.extra}
+    row["fits"] = result.compiled and result.shared <= limits.shared_per_block \
+        and result.registers <= limits.max_registers_per_thread
+    if result.compiled:
+        row.update(occupancy(limits, result.shared, result.registers, launch.num_warps))
+    return row
+
+
+def problems(rows: list[dict]) -> list[str]:
+    """Every row that is a defect: not compiled, over a limit, or above its shared estimate."""
+    found = []
+    for row in rows:
+        where = f"{row['kernel']} {row['asked']} on {row['device']} ({row['target']}) {row}"
+        if not row["compiled"]:
+            found.append(f"did not compile: {where}")
+        elif not row["fits"]:
+            found.append(f"over a limit: {where}")
+        elif row.get("shared_estimate") is not None and row["shared"] > row["shared_estimate"]:
+            found.append(f"shared memory {row['shared']} above the tile choice's estimate "
+                         f"{row['shared_estimate']}: {where}")
+    return found
+
+
+def _kib(n: int) -> str:
+    return f"{n / 1024:.1f}".rstrip("0").rstrip(".") + " KiB"
+
+
+def table_markdown(path: Path | str = RESULTS) -> str:
+    """The committed results as markdown: one line per device (what fits, the largest shared
+    memory against the limit, registers, spills, occupancy), then the attention tiles each
+    device gets for head_dim 128 and GQA group 8, decode and prefill, float32 and bfloat16."""
+    data = json.loads(Path(path).read_text())
+    rows = data["rows"]
+    from minicb.kernels.targets import TARGETS
+
+    lines = ["| device | target | launches compiled | fit | largest shared / limit "
+             "| registers (max) | spilling launches | occupancy, decode |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for key, limits in TARGETS.items():
+        mine = [r for r in rows if r["target"] == key]
+        if not mine:
+            continue
+        done = [r for r in mine if r["compiled"]]
+        decode = [r["occupancy"] for r in done if r["kernel"] == "attention"
+                  and r.get("tile") == "decode"]
+        largest = max((r["shared"] for r in done), default=0)
+        occ = (f"{min(decode):.0%} to {max(decode):.0%}" if decode else "-")
+        registers = max((r["registers"] for r in done), default=0)
+        lines.append(f"| {limits.name} | {key} | {len(done)} of {len(mine)} "
+                     f"| {sum(r['fits'] for r in mine)} | {_kib(largest)} / "
+                     f"{_kib(limits.shared_per_block)} | {registers} "
+                     f"| {sum(r['spill_bytes'] > 0 for r in done)} | {occ} |")
+    lines += ["", "The attention tiles each device gets for head_dim 128 and GQA group 8, as the "
+              "engine runs them (bfloat16 runs as float16 on a T4):", "",
+              "| device | dtype | tile | query rows x keys | stages | shared / limit | registers "
+              "| spilled bytes | blocks per SM | occupancy |",
+              "|---|---|---|---|---:|---:|---:|---:|---:|---:|"]
+    for key, limits in TARGETS.items():
+        for asked in ("float32", "bfloat16"):
+            dtype = _engine_dtype(asked, limits)
+            for tile in ("decode", "prefill"):
+                picks = [r for r in rows if r["target"] == key and r["kernel"] == "attention"
+                         and r["dtype"] == dtype and r.get("head_dim") == 128
+                         and r.get("group") == GROUPS[-1] and r.get("tile") == tile
+                         and not r.get("split") and r["compiled"]]
+                if not picks:
+                    continue
+                r = max(picks, key=lambda r: r["rows"])
+                lines.append(
+                    f"| {limits.name} ({key}) | {r['dtype']} | {tile} | {r['rows']} x {r['keys']} "
+                    f"| {r['num_stages']} | {_kib(r['shared'])} / {_kib(limits.shared_per_block)} "
+                    f"| {r['registers']} | {r['spill_bytes']:,} | {r['blocks_per_sm']} "
+                    f"| {r['occupancy']:.0%} |")
+    return "\n".join(lines)
+
+
+def update_page(page: Path = PAGE, results: Path = RESULTS) -> bool:
+    """Rewrite the table between the markers of ``page`` from ``results``; False if the page
+    has no markers."""
+    if not page.exists():
+        return False
+    text = page.read_text()
+    if TABLE_START not in text or TABLE_END not in text:
+        return False
+    head, rest = text.split(TABLE_START, 1)
+    _, tail = rest.split(TABLE_END, 1)
+    page.write_text(f"{head}{TABLE_START}\n{table_markdown(results)}\n{TABLE_END}{tail}")
+    return True
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    from minicb.kernels.targets import TARGETS
+
+    parser = argparse.ArgumentParser(prog="python -m minicb bench gpu-compile",
+                                     description=__doc__.split("\n")[0])
+    parser.add_argument("--targets", nargs="+", choices=list(TARGETS), default=list(TARGETS))
+    parser.add_argument("--quick", action="store_true",
+                        help="the subset make test compiles: the largest tiles, every target")
+    parser.add_argument("--corners", action="store_true",
+                        help="the extremes of each dimension (about half the launches)")
+    parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
+                        help="compiler processes at once")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+def _dumps(data: dict) -> str:
+    """JSON with one result row per line: readable in a diff, a third of indent's size."""
+    head = {k: v for k, v in data.items() if k != "rows"}
+    rows = ",\n".join("  " + json.dumps(row) for row in data["rows"])
+    return json.dumps(head, indent=1)[:-2] + ',\n "rows": [\n' + rows + "\n ]\n}\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.worker:
+        return _worker()
+    from minicb.kernels.targets import TARGETS
+
+    launches = [launch for key in args.targets
+                for launch in launches_for(TARGETS[key], quick=args.quick,
+                                           corners=args.corners)]
+    print(f"compiling {len(launches)} launches for {', '.join(args.targets)} "
+          f"({args.jobs} at once)", flush=True)
+    start = time.perf_counter()
+    done = [0]
+
+    def progress(result: Result) -> None:
+        done[0] += 1
+        if done[0] % 25 == 0 or not result.compiled:
+            print(f"  {done[0]}/{len(launches)}  {time.perf_counter() - start:.0f} s", flush=True)
+
+    results = compile_all(launches, jobs=args.jobs, progress=progress)
+    rows = [row_of(r) for r in results]
+    import triton
+
+    from minicb.bench.machine import machine_info
+
+    data = {"when": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "triton": triton.__version__, "machine": machine_info(),
+            "compile_seconds": round(time.perf_counter() - start, 1),
+            "quick": args.quick, "corners": args.corners, "rows": rows}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(_dumps(data))
+    print(table_markdown(args.out))
+    if args.out == RESULTS and not args.quick and update_page():
+        print(f"table rewritten in {PAGE}")
+    bad = problems(rows)
+    for line in bad:
+        print("DEFECT:", line)
+    print(f"{len(rows)} launches, {len(bad)} defects, {data['compile_seconds']} s -> {args.out}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,184 @@
+"""The Triton kernels compiled ahead of time for seven GPUs, on a machine without one.
+
+The interpreter (how the other kernel tests run here) forgives what a GPU does not: shared memory
+past the per-block limit, a dtype the GPU lacks. These tests compile a lean subset of the
+engine's launches for every target (the full matrix is ``python -m minicb bench gpu-compile``,
+committed as benchmarks/results/gpu-targets.json), refuse a planted tile that a T4 cannot hold,
+and hold the tile choice, the dtype fallback and the committed table to what the code does now.
+"""
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import json  # noqa: E402
+import warnings  # noqa: E402
+from dataclasses import replace  # noqa: E402
+
+import pytest  # noqa: E402
+from minicb.kernels import paged_attention, paged_attention_reference  # noqa: E402
+from minicb.kernels.paged_attention import attention_launch  # noqa: E402
+from minicb.kernels.targets import (  # noqa: E402
+    TARGETS,
+    DoesNotFit,
+    check_fits,
+    occupancy,
+    resolve_dtype,
+)
+
+from minicb.bench import gpu_compile  # noqa: E402
+
+INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
+T4 = TARGETS["sm_75"]
+
+
+def lean_subset() -> list:
+    """Per target: float32's largest prefill tile, the 2-byte dtype's largest (bfloat16;
+    float16 on a T4), the merge and the KV write; the split-KV decode on a T4 and an MI300."""
+    picked = []
+    for limits in TARGETS.values():
+        launches = gpu_compile.launches_for(limits, quick=True)
+        attention = [la for la in launches if la.kernel == "attention"]
+        for asked in ("float32", "bfloat16"):
+            mine = [la for la in attention if la.asked == asked]
+            picked.append(max(mine, key=lambda la: la.shared_estimate))
+        if limits.key in ("sm_75", "gfx942"):
+            picked.append(next(la for la in attention
+                               if la.asked == "float32" and la.params["split"]))
+        picked.append(max((la for la in launches if la.kernel == "merge"),
+                          key=lambda la: la.params["splits"]))
+        picked.append(next(la for la in launches if la.kernel == "write"
+                           and la.asked == "bfloat16"))
+    return picked
+
+
+def test_every_target_compiles_and_fits():
+    """A kernel change that breaks a GPU target (does not compile, or needs more shared memory
+    than the device has, or more than the tile choice expects) fails here."""
+    launches = lean_subset()
+    results = gpu_compile.compile_all(launches, jobs=2)
+    rows = [gpu_compile.row_of(r) for r in results]
+    assert len(rows) == len(launches)
+    assert {row["target"] for row in rows} == set(TARGETS)
+    assert gpu_compile.problems(rows) == []
+    # the numbers are read from the compiler, not made up: a real kernel uses shared memory
+    # for tl.dot and has registers on every target
+    for row in rows:
+        if row["kernel"] == "attention":
+            assert row["shared"] > 0 and row["registers"] > 0, row
+
+
+def test_a_tile_too_big_for_a_t4_is_refused_naming_the_device_and_limit():
+    """A planted configuration: 128 keys per step of float32 with head_dim 128 needs more than
+    a T4's 64 KiB of shared memory per block."""
+    good = next(la for la in gpu_compile.launches_for(T4) if la.kernel == "attention"
+                and la.dtype == "float32" and la.params["head_dim"] == 128
+                and la.params["tile"] == "decode" and not la.params["split"])
+    planted = replace(good, constexprs={**good.constexprs, "BLOCK_N": 128}, shared_estimate=None)
+    result, = gpu_compile.compile_all([planted], jobs=1)
+    assert result.compiled, result.error
+    assert result.shared > T4.shared_per_block
+    row = gpu_compile.row_of(result)
+    assert not row["fits"] and gpu_compile.problems([row])
+    with pytest.raises(DoesNotFit, match=r"T4 \(sm_75\) allows 65,536 \(shared memory per block\)"):
+        check_fits(T4, "paged attention", result.shared, result.registers)
+
+
+def test_tile_choice_stays_within_every_device():
+    """Every launch the engine can choose, on every target, is estimated within the device's
+    shared memory; and the smaller parts really get smaller tiles than an H100."""
+    for limits in TARGETS.values():
+        for launch in gpu_compile.launches_for(limits):
+            if launch.shared_estimate is not None:
+                assert launch.shared_estimate <= limits.shared_per_block, (limits.key, launch)
+    # head_dim 256 in a 2-byte dtype: 64 keys per step fit an H100's 227 KiB, not a T4's 64 KiB
+    t4 = attention_launch(torch.float16, 256, 4, 128, 16, False, T4)
+    h100 = attention_launch(torch.bfloat16, 256, 4, 128, 16, False, TARGETS["sm_90"])
+    assert t4["shared_estimate"] <= T4.shared_per_block < h100["shared_estimate"]
+    assert t4["BLOCK_N"] < h100["BLOCK_N"]
+    # head_dim 128 in float16, pipelined in two stages: a T4 takes half the keys per step
+    t4 = attention_launch(torch.float16, 128, 4, 128, 16, False, T4)
+    a100 = attention_launch(torch.float16, 128, 4, 128, 16, False, TARGETS["sm_80"])
+    assert t4["shared_estimate"] <= T4.shared_per_block < a100["shared_estimate"]
+    assert t4["BLOCK_N"] < a100["BLOCK_N"]
+
+
+def test_a_head_size_no_tile_can_hold_is_refused_with_the_device_named():
+    with pytest.raises(DoesNotFit, match="T4"):
+        attention_launch(torch.float32, 1024, 8, 128, 16, False, T4)
+
+
+def test_bfloat16_on_a_t4_runs_as_float16_and_says_so():
+    with pytest.warns(UserWarning, match=r"compute capability 7\.5.*float16 instead"):
+        assert resolve_dtype("bfloat16", "cuda", capability=(7, 5)) == "float16"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert resolve_dtype("bfloat16", "cuda", capability=(8, 0)) == "bfloat16"
+        assert resolve_dtype("bfloat16", "cuda", capability=(9, 0)) == "bfloat16"
+        assert resolve_dtype("float32", "cuda", capability=(7, 5)) == "float32"
+        assert resolve_dtype("bfloat16", "cpu") == "bfloat16"
+
+
+def test_occupancy_follows_the_tightest_resource():
+    # 64 KiB per block on a T4 (64 KiB per SM): one block; 100 registers x 128 threads: 5
+    fat = occupancy(T4, 60 * 1024, 100, 4)
+    assert (fat["blocks_per_sm"], fat["limited_by"]) == (1, "shared memory")
+    # 255 registers x 128 threads = 32,768 (rounded per warp) of 65,536: two blocks
+    regs = occupancy(T4, 1024, 255, 4)
+    assert (regs["blocks_per_sm"], regs["limited_by"]) == (2, "registers")
+    assert regs["occupancy"] == pytest.approx(2 * 128 / 1024)
+
+
+@pytest.mark.skipif(not INTERPRETING, reason="compares through the Triton interpreter on a CPU")
+def test_the_t4_tiles_compute_the_same_attention():
+    """The smaller tiles a T4 gets (16 keys per step for float32 with head_dim 256) are still
+    exact: the interpreter runs them against the torch reference."""
+    torch.manual_seed(0)
+    head_dim, group, num_kv_heads, block_size = 256, 2, 1, 16
+    q_lens, seq_lens = [20, 1], [45, 33]
+    t4 = attention_launch(torch.float32, head_dim, group, max(q_lens), block_size, False, T4)
+    assert t4["BLOCK_N"] < 64
+    blocks = sum(-(-n // block_size) for n in seq_lens)
+    k_cache = torch.randn(blocks, block_size, num_kv_heads, head_dim)
+    v_cache = torch.randn_like(k_cache)
+    order = torch.randperm(blocks).int()
+    tables, start = [], 0
+    for n in seq_lens:
+        need = -(-n // block_size)
+        tables.append(order[start:start + need].tolist() + [0] * (5 - need))
+        start += need
+    q = torch.randn(sum(q_lens), num_kv_heads * group, head_dim)
+    args = (q, k_cache, v_cache, torch.tensor([0, q_lens[0], sum(q_lens)]).int(),
+            torch.tensor(seq_lens).int(), torch.tensor(tables).int(), head_dim ** -0.5,
+            max(q_lens), max(seq_lens))
+    got = paged_attention(*args, limits=T4)
+    torch.testing.assert_close(got, paged_attention_reference(*args), atol=1e-4, rtol=1e-4)
+
+
+def test_the_committed_table_is_the_current_code_and_clean():
+    """The committed matrix covers exactly the launches the code chooses now (in its scope: all
+    of them, or the corners of every dimension), on all seven targets, with no defect: a tile
+    change without re-running the benchmark fails here."""
+    data = json.loads(gpu_compile.RESULTS.read_text())
+    rows = data["rows"]
+    assert not data["quick"]
+    assert gpu_compile.problems(rows) == []
+    committed = {(r["target"], r["kernel"], r["asked"], r["dtype"], r["num_warps"],
+                  r["num_stages"], r.get("head_dim"), r.get("group"), r.get("rows"),
+                  r.get("keys"), r.get("split"), r.get("splits"), r.get("kv_heads"))
+                 for r in rows}
+    now = set()
+    for limits in TARGETS.values():
+        for la in gpu_compile.launches_for(limits, corners=data["corners"]):
+            p = la.params
+            now.add((la.target, la.kernel, la.asked, la.dtype, la.num_warps, la.num_stages,
+                     p.get("head_dim"), p.get("group"), p.get("rows"), p.get("keys"),
+                     p.get("split"), p.get("splits"), p.get("kv_heads")))
+    assert committed == now, ("benchmarks/results/gpu-targets.json is stale: run python -m "
+                              "minicb bench gpu-compile")
+    table = gpu_compile.table_markdown()
+    for limits in TARGETS.values():
+        assert f"| {limits.name} | {limits.key} |" in table
