@@ -127,3 +127,44 @@ def test_target_probs_applies_top_k_like_the_sampler():
     assert torch.allclose(probs.sum(dim=-1), torch.ones(1))
     kept = torch.tensor([4.0, 3.0]).softmax(dim=0)
     assert torch.allclose(probs[0, [1, 2]], kept)
+
+
+# ---------------------------------------------------------------- the shipped draft model
+def test_the_draft_model_shares_the_tokenizer_and_agrees_with_the_default_model():
+    from pathlib import Path
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from minicb.model.default import default_model_path, draft_model_path
+
+    target_dir, draft_dir = Path(default_model_path()), Path(draft_model_path())
+    assert (draft_dir / "tokenizer.json").read_bytes() == (target_dir /
+                                                           "tokenizer.json").read_bytes()
+    tok = AutoTokenizer.from_pretrained(target_dir)
+    target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+    draft = AutoModelForCausalLM.from_pretrained(draft_dir, dtype=torch.float32).eval()
+    assert draft.num_parameters() * 3 < target.num_parameters()
+    assert draft.config.vocab_size == target.config.vocab_size
+    prompt = tok.encode("def read_config(path):\n    \"\"\"Read a config file.\"\"\"\n")
+    with torch.no_grad():
+        out = target.generate(torch.tensor([prompt]), max_new_tokens=48, do_sample=False,
+                              pad_token_id=tok.pad_token_id)[0].tolist()
+        predicted = draft(torch.tensor([out])).logits[0].argmax(dim=-1).tolist()
+    completion = out[len(prompt):]
+    agree = [predicted[len(prompt) - 1 + j] == t for j, t in enumerate(completion)]
+    # a draft that agreed this rarely would slow decoding down instead of speeding it up
+    assert sum(agree) / len(agree) > 0.4, f"draft agreed on {sum(agree)} of {len(agree)} tokens"
+
+
+def test_tokens_per_step_counts_accepted_runs_plus_one():
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    from evaluate_draft_model import ngram_tokens_per_step, tokens_per_step
+
+    # agreement T T F T T T with k = 2: a step takes T T and the target's token, then T T and one
+    assert tokens_per_step([True, True, False, True, True, True], k=2) == 6 / 2
+    assert tokens_per_step([False] * 4, k=4) == 1.0
+    # a completion that repeats the prompt is proposed in full by prompt lookup
+    assert ngram_tokens_per_step([1, 2, 3, 4, 5], [1, 2, 3, 4, 5], k=4) > 1.5

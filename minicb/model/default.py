@@ -11,10 +11,27 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-_ASSET_DIR = Path(__file__).resolve().parents[1] / "assets" / "default_model"
+_ASSETS = Path(__file__).resolve().parents[1] / "assets"
+_ASSET_DIR = _ASSETS / "default_model"
 _REBUILD = (
     "python scripts/train_default_model.py --minutes 40 && python scripts/evaluate_default_model.py"
 )
+_REBUILD_DRAFT = (
+    "python scripts/train_default_model.py --minutes 12 --hidden 128 --layers 2 --heads 2 "
+    "--kv-heads 1 --intermediate 352 --tokenizer minicb/assets/default_model "
+    "--out minicb/assets/draft_model"
+)
+
+
+def _asset_path(folder: Path, what: str, rebuild: str) -> str:
+    needed = ("config.json", "model.safetensors", "tokenizer.json")
+    missing = [name for name in needed if not (folder / name).is_file()]
+    if missing:
+        raise FileNotFoundError(
+            f"minicb's {what} is missing from {folder} (no {', '.join(missing)}). "
+            f"Rebuild it from the repository root with:\n    {rebuild}"
+        )
+    return str(folder)
 
 
 def default_model_path() -> str:
@@ -24,14 +41,13 @@ def default_model_path() -> str:
         FileNotFoundError: the weights or tokenizer are missing; the message says how to rebuild
         them.
     """
-    needed = ("config.json", "model.safetensors", "tokenizer.json")
-    missing = [name for name in needed if not (_ASSET_DIR / name).is_file()]
-    if missing:
-        raise FileNotFoundError(
-            f"minicb's default model is missing from {_ASSET_DIR} (no {', '.join(missing)}). "
-            f"Rebuild it from the repository root with:\n    {_REBUILD}"
-        )
-    return str(_ASSET_DIR)
+    return _asset_path(_ASSET_DIR, "default model", _REBUILD)
+
+
+def draft_model_path() -> str:
+    """Absolute path of the embedded draft model: a smaller model with the default model's
+    tokenizer, for speculative decoding (``assets/draft_model/MODEL_CARD.md``)."""
+    return _asset_path(_ASSETS / "draft_model", "draft model", _REBUILD_DRAFT)
 
 
 def natural_output_lengths() -> list[int]:
