@@ -18,7 +18,8 @@ LOCK       := constraints.txt
 export MPLCONFIGDIR := $(abspath $(VENV))/matplotlib
 CH         ?=
 
-.PHONY: setup lock browser-setup test test-gpu lab demo lint grade env-check guidellm peer-vllm clean
+.PHONY: setup lock browser-setup test test-gpu lab demo lint grade env-check guidellm peer-vllm clean \
+	router-setup cluster schemathesis-setup schemathesis
 
 setup: $(STAMP)
 
@@ -113,6 +114,35 @@ peer-vllm: setup
 	    apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libtcmalloc-minimal4 >/dev/null; \
 	  else echo "note: install tcmalloc (Debian/Ubuntu: libtcmalloc-minimal4) for vLLM's best CPU speed"; fi; fi
 	@scripts/vllm_python -c "import vllm; print('vLLM', vllm.__version__, 'ready in .venv-vllm')"
+
+# Replicas behind a real router (benchmarks/cluster.md): vLLM's router, a Rust binary from the
+# package index, in its own environment (it pins its own fastapi and uvicorn). About a minute, once.
+ROUTER_SPEC ?= vllm-router==0.1.17
+router-setup:
+	@test -x .venv-router/bin/vllm-router || { echo "setup: $(ROUTER_SPEC) in .venv-router"; \
+	  $(PYTHON) -m venv .venv-router && .venv-router/bin/pip install --quiet $(ROUTER_SPEC); }
+
+# make cluster REPLICAS=2 POLICY=cache_aware PORT=8000: replicas on 127.0.0.1, one URL; Ctrl-C stops all
+REPLICAS ?= 2
+POLICY   ?= cache_aware
+PORT     ?= 8000
+cluster: setup router-setup
+	$(BIN)/python -m minicb cluster --replicas $(REPLICAS) --policy $(POLICY) --port $(PORT) \
+	  -- --enable-prefix-caching
+
+# The OpenAPI document against the server, every schemathesis check (tests/schemathesis_hooks.py
+# leaves out the positive cases a schema cannot rule out: prompts beyond the context)
+SCHEMATHESIS_SPEC ?= schemathesis==4.32.5
+EXAMPLES ?= 100
+schemathesis-setup:
+	@test -x .venv-schemathesis/bin/st || { echo "setup: $(SCHEMATHESIS_SPEC) in .venv-schemathesis"; \
+	  $(PYTHON) -m venv .venv-schemathesis && .venv-schemathesis/bin/pip install --quiet $(SCHEMATHESIS_SPEC); }
+schemathesis: setup schemathesis-setup
+	@$(BIN)/python -m minicb serve --port 8767 --served-model-name minicb --max-num-seqs 8 --log-level error & \
+	  server=$$!; trap "kill $$server" EXIT; \
+	  until curl -sf http://127.0.0.1:8767/health >/dev/null; do sleep 1; done; \
+	  PYTHONPATH=tests SCHEMATHESIS_HOOKS=schemathesis_hooks .venv-schemathesis/bin/st run \
+	    http://127.0.0.1:8767/openapi.json --checks all --max-examples $(EXAMPLES) --request-timeout 60
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -63,6 +63,9 @@ class ParsedRequest:
 # the most samples (`n`) one request may ask for: each is a sequence in the batch, holding a slot
 # and KV blocks of its own once it has diverged from the shared prompt
 MAX_N = 16
+# the largest seed: JSON numbers above 2**53 lose precision in many clients (JavaScript's, or any
+# that reads numbers as doubles), so a bigger seed might not be the one the client meant
+MAX_SEED = 2**53 - 1
 CHAT_ROLES = ("system", "user", "assistant")
 
 # (JSON field, allowed Python types, what to call it in an error)
@@ -71,10 +74,23 @@ _SAMPLING_FIELDS = {"max_tokens": _INT, "max_completion_tokens": _INT, "temperat
                     "top_p": _NUMBER, "top_k": _INT, "seed": _INT, "n": _INT}
 
 
+def _integral(value):
+    """JSON has one number type: 4.0 is an integer to JSON Schema, so to this server too."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+def _integers(values):
+    return [_integral(v) for v in values] if isinstance(values, list) else values
+
+
 def _field(body: dict, name: str, types: tuple[type, ...], kind: str, default=None):
     value = body.get(name)
     if value is None:
         return default
+    if types == (int,):
+        value = _integral(value)
     if not isinstance(value, types) or isinstance(value, bool) and bool not in types:
         raise APIError(f"'{name}' must be {kind} (got {value!r}).", param=name)
     return value
@@ -89,6 +105,10 @@ def _sampling(body: dict, max_model_len: int,
               default_max_tokens: int) -> tuple[SamplingParams, bool]:
     values = {name: _field(body, name, *spec) for name, spec in _SAMPLING_FIELDS.items()}
     n = 1 if values["n"] is None else values["n"]
+    if values["seed"] is not None and not 0 <= values["seed"] <= MAX_SEED:
+        raise APIError(f"'seed' must be an integer from 0 to {MAX_SEED} (2**53 - 1, the largest "
+                       f"integer every JSON client reads exactly); got {values['seed']}.",
+                       param="seed")
     if n < 1:
         raise APIError(f"'n' must be at least 1 (got {n}): it is how many completions to generate.",
                        param="n")
@@ -118,7 +138,7 @@ def _sampling(body: dict, max_model_len: int,
     if isinstance(stop, str) and len(stop) > MAX_STOP_CHARS:
         raise APIError(f"'stop' may be at most {MAX_STOP_CHARS} characters (got {len(stop)}).",
                        param="stop")
-    stop_token_ids = body.get("stop_token_ids")
+    stop_token_ids = _integers(body.get("stop_token_ids"))
     if stop_token_ids is not None and not (stop_token_ids == [] or _is_token_ids(stop_token_ids)):
         raise APIError(f"'stop_token_ids' must be a list of integers (got {stop_token_ids!r}).",
                        param="stop_token_ids")
@@ -193,7 +213,7 @@ def _check_fields(body: dict, chat: bool) -> list[str]:
     """Refuse what cannot be honoured; return the names of unknown fields (to be logged)."""
     unknown = []
     for name, value in body.items():
-        if name == "echo" and chat and value not in (None, False):
+        if name == "echo" and chat and not (value is None or value is False):
             raise APIError("'echo' is for POST /v1/completions; a chat answer cannot echo its "
                            "messages. Leave it out or send false.", param="echo",
                            code="unsupported_parameter")
@@ -219,7 +239,7 @@ def _check_fields(body: dict, chat: bool) -> list[str]:
 
 def _options(body: dict, prompt, params: SamplingParams, require_fit: bool) -> ParsedRequest:
     stream = _field(body, "stream", (bool,), "true or false", False)
-    options = body.get("stream_options") or {}
+    options = {} if body.get("stream_options") is None else body["stream_options"]
     if not isinstance(options, dict) or set(options) - {"include_usage", "continuous_usage_stats"}:
         raise APIError("'stream_options' must be an object with at most 'include_usage' and "
                        "'continuous_usage_stats'.",
@@ -238,10 +258,10 @@ def parse_completion(body: dict, model_name: str, max_model_len: int) -> ParsedR
     """POST /v1/completions: prompt as a string or token ids (or a list holding one of those)."""
     _check_model(body, model_name)
     _check_fields(body, chat=False)
-    prompt = body.get("prompt")
+    prompt = _integers(body.get("prompt"))
     one = isinstance(prompt, list) and len(prompt) == 1
-    if one and (isinstance(prompt[0], str) or _is_token_ids(prompt[0])):
-        prompt = prompt[0]
+    if one and (isinstance(prompt[0], str) or _is_token_ids(_integers(prompt[0]))):
+        prompt = _integers(prompt[0])
     if prompt is None:
         raise APIError("'prompt' is required: a string or a list of token ids.", param="prompt")
     if not (isinstance(prompt, str) or _is_token_ids(prompt)):
@@ -369,7 +389,7 @@ def request_schemas(max_model_len: int, vocab_size: int, priority: bool) -> tupl
         "temperature": {"type": "number", "minimum": 0, "maximum": MAX_TEMPERATURE},
         "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
         "top_k": {"anyOf": [_const(-1), {"type": "integer", "minimum": 1}]},
-        "seed": {"type": "integer", "minimum": 0, "maximum": 2**63 - 1},
+        "seed": {"type": "integer", "minimum": 0, "maximum": MAX_SEED},
         "n": {"type": "integer", "minimum": 1, "maximum": MAX_N},
         "stop": {"anyOf": [{"type": "string", "minLength": 1, "maxLength": MAX_STOP_CHARS},
                            {"type": "array", "maxItems": MAX_STOP_LIST, "items": {

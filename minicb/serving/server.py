@@ -200,7 +200,9 @@ def build_app(model: str | None = None, *, engine: AsyncLLMEngine | None = None,
               500: "the engine failed", 503: "too many requests waiting (with Retry-After)"}
     answer = {"description": "the completion: JSON, or server-sent events when stream is true",
               "content": {"application/json": {"schema": {"type": "object"}},
-                          "text/event-stream": {"schema": {"type": "string"}}}}
+                          # each event: its data is a JSON chunk, the last one "[DONE]"
+                          "text/event-stream": {"schema": {
+                              "type": "object", "properties": {"data": {"type": "string"}}}}}}
 
     def documented(schema: dict) -> dict:
         extra = openapi_body(schema, errors)
