@@ -41,6 +41,10 @@ import httpx
 
 ROUTER_SPEC = "vllm-router==0.1.17"
 ROUTER_VENV = ".venv-router"
+# the routers this launcher can start: executable, its subcommand, its name for "warning", and
+# where `make router-setup` (ROUTER=sglang) installs it
+ROUTERS = {"vllm": ("vllm-router", [], "warning", ROUTER_VENV),
+           "sglang": ("sglang-router", ["launch"], "warn", ".venv-router-sglang")}
 POLICIES = ("round_robin", "power_of_two", "cache_aware", "random", "consistent_hash")
 REPO = Path(__file__).resolve().parents[2]
 
@@ -52,10 +56,12 @@ def free_port(host: str = "127.0.0.1") -> int:
         return probe.getsockname()[1]
 
 
-def router_executable() -> str | None:
-    """vllm-router: $MINICB_ROUTER, else the repository's .venv-router, else on PATH."""
-    candidates = [os.environ.get("MINICB_ROUTER"), str(REPO / ROUTER_VENV / "bin" / "vllm-router"),
-                  shutil.which("vllm-router")]
+def router_executable(kind: str = "vllm") -> str | None:
+    """The router's executable: $MINICB_ROUTER, else the repository's environment for it (made
+    by `make router-setup`), else on PATH."""
+    name, _, _, venv = ROUTERS[kind]
+    candidates = [os.environ.get("MINICB_ROUTER"), str(REPO / venv / "bin" / name),
+                  shutil.which(name)]
     return next((c for c in candidates if c and os.access(c, os.X_OK)), None)
 
 
@@ -94,7 +100,8 @@ class Cluster:
     port: int = 0                         # the router's; 0 picks a free one
     serve_args: list[str] = field(default_factory=list)
     served_model_name: str = "minicb"
-    router: str | None = None             # the vllm-router executable (default: router_executable)
+    router: str | None = None             # the router's executable (default: router_executable)
+    router_kind: str = "vllm"             # "vllm" (vllm-router) or "sglang" (sglang-router)
     router_args: list[str] = field(default_factory=list)
     health_check_interval: int = 1        # seconds between the router's health checks
     pin: bool = True                      # pin each replica to its own cores
@@ -106,6 +113,8 @@ class Cluster:
     def __post_init__(self) -> None:
         if self.replicas < 1:
             raise ValueError(f"replicas must be at least 1 (got {self.replicas}).")
+        if self.router_kind not in ROUTERS:
+            raise ValueError(f"unknown router {self.router_kind!r}; choose one of {list(ROUTERS)}.")
         if self.policy not in POLICIES:
             raise ValueError(f"unknown policy {self.policy!r}; choose one of {POLICIES}.")
         if self.policy == "power_of_two" and self.replicas < 2:
@@ -137,11 +146,12 @@ class Cluster:
         return Process(name, popen, url, log)
 
     def start(self) -> Cluster:
-        router = self.router or router_executable()
+        router = self.router or router_executable(self.router_kind)
         if router is None:
-            raise RuntimeError("vllm-router is not installed: run `make router-setup` (it installs "
-                               f"{ROUTER_SPEC} into {ROUTER_VENV}), or set MINICB_ROUTER to its "
-                               "executable.")
+            name, _, _, venv = ROUTERS[self.router_kind]
+            raise RuntimeError(f"{name} is not installed: run `make router-setup` (it installs "
+                               f"{ROUTER_SPEC} into {venv}; ROUTER=sglang for sglang-router), "
+                               "or set MINICB_ROUTER to its executable.")
         try:
             self._start_replicas()
             self._start_router(router)
@@ -173,11 +183,13 @@ class Cluster:
             except OSError:
                 raise RuntimeError(f"{self.host}:{port} is taken; give the router another --port."
                                    ) from None
-        command = [router, "--host", self.host, "--port", str(port), "--policy", self.policy,
+        _, subcommand, warning, _ = ROUTERS[self.router_kind]
+        command = [router, *subcommand, "--host", self.host, "--port", str(port),
+                   "--policy", self.policy,
                    "--worker-urls", *self.replica_urls,
                    "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()),
                    "--health-check-interval-secs", str(self.health_check_interval),
-                   "--log-level", "warning", *self.router_args]
+                   "--log-level", warning, *self.router_args]
         host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
         self.router_process = self._spawn("router", command, f"http://{host}:{port}")
         wait_healthy(self.router_process, "/v1/models", time.monotonic() + 60)
