@@ -19,7 +19,7 @@ export MPLCONFIGDIR := $(abspath $(VENV))/matplotlib
 CH         ?=
 
 .PHONY: setup lock browser-setup test test-gpu lab demo lint grade env-check guidellm peer-vllm clean \
-	router-setup cluster schemathesis-setup schemathesis
+	router-setup cluster schemathesis-setup schemathesis guidellm-cluster
 
 setup: $(STAMP)
 
@@ -96,6 +96,17 @@ guidellm: setup
 	    --output kind=json,path=benchmarks/results/guidellm-completions.json && \
 	  $(GUIDELLM_RUN) --backend kind=openai_http,target=http://127.0.0.1:8765,model=minicb,request_format=/v1/chat/completions \
 	    --output kind=json,path=benchmarks/results/guidellm-chat.json
+
+# The same through the cluster's one URL (two replicas behind vllm-router, cache_aware)
+guidellm-cluster: setup router-setup
+	@test -x $(GUIDELLM) || ($(PYTHON) -m venv .venv-guidellm && .venv-guidellm/bin/pip install --quiet $(TORCH_SPEC) \
+	  && .venv-guidellm/bin/pip install --quiet guidellm)
+	@log=$$(mktemp); $(BIN)/python -m minicb cluster --replicas 2 --policy cache_aware --port 8766 -- \
+	  --max-num-seqs 16 --enable-prefix-caching > $$log 2>&1 & cluster=$$!; \
+	  trap "kill $$cluster; wait $$cluster; rm -f $$log" EXIT; \
+	  until grep -q '^http://' $$log; do sleep 1; kill -0 $$cluster || exit 1; done; \
+	  $(GUIDELLM_RUN) --backend kind=openai_http,target=http://127.0.0.1:8766,model=minicb,request_format=/v1/completions \
+	    --output kind=json,path=benchmarks/results/guidellm-cluster.json
 
 # vLLM's CPU build as a measured peer (benchmarks/vllm.md), in its own environment: it pins its own
 # torch, and its torchvision (a CUDA build), torchaudio and torchcodec do not load on a CPU-only

@@ -34,16 +34,26 @@ from minicb.serving.cluster import Cluster, scrape
 from minicb.serving.loadgen import BenchConfig, benchmark
 from minicb.viz.base import new_figure
 
-POLICIES = ("round_robin", "power_of_two", "cache_aware")
+# the router's policies, and cache_aware with its load-balance trigger scaled to these replicas:
+# the router's default (64 requests more in flight than the least loaded replica) is sized for
+# GPU batches of hundreds and never fires at 8 sequences per replica
+POLICIES = ("round_robin", "power_of_two", "cache_aware", "cache_aware:balance=4")
 SERVED = "minicb_request_success_total"
 QUERIES, HITS = "minicb_prefix_cache_queries_total", "minicb_prefix_cache_hits_total"
 
 
 @dataclass
 class RoutingConfig:
-    num_prompts: int = 96
-    request_rate: float = 6.0             # requests per second offered (Poisson)
-    max_num_seqs: int = 16
+    num_prompts: int = 160
+    request_rate: float = 8.0             # requests per second offered (Poisson)
+    max_num_seqs: int = 8
+    # each replica's KV pool (8,960 tokens): room for half the chats' histories (about 6,300
+    # tokens) but not for all of them (about 12,600), so a replica that sees every chat (round
+    # robin) evicts what one that sees half of them (prefix affinity) keeps
+    num_kv_blocks: int = 560
+    # the prefix-heavy workload: 32 chats of 5 turns under 8 system prompts
+    workload_options: dict = field(default_factory=lambda: {
+        "systems": 8, "turns": 5, "system_len": 64, "user_len": 32, "answer_len": 32})
     seed: int = 0
     policies: tuple[str, ...] = POLICIES
     kill_after: float = 0.5               # the failure drill kills a replica this far into the run
@@ -70,13 +80,18 @@ def _replica_counts(cluster: Cluster) -> list[dict[str, float]]:
 def _load_config(config: RoutingConfig, url: str) -> BenchConfig:
     return BenchConfig(base_url=url, model="minicb", num_prompts=config.num_prompts,
                        request_rate=config.request_rate, workload="prefix-heavy",
+                       workload_options=dict(config.workload_options),
                        ignore_eos=True, temperature=0.0, seed=config.seed, disable_tqdm=True)
 
 
 def _cluster(config: RoutingConfig, replicas: int, policy: str, log_dir: Path | None) -> Cluster:
-    return Cluster(replicas=replicas, policy=policy,
+    """`policy` is the router's name, optionally with ":balance=N" (cache_aware's trigger)."""
+    name, _, balance = policy.partition(":balance=")
+    router_args = ["--balance-abs-threshold", balance] if balance else []
+    return Cluster(replicas=replicas, policy=name, router_args=router_args,
                    serve_args=["--enable-prefix-caching", "--max-num-seqs",
-                               str(config.max_num_seqs), *config.serve_args],
+                               str(config.max_num_seqs), "--num-kv-blocks",
+                               str(config.num_kv_blocks), *config.serve_args],
                    log_dir=log_dir)
 
 
@@ -189,11 +204,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--num-prompts", type=int, default=RoutingConfig.num_prompts)
     parser.add_argument("--request-rate", type=float, default=RoutingConfig.request_rate)
     parser.add_argument("--max-num-seqs", type=int, default=RoutingConfig.max_num_seqs)
+    parser.add_argument("--num-kv-blocks", type=int, default=RoutingConfig.num_kv_blocks,
+                        help="each replica's KV pool, in blocks of 16 tokens")
     parser.add_argument("--out-dir", default="benchmarks/results")
     parser.add_argument("--log-dir", default=None, help="the replicas' and router's output")
     args = parser.parse_args(argv)
     config = RoutingConfig(num_prompts=args.num_prompts, request_rate=args.request_rate,
-                           max_num_seqs=args.max_num_seqs)
+                           max_num_seqs=args.max_num_seqs, num_kv_blocks=args.num_kv_blocks)
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     log_dir = Path(args.log_dir) if args.log_dir else None

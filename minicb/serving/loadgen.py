@@ -57,6 +57,7 @@ class BenchConfig:
     max_concurrency: int | None = None
     # "random" (input/output lengths below) or SIZED_WORKLOADS
     workload: str = "random"
+    workload_options: dict = field(default_factory=dict)   # the sized workload's own knobs
     input_len: int = 64
     output_len: int = 64
     range_ratio: float = 0.0                # random lengths in [len·(1−r), len·(1+r)]
@@ -95,7 +96,8 @@ class RequestResult:
 
 def make_workload(config: BenchConfig) -> Workload:
     if config.workload != "random":
-        return get_workload(config.workload, n=config.num_prompts, seed=config.seed)
+        return get_workload(config.workload, n=config.num_prompts, seed=config.seed,
+                            **config.workload_options)
 
     def lengths(mean: int, seed: int) -> list[int]:
         low, high = max(1, int(mean * (1 - config.range_ratio))), int(
