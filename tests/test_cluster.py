@@ -120,7 +120,8 @@ def test_when_a_replica_dies_the_router_stops_sending_it_requests(router):
         assert router_health.status_code == 503 and c.replica_urls[1] in router_health.text
 
 
-def test_sigterm_to_the_launcher_stops_every_process_it_started(router, tmp_path):
+def _launch(router: str) -> tuple[subprocess.Popen, str, list[str]]:
+    """`python -m minicb cluster` in a subprocess: the launcher, its URL, its replicas' URLs."""
     env = {**os.environ, "MINICB_ROUTER": router}
     launcher = subprocess.Popen(
         [sys.executable, "-m", "minicb", "cluster", "--replicas", "2", "--policy", "power_of_two",
@@ -134,9 +135,36 @@ def test_sigterm_to_the_launcher_stops_every_process_it_started(router, tmp_path
     url = lines[-1].strip()
     replicas = [line.split(": ")[1].split()[0] for line in lines if line.startswith("replica")]
     assert len(replicas) == 2 and url.startswith("http://127.0.0.1:")
+    return launcher, url, replicas
+
+
+def _ports(url: str, replicas: list[str]) -> list[str]:
+    return [u.rsplit(":", 1)[1] for u in replicas] + [url.split(":")[2].split("/")[0]]
+
+
+def _closed(ports: list[str], within: float) -> bool:
+    """Whether every port stops answering within `within` seconds."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if all(_refuses(port) for port in ports):
+            return True
+        time.sleep(0.5)
+    return False
+
+
+def _refuses(port: str) -> bool:
+    try:
+        httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)
+    except httpx.ConnectError:
+        return True
+    return False
+
+
+def test_sigterm_to_the_launcher_stops_every_process_it_started(router):
+    launcher, url, replicas = _launch(router)
     client = openai.OpenAI(base_url=url, api_key="none")
     assert client.completions.create(model="minicb", prompt="hi", max_tokens=2).choices
-    ports = [u.rsplit(":", 1)[1] for u in replicas] + [url.split(":")[2].split("/")[0]]
+    ports = _ports(url, replicas)
     launcher.send_signal(signal.SIGTERM)
     assert launcher.wait(60) == 0
     for port in ports:
@@ -153,3 +181,10 @@ def _cmdline(proc: Path) -> str:
         return (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
     except OSError:
         return ""
+
+
+def test_a_launcher_killed_outright_takes_its_replicas_and_router_with_it(router):
+    launcher, url, replicas = _launch(router)
+    launcher.kill()                      # SIGKILL: no handler runs, the children must notice
+    launcher.wait(10)
+    assert _closed(_ports(url, replicas), within=30), "a replica or the router outlived it"

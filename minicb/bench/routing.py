@@ -217,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     record = {"machine": machine_line(), "config": asdict(config),
               "load_average_before": os.getloadavg()}
     rows = []
-    if args.study in ("all", "scale"):
+    if args.study in ("all", "scale", "policies"):      # one replica: the baseline
         rows.append(run_once(config, 1, "round_robin", log_dir))
         print(json.dumps({k: v for k, v in rows[-1].items() if k != "per_replica"}), flush=True)
     if args.study in ("all", "scale", "policies"):

@@ -27,6 +27,7 @@ The routing policies are the router's own (`--policy`):
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
 import shutil
 import signal
@@ -136,7 +137,12 @@ class Cluster:
             Path(self.log_dir).mkdir(parents=True, exist_ok=True)
             log = Path(self.log_dir) / f"{name}.log"
         out = open(log, "ab") if log else subprocess.DEVNULL
-        preexec = (lambda: os.sched_setaffinity(0, cores)) if cores else None
+
+        def preexec() -> None:
+            _die_with_parent()
+            if cores:
+                os.sched_setaffinity(0, cores)
+
         # a session of its own: a Ctrl-C in the terminal reaches the launcher only, which then
         # stops the router first and the replicas after it
         popen = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env,
@@ -224,6 +230,15 @@ class Cluster:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def _die_with_parent() -> None:
+    """Linux: a child gets SIGTERM when the process that started it dies, even by SIGKILL, so a
+    launcher killed outright leaves no replica or router behind."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)   # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 def wait_healthy(process: Process, path: str, deadline: float) -> None:
