@@ -128,10 +128,13 @@ peer-vllm: setup
 
 # Replicas behind a real router (benchmarks/cluster.md): vLLM's router, a Rust binary from the
 # package index, in its own environment (it pins its own fastapi and uvicorn). About a minute, once.
-ROUTER_SPEC ?= vllm-router==0.1.17
+# ROUTER=sglang installs sglang-router instead (python -m minicb cluster --router-kind sglang).
+ROUTER      ?= vllm
+ROUTER_SPEC ?= $(if $(filter sglang,$(ROUTER)),sglang-router==0.3.2,vllm-router==0.1.17)
+ROUTER_ENV  := $(if $(filter sglang,$(ROUTER)),.venv-router-sglang,.venv-router)
 router-setup:
-	@test -x .venv-router/bin/vllm-router || { echo "setup: $(ROUTER_SPEC) in .venv-router"; \
-	  $(PYTHON) -m venv .venv-router && .venv-router/bin/pip install --quiet $(ROUTER_SPEC); }
+	@test -x $(ROUTER_ENV)/bin/$(ROUTER)-router || { echo "setup: $(ROUTER_SPEC) in $(ROUTER_ENV)"; \
+	  $(PYTHON) -m venv $(ROUTER_ENV) && $(ROUTER_ENV)/bin/pip install --quiet $(ROUTER_SPEC); }
 
 # make cluster REPLICAS=2 POLICY=cache_aware PORT=8000: replicas on 127.0.0.1, one URL; Ctrl-C stops all
 REPLICAS ?= 2
@@ -139,7 +142,7 @@ POLICY   ?= cache_aware
 PORT     ?= 8000
 cluster: setup router-setup
 	$(BIN)/python -m minicb cluster --replicas $(REPLICAS) --policy $(POLICY) --port $(PORT) \
-	  -- --enable-prefix-caching
+	  --router-kind $(ROUTER) -- --enable-prefix-caching
 
 # The OpenAPI document against the server, every schemathesis check (tests/schemathesis_hooks.py
 # leaves out the positive cases a schema cannot rule out: prompts beyond the context)

@@ -278,8 +278,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--host", default="127.0.0.1", help="where the router listens")
     parser.add_argument("--port", type=int, default=8000, help="the router's port")
     parser.add_argument("--served-model-name", default="minicb")
+    parser.add_argument("--router-kind", choices=list(ROUTERS), default="vllm",
+                        help="vllm (vllm-router, default) or sglang (sglang-router)")
     parser.add_argument("--router", default=None,
-                        help="the vllm-router executable (default: .venv-router's, or PATH's)")
+                        help="the router's executable (default: the one `make router-setup` "
+                             "installed, or PATH's)")
     parser.add_argument("--no-pin", action="store_true",
                         help="leave the replicas unpinned (the OS places their threads)")
     parser.add_argument("--log-dir", default=None, help="each process's output goes here")
@@ -294,7 +297,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(own)
     try:
         cluster = Cluster(args.replicas, args.policy, args.host, args.port, serve_args,
-                          args.served_model_name, args.router, pin=not args.no_pin,
+                          args.served_model_name, args.router, router_kind=args.router_kind,
+                          pin=not args.no_pin,
                           log_dir=Path(args.log_dir) if args.log_dir else None)
     except ValueError as error:
         parser.error(str(error))
@@ -308,7 +312,8 @@ def main(argv: list[str] | None = None) -> int:
         for process, cores in zip(cluster.processes, core_sets(args.replicas)):
             where = f" on cores {cores}" if not args.no_pin else ""
             print(f"replica {process.name}: {process.url}{where}", flush=True)
-        print(f"router (vllm-router, policy {args.policy}) ready; one URL for clients:", flush=True)
+        name = ROUTERS[args.router_kind][0]
+        print(f"router ({name}, policy {args.policy}) ready; one URL for clients:", flush=True)
         print(f"{cluster.url}/v1", flush=True)
         while cluster.router_process.alive:
             time.sleep(0.5)
