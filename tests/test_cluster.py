@@ -188,3 +188,28 @@ def test_a_launcher_killed_outright_takes_its_replicas_and_router_with_it(router
     launcher.kill()                      # SIGKILL: no handler runs, the children must notice
     launcher.wait(10)
     assert _closed(_ports(url, replicas), within=30), "a replica or the router outlived it"
+
+
+def test_the_prefix_heavy_workload_repeats_each_chats_last_turn_and_is_seeded():
+    from minicb.serving.loadgen import PROMPT_WORDS
+    from minicb.workload import get_workload, prefix_texts
+
+    workload = get_workload("prefix-heavy", n=24, seed=3, systems=2, turns=3)
+    prompts = prefix_texts(workload, PROMPT_WORDS)
+    assert prompts == prefix_texts(get_workload("prefix-heavy", n=24, seed=3, systems=2, turns=3),
+                                   PROMPT_WORDS)
+    assert prompts != prefix_texts(get_workload("prefix-heavy", n=24, seed=4, systems=2, turns=3),
+                                   PROMPT_WORDS)
+    last: dict[int, tuple[int, str]] = {}
+    systems = {}
+    for (system, chat, turn), prompt in zip(workload.extra["turns"], prompts):
+        if chat in last:
+            previous_turn, previous = last[chat]
+            assert turn == previous_turn + 1          # a chat's turns go out in order
+            assert prompt.startswith(previous.removesuffix("\nassistant:"))
+        else:
+            assert turn == 1
+        head = prompt.split("\nuser:")[0]
+        assert systems.setdefault(system, head) == head      # one system prompt per system
+        last[chat] = (turn, prompt)
+    assert len(systems) == 2 and len(last) == 8
