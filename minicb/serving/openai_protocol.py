@@ -233,7 +233,10 @@ def _check_fields(body: dict, chat: bool) -> list[str]:
                            param=name, code="unsupported_parameter")
         unknown.append(name)
     if unknown:
-        log.warning("ignored fields this server does not know: %s", ", ".join(sorted(unknown)))
+        # the names come from the client: quoted and cut, so one cannot forge log lines
+        names = ", ".join(repr(name[:40]) for name in sorted(unknown)[:10])
+        more = f" and {len(unknown) - 10} more" if len(unknown) > 10 else ""
+        log.warning("ignored fields this server does not know: %s%s", names, more)
     return unknown
 
 
