@@ -21,7 +21,7 @@ export MPLCONFIGDIR := $(abspath $(VENV))/matplotlib
 CH         ?=
 
 .PHONY: setup lock browser-setup test test-gpu lab demo lint grade env-check guidellm peer-vllm clean \
-	book notebooks
+	book notebooks router-setup cluster schemathesis-setup schemathesis guidellm-cluster
 
 setup: $(STAMP)
 
@@ -111,6 +111,17 @@ guidellm: setup
 	  $(GUIDELLM_RUN) --backend kind=openai_http,target=http://127.0.0.1:8765,model=minicb,request_format=/v1/chat/completions \
 	    --output kind=json,path=benchmarks/results/guidellm-chat.json
 
+# The same through the cluster's one URL (two replicas behind vllm-router, cache_aware)
+guidellm-cluster: setup router-setup
+	@test -x $(GUIDELLM) || ($(PYTHON) -m venv .venv-guidellm && .venv-guidellm/bin/pip install --quiet $(TORCH_SPEC) \
+	  && .venv-guidellm/bin/pip install --quiet guidellm)
+	@log=$$(mktemp); $(BIN)/python -m minicb cluster --replicas 2 --policy cache_aware --port 8766 -- \
+	  --max-num-seqs 16 --enable-prefix-caching > $$log 2>&1 & cluster=$$!; \
+	  trap "kill $$cluster; wait $$cluster; rm -f $$log" EXIT; \
+	  until grep -q '^http://' $$log; do sleep 1; kill -0 $$cluster || exit 1; done; \
+	  $(GUIDELLM_RUN) --backend kind=openai_http,target=http://127.0.0.1:8766,model=minicb,request_format=/v1/completions \
+	    --output kind=json,path=benchmarks/results/guidellm-cluster.json
+
 # vLLM's CPU build as a measured peer (benchmarks/vllm.md), in its own environment: it pins its own
 # torch, and its torchvision (a CUDA build), torchaudio and torchcodec do not load on a CPU-only
 # machine, so they are removed. vLLM's CPU docs ask for tcmalloc (installed here as root with
@@ -128,6 +139,38 @@ peer-vllm: setup
 	    apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libtcmalloc-minimal4 >/dev/null; \
 	  else echo "note: install tcmalloc (Debian/Ubuntu: libtcmalloc-minimal4) for vLLM's best CPU speed"; fi; fi
 	@scripts/vllm_python -c "import vllm; print('vLLM', vllm.__version__, 'ready in .venv-vllm')"
+
+# Replicas behind a real router (benchmarks/cluster.md): vLLM's router, a Rust binary from the
+# package index, in its own environment (it pins its own fastapi and uvicorn). About a minute, once.
+# ROUTER=sglang installs sglang-router instead (python -m minicb cluster --router-kind sglang).
+ROUTER      ?= vllm
+ROUTER_SPEC ?= $(if $(filter sglang,$(ROUTER)),sglang-router==0.3.2,vllm-router==0.1.17)
+ROUTER_ENV  := $(if $(filter sglang,$(ROUTER)),.venv-router-sglang,.venv-router)
+router-setup:
+	@test -x $(ROUTER_ENV)/bin/$(ROUTER)-router || { echo "setup: $(ROUTER_SPEC) in $(ROUTER_ENV)"; \
+	  $(PYTHON) -m venv $(ROUTER_ENV) && $(ROUTER_ENV)/bin/pip install --quiet $(ROUTER_SPEC); }
+
+# make cluster REPLICAS=2 POLICY=cache_aware PORT=8000: replicas on 127.0.0.1, one URL; Ctrl-C stops all
+REPLICAS ?= 2
+POLICY   ?= cache_aware
+PORT     ?= 8000
+cluster: setup router-setup
+	$(BIN)/python -m minicb cluster --replicas $(REPLICAS) --policy $(POLICY) --port $(PORT) \
+	  --router-kind $(ROUTER) -- --enable-prefix-caching
+
+# The OpenAPI document against the server, every schemathesis check (tests/schemathesis_hooks.py
+# leaves out the positive cases a schema cannot rule out: prompts beyond the context)
+SCHEMATHESIS_SPEC ?= schemathesis==4.32.5
+EXAMPLES ?= 100
+schemathesis-setup:
+	@test -x .venv-schemathesis/bin/st || { echo "setup: $(SCHEMATHESIS_SPEC) in .venv-schemathesis"; \
+	  $(PYTHON) -m venv .venv-schemathesis && .venv-schemathesis/bin/pip install --quiet $(SCHEMATHESIS_SPEC); }
+schemathesis: setup schemathesis-setup
+	@$(BIN)/python -m minicb serve --port 8767 --served-model-name minicb --max-num-seqs 8 --log-level error & \
+	  server=$$!; trap "kill $$server" EXIT; \
+	  until curl -sf http://127.0.0.1:8767/health >/dev/null; do sleep 1; done; \
+	  PYTHONPATH=tests SCHEMATHESIS_HOOKS=schemathesis_hooks .venv-schemathesis/bin/st run \
+	    http://127.0.0.1:8767/openapi.json --checks all --max-examples $(EXAMPLES) --request-timeout 60
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -9,6 +9,7 @@ import sys
 # name -> (module with main(argv), one line of help)
 COMMANDS = {
     "serve": ("minicb.serving.server", "an OpenAI-compatible HTTP server"),
+    "cluster": ("minicb.serving.cluster", "N serve replicas behind vllm-router, one URL"),
     "bench": ("minicb.bench",
               "benchmarks: offline, serve, load-study, kernels, memory, overhead, policies, "
               "prefix"),

@@ -124,8 +124,64 @@ def mixed(n: int = 32, seed: int = 0) -> Workload:
                  "prompts 8-96, outputs long-tailed 4-96")
 
 
+def prefix_heavy(n: int = 96, seed: int = 0, systems: int = 4, turns: int = 4,
+                 system_len: int = 160, user_len: int = 24, answer_len: int = 24) -> Workload:
+    """Multi-turn chats under shared system prompts: where routing by prefix pays.
+
+    n // turns conversations, each under one of `systems` system prompts (of `system_len`
+    tokens); turn t's prompt is the system prompt, then t user messages (`user_len` each) with
+    the t - 1 answers between them (`answer_len` each), so it repeats turn t - 1's prompt and
+    adds one answer and one message. Requests go out round by round (every conversation's turn 1,
+    in a seeded order, then every turn 2, ...), so a conversation's next turn arrives after its
+    last one. `extra["turns"]` holds (system, conversation, turn) per request; `prefix_texts`
+    turns it into text prompts.
+    """
+    rng = np.random.default_rng(seed)
+    conversations = max(1, n // turns)
+    system_of = rng.integers(0, systems, conversations)
+    order, requests = [], []
+    for turn in range(1, turns + 1):
+        for conversation in rng.permutation(conversations):
+            order.append((int(system_of[conversation]), int(conversation), turn))
+            prompt_len = system_len + turn * user_len + (turn - 1) * answer_len
+            requests.append(WorkloadRequest(prompt_len, answer_len))
+    extra = {"turns": order, "system_len": system_len, "user_len": user_len,
+             "answer_len": answer_len, "seed": seed}
+    return Workload("prefix-heavy", requests,
+                    f"{conversations} chats of {turns} turns under {systems} system prompts of "
+                    f"{system_len} tokens; messages {user_len}, answers {answer_len}",
+                    extra=extra)
+
+
+def prefix_texts(workload: Workload, words: tuple[str, ...]) -> list[str]:
+    """The text prompts of a prefix-heavy workload, from seeded words (about a token each)."""
+    extra = workload.extra
+    rng = np.random.default_rng(extra["seed"] + 1)
+    systems: dict[int, str] = {}
+    messages: dict[tuple[int, int], str] = {}
+    answers: dict[tuple[int, int], str] = {}
+
+    def words_of(count: int) -> str:
+        return " ".join(rng.choice(words, count))
+
+    prompts = []
+    for system, conversation, turn in extra["turns"]:
+        if system not in systems:
+            systems[system] = "system: " + words_of(extra["system_len"])
+        parts = [systems[system]]
+        for t in range(1, turn + 1):
+            if (conversation, t) not in messages:
+                messages[conversation, t] = "\nuser: " + words_of(extra["user_len"])
+                answers[conversation, t] = "\nassistant: " + words_of(extra["answer_len"])
+            parts.append(messages[conversation, t])
+            if t < turn:
+                parts.append(answers[conversation, t])
+        prompts.append("".join(parts) + "\nassistant:")
+    return prompts
+
+
 WORKLOADS = {"seed-example": seed_example, "three-answers": three_answers, "chat": chat,
-             "long-tail": long_tail, "mixed": mixed}
+             "long-tail": long_tail, "mixed": mixed, "prefix-heavy": prefix_heavy}
 
 
 def get_workload(name: str, **kwargs) -> Workload:

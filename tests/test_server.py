@@ -248,8 +248,16 @@ def test_a_client_that_hangs_up_mid_stream_is_aborted_and_frees_its_blocks(serve
     assert engine.engine.kv.num_used_blocks() == 0
 
 
-def test_hanging_up_on_n_samples_aborts_every_one_and_frees_their_blocks(server):
+def slow_steps(monkeypatch, engine) -> None:
+    """Each engine step takes at least 10 ms, so 200 tokens outlast a 0.3 s client timeout
+    however fast the machine (the model's own step is about a millisecond)."""
+    step = engine.engine.step
+    monkeypatch.setattr(engine.engine, "step", lambda: (time.sleep(0.01), step())[1])
+
+
+def test_hanging_up_on_n_samples_aborts_every_one_and_frees_their_blocks(server, monkeypatch):
     engine = engine_of(server)
+    slow_steps(monkeypatch, engine)
     aborted_before = engine.stats.finished["abort"]
     body = {"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 200, "n": 3, "stream": True,
             "ignore_eos": True}
@@ -268,8 +276,9 @@ def test_hanging_up_on_n_samples_aborts_every_one_and_frees_their_blocks(server)
     assert engine.engine.kv.num_used_blocks() == 0
 
 
-def test_a_non_streaming_client_that_gives_up_is_aborted_too(server):
+def test_a_non_streaming_client_that_gives_up_is_aborted_too(server, monkeypatch):
     engine = engine_of(server)
+    slow_steps(monkeypatch, engine)
     aborted_before = engine.stats.finished["abort"]
     body = {"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 200, "ignore_eos": True}
     with pytest.raises(httpx.ReadTimeout):
@@ -301,7 +310,18 @@ BAD_REQUESTS = [
     ({"model": "tiny", "prompt": "hi", "tools": [{"type": "function"}]}, "tools"),
     ({"model": "tiny", "prompt": "hi", "response_format": {"type": "json_object"}},
      "response_format"),
-    ({"model": "tiny", "prompt": "hi", "no_such_field": 1}, "no_such_field"),
+    ({"model": "tiny", "prompt": "hi", "return_hidden_states": True}, "return_hidden_states"),
+    ({"model": "tiny", "prompt": "hi", "skip_special_tokens": False}, "skip_special_tokens"),
+    ({"model": "tiny", "prompt": "hi", "no_stop_trim": True}, "no_stop_trim"),
+    ({"model": "tiny", "prompt": "hi", "include_reasoning": "yes"}, "include_reasoning"),
+    ({"model": "tiny", "prompt": "hi", "max_completion_tokens": 10_000}, "max_completion_tokens"),
+    ({"model": "tiny", "prompt": "hi", "max_tokens": 4, "max_completion_tokens": 0},
+     "max_completion_tokens"),
+    ({"model": "tiny", "prompt": ""}, "prompt"),
+    ({"model": "tiny", "prompt": "hi", "stop": ""}, "stop"),
+    ({"model": "tiny", "prompt": "hi", "stop": ["x"] * 33}, "stop"),
+    ({"model": "tiny", "prompt": "hi", "user": 5}, "user"),
+    ({"model": 5, "prompt": "hi"}, "model"),
     ({"model": "tiny", "prompt": "hi", "stream": "false"}, "stream"),
     ({"model": "tiny", "prompt": "hi", "ignore_eos": "false"}, "ignore_eos"),
     ({"model": "tiny", "prompt": "hi", "seed": 2**70}, "seed"),
@@ -563,6 +583,10 @@ def test_a_priority_server_serves_a_higher_priority_request_first(chat_model):
 def test_overload_gets_503_with_retry_after_and_chat_without_template_gets_400(tiny_llama):
     app = build_app(tiny_llama, served_model_name="tiny", scheduler="naive", max_num_seqs=1,
                     max_queue_len=1, max_model_len=MAX_MODEL_LEN)
+    # each step takes at least 20 ms, so the hog's 200 tokens outlast the test's own requests
+    # even on a fast or busy machine (a tiny model's step alone is about a millisecond)
+    engine, step = app.state.engine.engine, app.state.engine.engine.step
+    engine.step = lambda: (time.sleep(0.02), step())[1]
     long_body = {"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 200, "stream": True,
                  "ignore_eos": True}
     short_body = {"model": "tiny", "prompt": [8, 9], "max_tokens": 2}
@@ -765,3 +789,97 @@ def test_continuous_usage_and_content_parts_as_load_testers_send_them(server):
     parts["messages"][0]["content"] = [{"type": "image_url", "image_url": {"url": "x"}}]
     refused = httpx.post(server.url + "/v1/chat/completions", json=parts)
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "messages"
+
+
+# the bodies vLLM's router sends after parsing a client's request into its own struct: every
+# extension field at its default
+ROUTER_COMPLETION = {"model": "tiny", "prompt": "def add(a, b):", "max_tokens": 6, "temperature": 0,
+                     "stream": False, "echo": False, "no_stop_trim": False, "ignore_eos": False,
+                     "skip_special_tokens": True, "return_hidden_states": False}
+ROUTER_CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "temperature": 0,
+               "stream": False, "max_tokens": 6, "logprobs": False, "no_stop_trim": False,
+               "ignore_eos": False, "continue_final_message": False, "skip_special_tokens": True,
+               "separate_reasoning": True, "stream_reasoning": True,
+               "return_hidden_states": False, "include_reasoning": True}
+
+
+def _answer(response, chat: bool) -> str:
+    assert response.status_code == 200, response.text
+    first = response.json()["choices"][0]
+    return first["message"]["content"] if chat else first["text"]
+
+
+@pytest.mark.parametrize("path, body, plain_fields", [
+    ("/v1/completions", ROUTER_COMPLETION, ("model", "prompt", "max_tokens", "temperature")),
+    ("/v1/chat/completions", ROUTER_CHAT, ("model", "messages", "max_tokens", "temperature"))])
+def test_a_routers_body_gets_the_same_answer_as_the_plain_one(server, path, body, plain_fields):
+    chat = "chat" in path
+    routed = httpx.post(server.url + path, json=body, timeout=60)
+    plain = httpx.post(server.url + path, json={k: body[k] for k in plain_fields}, timeout=60)
+    assert _answer(routed, chat) == _answer(plain, chat) != ""
+    # SGLang's router renames max_tokens to max_completion_tokens: the same answer
+    renamed = {k: v for k, v in body.items() if k != "max_tokens"} | {"max_completion_tokens": 6}
+    assert _answer(httpx.post(server.url + path, json=renamed, timeout=60), chat) \
+        == _answer(plain, chat)
+
+
+def test_max_completion_tokens_bounds_the_answer(server):
+    body = {"model": "tiny", "prompt": [5, 6], "max_completion_tokens": 7, "ignore_eos": True}
+    response = httpx.post(server.url + "/v1/completions", json=body, timeout=60)
+    assert response.json()["usage"]["completion_tokens"] == 7
+    chat = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}],
+            "max_completion_tokens": 5, "ignore_eos": True}
+    response = httpx.post(server.url + "/v1/chat/completions", json=chat, timeout=60)
+    assert response.json()["usage"]["completion_tokens"] == 5
+
+
+def test_unknown_fields_are_ignored_and_named_in_one_log_line(server, caplog):
+    body = {"model": "tiny", "prompt": "hi", "max_tokens": 3, "temperature": 0,
+            "no_such_field": 1, "lora_path": "x"}
+    with caplog.at_level("WARNING", logger="minicb.serving"):
+        response = httpx.post(server.url + "/v1/completions", json=body, timeout=60)
+    plain = httpx.post(server.url + "/v1/completions", timeout=60,
+                       json={"model": "tiny", "prompt": "hi", "max_tokens": 3, "temperature": 0})
+    assert _answer(response, False) == _answer(plain, False)
+    lines = [r.getMessage() for r in caplog.records if "does not know" in r.getMessage()]
+    assert len(lines) == 1 and "lora_path" in lines[0] and "no_such_field" in lines[0]
+
+
+@pytest.mark.parametrize("field, value, words", [
+    ("return_hidden_states", True, "text and token ids only"),
+    ("tools", [{"type": "function", "function": {"name": "f"}}], "tool-calling"),
+    ("response_format", {"type": "json_object"}, "constrained"),
+    ("echo", True, "/v1/completions"),
+    ("continue_final_message", True, "send false")])
+def test_a_chat_feature_this_server_cannot_honour_is_refused_naming_it(server, field, value,
+                                                                       words):
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], field: value}
+    response = httpx.post(server.url + "/v1/chat/completions", json=body)
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["param"] == field and words in error["message"]
+
+
+def test_echo_puts_the_prompt_in_front_streamed_or_not(server):
+    body = {"model": "tiny", "prompt": "def add(a, b):", "max_tokens": 5, "temperature": 0}
+    plain = _answer(httpx.post(server.url + "/v1/completions", json=body, timeout=60), False)
+    echoed = _answer(httpx.post(server.url + "/v1/completions", json=body | {"echo": True},
+                                timeout=60), False)
+    assert echoed == "def add(a, b):" + plain
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="none")
+    chunks = client.completions.create(**body, echo=True, stream=True)
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == echoed
+    ids = httpx.post(server.url + "/v1/completions", timeout=60,
+                     json=body | {"prompt": [5, 6, 7], "echo": True}).json()["choices"][0]["text"]
+    prompt_text = engine_of(server).tokenizer.decode([5, 6, 7], skip_special_tokens=True)
+    assert ids.startswith(prompt_text)
+
+
+def test_the_routers_probes_are_answered(server):
+    for path in ("/server_info", "/get_server_info", "/model_info", "/get_model_info"):
+        response = httpx.get(server.url + path)
+        assert response.status_code == 200, path
+        assert response.json()["served_model_name"] == "tiny"
+    assert httpx.get(server.url + "/get_server_info").json()["max_model_len"] == MAX_MODEL_LEN
+    assert httpx.get(server.url + "/get_load").json()["load"] == engine_of(server).num_running \
+        + engine_of(server).num_waiting

@@ -29,6 +29,8 @@ BENCHMARKS = {
     "prefix": ("minicb.bench.prefix", "prefix caching on shared-prefix traffic"),
     "calibrate": ("minicb.bench.calibrate",
                   "fit the cost model's four terms to this machine's real step times"),
+    "routing": ("minicb.bench.routing",
+                "replicas behind vllm-router: scaling, routing policies, a replica killed"),
     "neighbour": ("minicb.bench.neighbour",
                   "each system quiet and beside a busy loop on one core: the slowdown"),
     "disagg": ("minicb.bench.disagg",

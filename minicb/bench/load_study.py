@@ -6,10 +6,13 @@
 Each scheduler gets its own in-process HTTP server (the same one `python -m minicb serve`
 runs) and the same seeded workload at the same arrival times, measured from the client's side
 by `minicb.serving.loadgen`. With `--base-url URL` the same sweep runs against a server that is
-already running (vLLM, SGLang, another minicb), labelled `--label`, asking for the model
-`--model` names (default: the first the server lists; benchmarks/vllm.md starts vLLM's):
+already running (vLLM, SGLang, another minicb, or the router of `python -m minicb cluster`),
+labelled `--label`, asking for the model `--model` names (default: the first the server lists;
+benchmarks/vllm.md starts vLLM's):
 
     python -m minicb bench load-study --base-url http://127.0.0.1:8000 --label vllm-cpu
+    python -m minicb bench load-study --base-url http://127.0.0.1:8000 --label cluster \
+        --workload prefix-heavy               # two replicas behind vllm-router (make cluster)
 
 The test of a serving system: as the offered load rises, does throughput rise much faster than
 user pain (p95 time to first token)?

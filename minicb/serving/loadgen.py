@@ -28,13 +28,21 @@ from tqdm.auto import tqdm
 
 from minicb.metrics import RequestMetrics, Summary, summarize
 from minicb.viz.base import new_figure
-from minicb.workload import Workload, fixed, gamma_arrivals, get_workload, uniform_lengths
+from minicb.workload import (
+    Workload,
+    fixed,
+    gamma_arrivals,
+    get_workload,
+    prefix_texts,
+    uniform_lengths,
+)
 
 # text prompts are drawn from these words (about one token each for a code-trained tokenizer)
 PROMPT_WORDS = ("def return import self for in if else class None True False while with as try "
                 "except raise yield lambda print range len list dict value key index result data "
                 "name path file line text item count total size").split()
-SIZED_WORKLOADS = ("chat", "long-tail", "mixed")   # minicb workloads that take a size
+# minicb workloads that take a size
+SIZED_WORKLOADS = ("chat", "long-tail", "mixed", "prefix-heavy")
 
 
 @dataclass
@@ -49,6 +57,7 @@ class BenchConfig:
     max_concurrency: int | None = None
     # "random" (input/output lengths below) or SIZED_WORKLOADS
     workload: str = "random"
+    workload_options: dict = field(default_factory=dict)   # the sized workload's own knobs
     input_len: int = 64
     output_len: int = 64
     range_ratio: float = 0.0                # random lengths in [len·(1−r), len·(1+r)]
@@ -87,7 +96,8 @@ class RequestResult:
 
 def make_workload(config: BenchConfig) -> Workload:
     if config.workload != "random":
-        return get_workload(config.workload, n=config.num_prompts, seed=config.seed)
+        return get_workload(config.workload, n=config.num_prompts, seed=config.seed,
+                            **config.workload_options)
 
     def lengths(mean: int, seed: int) -> list[int]:
         low, high = max(1, int(mean * (1 - config.range_ratio))), int(
@@ -99,6 +109,8 @@ def make_workload(config: BenchConfig) -> Workload:
 
 
 def make_prompts(workload: Workload, config: BenchConfig) -> list[str] | list[list[int]]:
+    if "turns" in workload.extra:           # prefix-heavy: shared system prompts, multi-turn chats
+        return prefix_texts(workload, PROMPT_WORDS)
     if config.prompt_format == "tokens":
         return workload.prompt_token_ids(config.vocab_size, config.seed)
     rng = np.random.default_rng(config.seed)

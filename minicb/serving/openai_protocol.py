@@ -9,12 +9,15 @@ error in OpenAI's shape naming the field at fault and the fix:
 from __future__ import annotations
 
 import json
+import logging
 import re
 import time
 import uuid
 from dataclasses import dataclass
 
-from minicb.sampling import SamplingParams
+from minicb.sampling import MAX_TEMPERATURE, SamplingParams
+
+log = logging.getLogger("minicb.serving")
 
 
 class APIError(Exception):
@@ -53,11 +56,17 @@ class ParsedRequest:
     priority: int = 0
     # stream_options.continuous_usage_stats (vLLM's extension): every chunk carries usage so far
     continuous_usage: bool = False
+    # echo (completions): the prompt's text comes back in front of each choice's text
+    echo: bool = False
 
 
 # the most samples (`n`) one request may ask for: each is a sequence in the batch, holding a slot
 # and KV blocks of its own once it has diverged from the shared prompt
 MAX_N = 16
+# the largest seed: JSON numbers above 2**53 lose precision in many clients (JavaScript's, or any
+# that reads numbers as doubles), so a bigger seed might not be the one the client meant
+MAX_SEED = 2**53 - 1
+CHAT_ROLES = ("system", "user", "assistant")
 
 # (JSON field, allowed Python types, what to call it in an error)
 _NUMBER, _INT = ((int, float), "a number"), ((int,), "an integer")
@@ -65,10 +74,23 @@ _SAMPLING_FIELDS = {"max_tokens": _INT, "max_completion_tokens": _INT, "temperat
                     "top_p": _NUMBER, "top_k": _INT, "seed": _INT, "n": _INT}
 
 
+def _integral(value):
+    """JSON has one number type: 4.0 is an integer to JSON Schema, so to this server too."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+def _integers(values):
+    return [_integral(v) for v in values] if isinstance(values, list) else values
+
+
 def _field(body: dict, name: str, types: tuple[type, ...], kind: str, default=None):
     value = body.get(name)
     if value is None:
         return default
+    if types == (int,):
+        value = _integral(value)
     if not isinstance(value, types) or isinstance(value, bool) and bool not in types:
         raise APIError(f"'{name}' must be {kind} (got {value!r}).", param=name)
     return value
@@ -83,6 +105,10 @@ def _sampling(body: dict, max_model_len: int,
               default_max_tokens: int) -> tuple[SamplingParams, bool]:
     values = {name: _field(body, name, *spec) for name, spec in _SAMPLING_FIELDS.items()}
     n = 1 if values["n"] is None else values["n"]
+    if values["seed"] is not None and not 0 <= values["seed"] <= MAX_SEED:
+        raise APIError(f"'seed' must be an integer from 0 to {MAX_SEED} (2**53 - 1, the largest "
+                       f"integer every JSON client reads exactly); got {values['seed']}.",
+                       param="seed")
     if n < 1:
         raise APIError(f"'n' must be at least 1 (got {n}): it is how many completions to generate.",
                        param="n")
@@ -90,19 +116,29 @@ def _sampling(body: dict, max_model_len: int,
         raise APIError(f"'n' must be at most {MAX_N} (got {n}); ask for at most {MAX_N} samples "
                        f"per request, "
                        "or send several requests (with different seeds) for more.", param="n")
+    # max_completion_tokens is OpenAI's newer name for max_tokens (SGLang's router sends it)
+    for name in ("max_tokens", "max_completion_tokens"):
+        value = values[name]
+        if value is not None and not 1 <= value < max_model_len:
+            raise APIError(f"{name}={value} cannot fit: max_model_len is {max_model_len} and the "
+                           f"prompt needs at least one token; ask for 1 to {max_model_len - 1} "
+                           "tokens.", param=name)
     max_tokens = (values["max_tokens"] if values["max_tokens"] is not None
                   else values["max_completion_tokens"])
-    if max_tokens is not None and max_tokens >= max_model_len:
-        raise APIError(f"max_tokens={max_tokens} cannot fit: max_model_len is {max_model_len} and "
-                       f"the prompt "
-                       f"needs at least one token; ask for fewer than {max_model_len} tokens.",
-                       param="max_tokens")
     stop = body.get("stop")
     if stop is not None and not (isinstance(stop, str) or isinstance(stop, list)
                                  and all(isinstance(s, str) for s in stop)):
         raise APIError(f"'stop' must be a string or a list of strings (got {stop!r}).",
                        param="stop")
-    stop_token_ids = body.get("stop_token_ids")
+    if isinstance(stop, list) and (len(stop) > MAX_STOP_LIST
+                                   or any(len(s) > MAX_STOP_ITEM_CHARS for s in stop)):
+        raise APIError(f"'stop' may list at most {MAX_STOP_LIST} strings of at most "
+                       f"{MAX_STOP_ITEM_CHARS} characters each (got {len(stop)}, the longest "
+                       f"{max(map(len, stop))}); send fewer or shorter stop strings.", param="stop")
+    if isinstance(stop, str) and len(stop) > MAX_STOP_CHARS:
+        raise APIError(f"'stop' may be at most {MAX_STOP_CHARS} characters (got {len(stop)}).",
+                       param="stop")
+    stop_token_ids = _integers(body.get("stop_token_ids"))
     if stop_token_ids is not None and not (stop_token_ids == [] or _is_token_ids(stop_token_ids)):
         raise APIError(f"'stop_token_ids' must be a list of integers (got {stop_token_ids!r}).",
                        param="stop_token_ids")
@@ -121,43 +157,92 @@ def _sampling(body: dict, max_model_len: int,
 
 def _check_model(body: dict, model_name: str) -> None:
     model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise APIError(f"'model' must be a string (got {json.dumps(model)[:80]}).", param="model")
+    user = body.get("user")
+    if user is not None and not isinstance(user, str):
+        raise APIError(f"'user' must be a string (got {json.dumps(user)[:80]}).", param="user")
     if model is not None and model != model_name:
         raise APIError(f"The model {model!r} does not exist; this server serves {model_name!r} "
                        "(see GET /v1/models).", param="model", code="model_not_found", status=404)
 
 
-# Every field a request may carry. The ones this server implements are read above; the others
-# are accepted only at the value that asks for nothing (so a client that always sends them works),
-# and anything else is refused with a 400 naming the field, never silently ignored.
+# Every field a request may carry. The ones this server implements are read above and below; the
+# extension fields that routers and other servers' clients always send (vLLM's and SGLang's) are
+# accepted at the value that asks for nothing and refused, naming the field and the fix, at a
+# value this server cannot honour; any other field is ignored with one log line naming it (as
+# vLLM's server does), so a client written for a richer server still gets its answer.
 _IMPLEMENTED = {"model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature",
                 "top_p", "top_k", "seed", "n", "stop", "stop_token_ids", "stream", "stream_options",
-                "ignore_eos", "priority", "return_token_ids", "user"}
-_NO_EFFECT = {"presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0),
-              "repetition_penalty": (1, 1.0), "logit_bias": ({},), "echo": (False,),
-              "logprobs": (False, 0), "top_logprobs": (0,), "best_of": (1,), "suffix": ("",),
-              "tools": ([],), "tool_choice": ("none",), "response_format": ({"type": "text"},),
-              "parallel_tool_calls": (False,), "store": (False,), "metadata": ({},),
-              "service_tier": ("auto", "default"), "min_tokens": (0,)}
+                "ignore_eos", "priority", "return_token_ids", "user", "echo"}
+_NO_EFFECT = {"presence_penalty": (0,), "frequency_penalty": (0,), "repetition_penalty": (1,),
+              "logit_bias": ({},), "logprobs": (False, 0), "top_logprobs": (0,), "best_of": (1,),
+              "suffix": ("",), "tools": ([],), "tool_choice": ("none", "auto"),
+              "response_format": ({"type": "text"},), "store": (False,), "metadata": ({},),
+              "service_tier": ("auto", "default"), "min_tokens": (0,),
+              # this server always drops special tokens from the text it returns
+              "skip_special_tokens": (True,),
+              # routers' extension fields (vLLM's router, SGLang's router)
+              "no_stop_trim": (False,), "return_hidden_states": (False,),
+              "continue_final_message": (False,)}
+# fields where every boolean asks for nothing here: the model writes no separate reasoning
+# section, so there is nothing to include, separate or stream apart; a chat's tool calls are
+# refused above, so whether they may run in parallel changes nothing
+_ANY_BOOLEAN = {"include_reasoning", "separate_reasoning", "stream_reasoning",
+                "parallel_tool_calls"}
+# how to get what a refused value asks for, where there is a way
+_FIXES = {"skip_special_tokens": "ask for \"return_token_ids\": true to see every token id, "
+                                 "special ones included",
+          "logprobs": "this server returns no log-probabilities",
+          "top_logprobs": "this server returns no log-probabilities",
+          "tools": "this model has no tool-calling format", "response_format":
+          "this server has no constrained (JSON) decoding", "return_hidden_states":
+          "this server returns text and token ids only"}
 
 
-def _check_fields(body: dict) -> None:
+def _same_json(value, allowed) -> bool:
+    """JSON equality: 0 and 0.0 are the same number, but true is not 1."""
+    if isinstance(value, bool) or isinstance(allowed, bool):
+        return type(value) is type(allowed) and value == allowed
+    if isinstance(value, (int, float)) and isinstance(allowed, (int, float)):
+        return value == allowed
+    return type(value) is type(allowed) and value == allowed
+
+
+def _check_fields(body: dict, chat: bool) -> list[str]:
+    """Refuse what cannot be honoured; return the names of unknown fields (to be logged)."""
+    unknown = []
     for name, value in body.items():
+        if name == "echo" and chat and not (value is None or value is False):
+            raise APIError("'echo' is for POST /v1/completions; a chat answer cannot echo its "
+                           "messages. Leave it out or send false.", param="echo",
+                           code="unsupported_parameter")
         if name in _IMPLEMENTED or value is None:
             continue
+        if name in _ANY_BOOLEAN:
+            if not isinstance(value, bool):
+                raise APIError(f"'{name}' must be true or false (got {json.dumps(value)[:80]}).",
+                               param=name)
+            continue
         if name in _NO_EFFECT:
-            if any(type(value) is type(ok) and value == ok for ok in _NO_EFFECT[name]):
+            if any(_same_json(value, ok) for ok in _NO_EFFECT[name]):
                 continue
-            raise APIError(f"'{name}'={json.dumps(value)[:80]} is not supported by this server; "
-                           f"leave it out "
-                           f"or send {json.dumps(_NO_EFFECT[name][0])}.", param=name,
-                           code="unsupported_parameter")
-        raise APIError(f"'{name}' is not a field this server knows; leave it out.", param=name,
-                       code="unknown_parameter")
+            fix = f" ({_FIXES[name]})" if name in _FIXES else ""
+            raise APIError(f"'{name}'={json.dumps(value)[:80]} is not supported by this "
+                           f"server{fix}; leave it out or send {json.dumps(_NO_EFFECT[name][0])}.",
+                           param=name, code="unsupported_parameter")
+        unknown.append(name)
+    if unknown:
+        # the names come from the client: quoted and cut, so one cannot forge log lines
+        names = ", ".join(repr(name[:40]) for name in sorted(unknown)[:10])
+        more = f" and {len(unknown) - 10} more" if len(unknown) > 10 else ""
+        log.warning("ignored fields this server does not know: %s%s", names, more)
+    return unknown
 
 
 def _options(body: dict, prompt, params: SamplingParams, require_fit: bool) -> ParsedRequest:
     stream = _field(body, "stream", (bool,), "true or false", False)
-    options = body.get("stream_options") or {}
+    options = {} if body.get("stream_options") is None else body["stream_options"]
     if not isinstance(options, dict) or set(options) - {"include_usage", "continuous_usage_stats"}:
         raise APIError("'stream_options' must be an object with at most 'include_usage' and "
                        "'continuous_usage_stats'.",
@@ -175,18 +260,23 @@ def _options(body: dict, prompt, params: SamplingParams, require_fit: bool) -> P
 def parse_completion(body: dict, model_name: str, max_model_len: int) -> ParsedRequest:
     """POST /v1/completions: prompt as a string or token ids (or a list holding one of those)."""
     _check_model(body, model_name)
-    _check_fields(body)
-    prompt = body.get("prompt")
+    _check_fields(body, chat=False)
+    prompt = _integers(body.get("prompt"))
     one = isinstance(prompt, list) and len(prompt) == 1
-    if one and (isinstance(prompt[0], str) or _is_token_ids(prompt[0])):
-        prompt = prompt[0]
+    if one and (isinstance(prompt[0], str) or _is_token_ids(_integers(prompt[0]))):
+        prompt = _integers(prompt[0])
     if prompt is None:
         raise APIError("'prompt' is required: a string or a list of token ids.", param="prompt")
     if not (isinstance(prompt, str) or _is_token_ids(prompt)):
         raise APIError("'prompt' must be a string or a list of token ids (one prompt per request; "
                        f"got {type(prompt).__name__}).", param="prompt")
+    if prompt == "":
+        raise APIError("'prompt' is empty; send at least one character (or token id).",
+                       param="prompt")
     params, require_fit = _sampling(body, max_model_len, default_max_tokens=16)   # OpenAI's default
-    return _options(body, prompt, params, require_fit)
+    parsed = _options(body, prompt, params, require_fit)
+    parsed.echo = _field(body, "echo", (bool,), "true or false", False)
+    return parsed
 
 
 def _text_content(content: str | list) -> str:
@@ -203,7 +293,7 @@ def _text_content(content: str | list) -> str:
 def parse_chat(body: dict, model_name: str, max_model_len: int, tokenizer) -> ParsedRequest:
     """POST /v1/chat/completions: messages rendered through the tokenizer's chat template."""
     _check_model(body, model_name)
-    _check_fields(body)
+    _check_fields(body, chat=True)
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):
         raise APIError("this model's tokenizer has no chat template, so chat messages cannot be "
                        "turned into "
@@ -217,6 +307,10 @@ def parse_chat(body: dict, model_name: str, max_model_len: int, tokenizer) -> Pa
         raise APIError(
             "'messages' must be a non-empty list of {\"role\": str, \"content\": str} objects.",
             param="messages")
+    for message in messages:
+        if message["role"] not in CHAT_ROLES:
+            raise APIError(f"a message's role must be one of {', '.join(CHAT_ROLES)} (got "
+                           f"{message['role'][:40]!r}).", param="messages")
     messages = [{"role": m["role"], "content": _text_content(m["content"])} for m in messages]
     try:
         prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
@@ -267,44 +361,89 @@ def response(chat: bool, request_id: str, model: str, choices: list[dict], usage
     return body
 
 
-# --- the request bodies as JSON Schema (published in the server's OpenAPI document) -------------
-_TOKEN_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
-_COMMON = {
-    "model": {"type": "string"},
-    "max_tokens": {"type": "integer", "minimum": 1}, "max_completion_tokens": {
-        "type": "integer", "minimum": 1},
-    "temperature": {"type": "number", "minimum": 0}, "top_p": {
-        "type": "number", "exclusiveMinimum": 0, "maximum": 1},
-    "top_k": {"type": "integer"}, "seed": {"type": "integer", "minimum": 0}, "n": {
-        "type": "integer", "minimum": 1, "maximum": MAX_N},
-    "stop": {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
-    "stop_token_ids": {"type": "array", "items": {"type": "integer", "minimum": 0}},
-    "stream": {"type": "boolean"},
-    "stream_options": {"type": "object", "additionalProperties": False,
-                       "properties": {"include_usage": {"type": "boolean"},
-                                      "continuous_usage_stats": {"type": "boolean"}}},
-    "ignore_eos": {"type": "boolean"}, "priority": {"type": "integer"},
-    "return_token_ids": {"type": "boolean"},
-    "user": {"type": "string"},
-    # accepted only at the value that asks for nothing
-    "presence_penalty": {"const": 0}, "frequency_penalty": {"const": 0},
-    "logit_bias": {"const": {}},
-    "best_of": {"const": 1}, "echo": {"const": False}, "logprobs": {"enum": [False, 0]},
-}
-COMPLETION_SCHEMA = {
-    "type": "object", "additionalProperties": False, "required": ["prompt"],
-    "properties": {**_COMMON, "prompt": {"anyOf": [{"type": "string"}, _TOKEN_IDS,
-                                                   {"type": "array", "items": {"type": "string"},
-                                                    "minItems": 1, "maxItems": 1}]}},
-}
-CHAT_SCHEMA = {
-    "type": "object", "additionalProperties": False, "required": ["messages"],
-    "properties": {**_COMMON, "messages": {"type": "array", "minItems": 1, "items": {
+# --- the contract as JSON Schema (published in the server's OpenAPI document) --------------------
+# A request the schemas allow is served, one they forbid gets a 400 naming the field: the parser
+# above enforces exactly these bounds. The one rule a schema cannot state is the context: prompt
+# tokens plus max_tokens must fit max_model_len (a 400 whose code is "context_length_exceeded").
+MAX_STOP_LIST = 32                  # stop strings in a list ...
+MAX_STOP_ITEM_CHARS = 128           # ... of at most this many characters each
+MAX_STOP_CHARS = 4096               # one stop string
+
+
+def _nullable(schema: dict) -> dict:
+    """null means "not given" for every optional field, as in OpenAI's API."""
+    return {"anyOf": [schema, {"type": "null"}]}
+
+
+def _const(value) -> dict:
+    return {"enum": [value]}
+
+
+def request_schemas(max_model_len: int, vocab_size: int, priority: bool) -> tuple[dict, dict]:
+    """(completion body, chat body) as JSON Schema, for a server with this context length,
+    vocabulary and scheduling policy (`priority`: whether "priority" is read)."""
+    token_ids = {"type": "array", "minItems": 1,
+                 "items": {"type": "integer", "minimum": 0, "maximum": vocab_size - 1}}
+    boolean = {"type": "boolean"}
+    common = {
+        "model": {"type": "string"},
+        "max_tokens": {"type": "integer", "minimum": 1, "maximum": max_model_len - 1},
+        "max_completion_tokens": {"type": "integer", "minimum": 1, "maximum": max_model_len - 1},
+        "temperature": {"type": "number", "minimum": 0, "maximum": MAX_TEMPERATURE},
+        "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
+        "top_k": {"anyOf": [_const(-1), {"type": "integer", "minimum": 1}]},
+        "seed": {"type": "integer", "minimum": 0, "maximum": MAX_SEED},
+        "n": {"type": "integer", "minimum": 1, "maximum": MAX_N},
+        "stop": {"anyOf": [{"type": "string", "minLength": 1, "maxLength": MAX_STOP_CHARS},
+                           {"type": "array", "maxItems": MAX_STOP_LIST, "items": {
+                               "type": "string", "minLength": 1,
+                               "maxLength": MAX_STOP_ITEM_CHARS}}]},
+        "stop_token_ids": {"type": "array", "maxItems": 1024,
+                           "items": {"type": "integer", "minimum": 0}},
+        "stream": boolean,
+        "stream_options": {"type": "object", "additionalProperties": False,
+                           "properties": {"include_usage": _nullable(boolean),
+                                          "continuous_usage_stats": _nullable(boolean)}},
+        "ignore_eos": boolean, "return_token_ids": boolean, "user": {"type": "string"},
+        "priority": ({"type": "integer", "minimum": -2**31, "maximum": 2**31 - 1} if priority
+                     else _const(0)),
+        **{name: boolean for name in sorted(_ANY_BOOLEAN)},
+        # accepted only at the value that asks for nothing
+        **{name: {"enum": list(values)} for name, values in _NO_EFFECT.items()},
+    }
+    completion = {"prompt": {"anyOf": [
+        {"type": "string", "minLength": 1}, token_ids,
+        {"type": "array", "minItems": 1, "maxItems": 1,
+         "items": {"anyOf": [{"type": "string", "minLength": 1}, token_ids]}}]},
+        "echo": boolean}
+    text_part = {"type": "object", "required": ["type", "text"],
+                 "properties": {"type": _const("text"), "text": {"type": "string"}}}
+    chat = {"messages": {"type": "array", "minItems": 1, "items": {
         "type": "object", "required": ["role", "content"],
-        "properties": {"role": {"type": "string"}, "content": {"type": "string"}}}}},
-}
+        "properties": {"role": {"enum": list(CHAT_ROLES)},
+                       "content": {"anyOf": [{"type": "string"},
+                                            {"type": "array", "items": text_part}]}}}},
+        "echo": _const(False)}
+    bodies = []
+    for required, own in ((["prompt"], completion), (["messages"], chat)):
+        properties = {name: (spec if name in required else _nullable(spec))
+                      for name, spec in {**common, **own}.items()}
+        # other fields are ignored (and logged), so they are allowed
+        bodies.append({"type": "object", "required": required, "properties": properties})
+    return bodies[0], bodies[1]
 
 
-def openapi_body(schema: dict) -> dict:
-    """FastAPI's `openapi_extra` for a route whose JSON body this module parses by hand."""
-    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
+# OpenAI's error body, the answer to every refused request
+ERROR_SCHEMA = {"type": "object", "required": ["error"], "properties": {"error": {
+    "type": "object", "required": ["message", "type", "param", "code"],
+    "properties": {"message": {"type": "string"}, "type": {"type": "string"},
+                   "param": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]}}}}}
+
+
+def openapi_body(schema: dict, errors: dict[int, str]) -> dict:
+    """FastAPI's `openapi_extra` for a route whose JSON body this module parses by hand: the body's
+    schema and every error status the route answers with, each with OpenAI's error body."""
+    content = {"application/json": {"schema": ERROR_SCHEMA}}
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}},
+            "responses": {str(status): {"description": what, "content": content}
+                          for status, what in errors.items()}}

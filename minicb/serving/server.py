@@ -49,8 +49,6 @@ from minicb.config import EngineConfig
 from minicb.engine import LLMEngine
 from minicb.serving.async_engine import AsyncLLMEngine, QueueFullError, RequestStream, StreamDelta
 from minicb.serving.openai_protocol import (
-    CHAT_SCHEMA,
-    COMPLETION_SCHEMA,
     APIError,
     ParsedRequest,
     choice,
@@ -59,6 +57,7 @@ from minicb.serving.openai_protocol import (
     param_named_in,
     parse_chat,
     parse_completion,
+    request_schemas,
     response,
     usage,
 )
@@ -156,22 +155,66 @@ def build_app(model: str | None = None, *, engine: AsyncLLMEngine | None = None,
     async def health() -> dict:
         return {"status": "ok", "running": engine.num_running, "waiting": engine.num_waiting}
 
+    # What routers ask a replica: its load (power-of-two routing compares two replicas' loads)
+    # and what it serves (SGLang's router probes these before it routes).
+    @app.get("/get_load")
+    async def load() -> dict:
+        return {"load": engine.num_running + engine.num_waiting, "running": engine.num_running,
+                "waiting": engine.num_waiting}
+
+    def server_info() -> dict:
+        config = engine.config
+        return {"model_path": engine.model_path, "served_model_name": model_name,
+                "max_model_len": max_model_len, "max_num_seqs": config.max_num_seqs,
+                "scheduler": config.scheduler, "policy": config.policy,
+                "block_size": getattr(config, "block_size", None),
+                "enable_prefix_caching": getattr(config, "enable_prefix_caching", None),
+                "tp_size": 1, "dp_size": 1}
+
+    def model_info() -> dict:
+        return {"model_path": engine.model_path, "served_model_name": model_name,
+                "is_generation": True, "max_model_len": max_model_len}
+
+    for path, describe in (("/server_info", server_info), ("/get_server_info", server_info),
+                           ("/model_info", model_info), ("/get_model_info", model_info)):
+        app.add_api_route(path, describe, methods=["GET"], summary=f"GET {path} (for routers)")
+
     @app.get("/v1/models")
     async def models() -> dict:
         return {"object": "list", "data": [{"id": model_name, "object": "model", "created": created,
                                             "owned_by": "minicb", "max_model_len": max_model_len}]}
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse,
+             responses={200: {"description": "Prometheus text exposition format",
+                              "content": {"text/plain": {"schema": {"type": "string"}}}}})
     async def metrics() -> PlainTextResponse:
         text = engine.stats.render(engine.num_running, engine.num_waiting, *engine.kv_usage())
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    @app.post("/v1/completions", openapi_extra=openapi_body(COMPLETION_SCHEMA))
+    completion_schema, chat_schema = request_schemas(
+        max_model_len, engine.vocab_size, priority=engine.config.policy == "priority")
+    errors = {400: "a request this server refuses: the error names the field and the fix (also a "
+                   "prompt plus max_tokens beyond the context: code context_length_exceeded)",
+              404: "a model this server does not serve (code model_not_found)",
+              408: "the body did not arrive in time", 413: "the body is over the size limit",
+              500: "the engine failed", 503: "too many requests waiting (with Retry-After)"}
+    answer = {"description": "the completion: JSON, or server-sent events when stream is true",
+              "content": {"application/json": {"schema": {"type": "object"}},
+                          # each event: its data is a JSON chunk, the last one "[DONE]"
+                          "text/event-stream": {"schema": {
+                              "type": "object", "properties": {"data": {"type": "string"}}}}}}
+
+    def documented(schema: dict) -> dict:
+        extra = openapi_body(schema, errors)
+        extra["responses"]["200"] = answer
+        return extra
+
+    @app.post("/v1/completions", openapi_extra=documented(completion_schema))
     async def completions(request: Request):
         parsed = parse_completion(await _json_body(request), model_name, max_model_len)
         return await _serve(engine, request, parsed, model_name, chat=False)
 
-    @app.post("/v1/chat/completions", openapi_extra=openapi_body(CHAT_SCHEMA))
+    @app.post("/v1/chat/completions", openapi_extra=documented(chat_schema))
     async def chat_completions(request: Request):
         parsed = parse_chat(await _json_body(request), model_name, max_model_len, engine.tokenizer)
         return await _serve(engine, request, parsed, model_name, chat=True)
@@ -230,13 +273,15 @@ async def _serve(engine: AsyncLLMEngine, request: Request, parsed: ParsedRequest
         stream = await engine.add_request(parsed.prompt, parsed.params, priority=parsed.priority,
                                           require_fit=parsed.require_fit)
     except ValueError as error:
-        raise APIError(str(error), param=param_named_in(str(error))) from None
+        code = "context_length_exceeded" if "max_model_len" in str(error) else None
+        raise APIError(str(error), param=param_named_in(str(error)), code=code) from None
     except QueueFullError as error:
         raise APIError(str(error), status=503, error_type="server_overloaded", code="overloaded",
                        headers={"Retry-After": str(math.ceil(error.retry_after))}) from None
     response_id = new_id("chatcmpl" if chat else "cmpl")
+    echoed = _echoed(engine, parsed)
     if parsed.stream:
-        events = _events(engine, stream, parsed, response_id, model_name, chat)
+        events = _events(engine, stream, parsed, response_id, model_name, chat, echoed)
         return StreamingResponse(events, media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
     deltas = await _collect_unless_disconnected(engine, stream, request)
@@ -251,12 +296,25 @@ async def _serve(engine: AsyncLLMEngine, request: Request, parsed: ParsedRequest
         sample = [d for d in deltas if d.index == index]
         last = sample[-1]
         token_ids = [t for d in sample for t in d.token_ids] if parsed.return_token_ids else None
-        choices.append(choice(chat, "".join(d.text for d in sample), last.finish_reason, token_ids,
-                              False, index=index))
+        choices.append(choice(chat, echoed + "".join(d.text for d in sample), last.finish_reason,
+                              token_ids, False, index=index))
         num_prompt_tokens = max(num_prompt_tokens, last.num_prompt_tokens)
         num_output_tokens += last.num_output_tokens
     return response(chat, response_id, model_name, choices,
                     usage(num_prompt_tokens, num_output_tokens), chunk=False)
+
+
+def _echoed(engine: AsyncLLMEngine, parsed: ParsedRequest) -> str:
+    """The prompt's text, put in front of each choice's text when the request says echo."""
+    if not parsed.echo:
+        return ""
+    if isinstance(parsed.prompt, str):
+        return parsed.prompt
+    if engine.tokenizer is None:
+        raise APIError("'echo' of a token-id prompt needs the model's tokenizer, and this "
+                       "checkpoint has none; send the prompt as text, or leave echo out.",
+                       param="echo")
+    return engine.tokenizer.decode(parsed.prompt, skip_special_tokens=True)
 
 
 def _sse(data: dict | str) -> str:
@@ -264,7 +322,8 @@ def _sse(data: dict | str) -> str:
 
 
 async def _events(engine: AsyncLLMEngine, stream: RequestStream, parsed: ParsedRequest,
-                  response_id: str, model_name: str, chat: bool) -> AsyncIterator[str]:
+                  response_id: str, model_name: str, chat: bool,
+                  echoed: str = "") -> AsyncIterator[str]:
     """Server-sent events: one chunk per step and sample that produced tokens, tagged with the
     sample's choice index. When the client hangs up, the server cancels this generator
     mid-await and `finally` aborts the request, every sample of it."""
@@ -282,8 +341,9 @@ async def _events(engine: AsyncLLMEngine, stream: RequestStream, parsed: ParsedR
                 break
             finish = delta.finish_reason if delta.finished else None
             ids = delta.token_ids if parsed.return_token_ids else None
-            entry = choice(chat, delta.text, finish, ids, delta=True, first=delta.index in unsent,
-                           index=delta.index)
+            first = delta.index in unsent
+            text = echoed + delta.text if first else delta.text    # echo: the prompt goes first
+            entry = choice(chat, text, finish, ids, delta=True, first=first, index=delta.index)
             unsent.discard(delta.index)
             so_far[delta.index] = so_far.get(delta.index, 0) + len(delta.token_ids)
             running_usage = usage(delta.num_prompt_tokens, sum(so_far.values())) \

@@ -1,0 +1,329 @@
+"""Several `minicb serve` replicas behind a real router, as production runs an engine that one
+process cannot carry.
+
+    python -m minicb cluster --replicas 2 --policy cache_aware -- --enable-prefix-caching
+    make cluster
+
+starts N replicas (each pinned to its own share of the cores, with as many model threads as
+cores), waits until every one answers /health, starts vLLM's router (`vllm-router`, a Rust
+process from the package index, installed by `make router-setup` into .venv-router) in front of
+them, waits until it answers, and prints one URL. Clients (the openai package, `minicb bench
+serve`, guidellm) talk to that URL as to one server. Ctrl-C or SIGTERM stops the router and then
+every replica; nothing it started is left running.
+
+Everything binds 127.0.0.1 unless --host says otherwise; the router's own Prometheus endpoint
+gets a free port of its own, so two clusters on one machine do not collide. Arguments after `--`
+go to every replica's `minicb serve` (engine knobs: --enable-prefix-caching, --max-num-seqs ...).
+
+The routing policies are the router's own (`--policy`):
+  round_robin     each request to the next replica in turn
+  power_of_two    pick two replicas at random, send to the less loaded (GET /get_load on each)
+  cache_aware     send a request where a prefix of its text went before (a radix tree of the
+                  text each replica has seen), unless the load is too uneven, then the least
+                  loaded replica
+  random, consistent_hash  as named
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+ROUTER_SPEC = "vllm-router==0.1.17"
+ROUTER_VENV = ".venv-router"
+# the routers this launcher can start: executable, its subcommand, its name for "warning", and
+# where `make router-setup` (ROUTER=sglang) installs it
+ROUTERS = {"vllm": ("vllm-router", [], "warning", ROUTER_VENV),
+           "sglang": ("sglang-router", ["launch"], "warn", ".venv-router-sglang")}
+POLICIES = ("round_robin", "power_of_two", "cache_aware", "random", "consistent_hash")
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nobody listens on now (the OS picks it)."""
+    with socket.socket() as probe:
+        probe.bind((host, 0))
+        return probe.getsockname()[1]
+
+
+def router_executable(kind: str = "vllm") -> str | None:
+    """The router's executable: $MINICB_ROUTER, else the repository's environment for it (made
+    by `make router-setup`), else on PATH."""
+    name, _, _, venv = ROUTERS[kind]
+    candidates = [os.environ.get("MINICB_ROUTER"), str(REPO / venv / "bin" / name),
+                  shutil.which(name)]
+    return next((c for c in candidates if c and os.access(c, os.X_OK)), None)
+
+
+def core_sets(replicas: int, cores: list[int] | None = None) -> list[list[int]]:
+    """The cores each replica is pinned to: an even split when there are enough, else each
+    replica gets one core, shared round-robin."""
+    cores = sorted(os.sched_getaffinity(0)) if cores is None else list(cores)
+    if replicas >= len(cores):
+        return [[cores[i % len(cores)]] for i in range(replicas)]
+    share = len(cores) // replicas
+    return [cores[i * share:(i + 1) * share] for i in range(replicas)]
+
+
+@dataclass
+class Process:
+    name: str
+    popen: subprocess.Popen
+    url: str
+    log: Path | None = None
+
+    @property
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+
+@dataclass
+class Cluster:
+    """N replicas and a router, as a context manager:
+
+        with Cluster(replicas=2, policy="cache_aware", serve_args=["--enable-prefix-caching"]) as c:
+            client = openai.OpenAI(base_url=c.url + "/v1", api_key="none")
+    """
+    replicas: int = 2
+    policy: str = "round_robin"
+    host: str = "127.0.0.1"
+    port: int = 0                         # the router's; 0 picks a free one
+    serve_args: list[str] = field(default_factory=list)
+    served_model_name: str = "minicb"
+    router: str | None = None             # the router's executable (default: router_executable)
+    router_kind: str = "vllm"             # "vllm" (vllm-router) or "sglang" (sglang-router)
+    router_args: list[str] = field(default_factory=list)
+    health_check_interval: int = 1        # seconds between the router's health checks
+    pin: bool = True                      # pin each replica to its own cores
+    log_dir: Path | None = None           # each process's output, else discarded
+    startup_timeout: float = 300.0
+    processes: list[Process] = field(default_factory=list, init=False)
+    router_process: Process | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        if self.replicas < 1:
+            raise ValueError(f"replicas must be at least 1 (got {self.replicas}).")
+        if self.router_kind not in ROUTERS:
+            raise ValueError(f"unknown router {self.router_kind!r}; choose one of {list(ROUTERS)}.")
+        if self.policy not in POLICIES:
+            raise ValueError(f"unknown policy {self.policy!r}; choose one of {POLICIES}.")
+        if self.policy == "power_of_two" and self.replicas < 2:
+            raise ValueError("power_of_two compares two replicas; start at least 2 (--replicas 2)"
+                             " or choose another policy.")
+
+    @property
+    def url(self) -> str:
+        return self.router_process.url if self.router_process else ""
+
+    @property
+    def replica_urls(self) -> list[str]:
+        return [p.url for p in self.processes]
+
+    def _spawn(self, name: str, command: list[str], url: str, cores: list[int] | None = None,
+               env: dict | None = None) -> Process:
+        log = None
+        if self.log_dir is not None:
+            Path(self.log_dir).mkdir(parents=True, exist_ok=True)
+            log = Path(self.log_dir) / f"{name}.log"
+        out = open(log, "ab") if log else subprocess.DEVNULL
+
+        def preexec() -> None:
+            _die_with_parent()
+            if cores:
+                os.sched_setaffinity(0, cores)
+
+        # a session of its own: a Ctrl-C in the terminal reaches the launcher only, which then
+        # stops the router first and the replicas after it
+        popen = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                 preexec_fn=preexec, start_new_session=True)
+        if log:
+            out.close()
+        return Process(name, popen, url, log)
+
+    def start(self) -> Cluster:
+        router = self.router or router_executable(self.router_kind)
+        if router is None:
+            name, _, _, venv = ROUTERS[self.router_kind]
+            raise RuntimeError(f"{name} is not installed: run `make router-setup` (it installs "
+                               f"{ROUTER_SPEC} into {venv}; ROUTER=sglang for sglang-router), "
+                               "or set MINICB_ROUTER to its executable.")
+        try:
+            self._start_replicas()
+            self._start_router(router)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start_replicas(self) -> None:
+        pinned = core_sets(self.replicas) if self.pin else [None] * self.replicas
+        for index, cores in enumerate(pinned):
+            port = free_port()
+            command = [sys.executable, "-m", "minicb", "serve", "--host", "127.0.0.1", "--port",
+                       str(port), "--served-model-name", self.served_model_name,
+                       "--log-level", "warning"]
+            if cores and "--cpu-threads" not in self.serve_args:
+                command += ["--cpu-threads", str(len(cores))]
+            self.processes.append(self._spawn(f"replica-{index}", command + self.serve_args,
+                                              f"http://127.0.0.1:{port}", cores))
+        deadline = time.monotonic() + self.startup_timeout
+        for process in self.processes:
+            wait_healthy(process, "/health", deadline)
+
+    def _start_router(self, router: str) -> None:
+        port = self.port or free_port(self.host)
+        with socket.socket() as probe:       # a router already there would answer for this one
+            try:
+                probe.bind((self.host, port))
+            except OSError:
+                raise RuntimeError(f"{self.host}:{port} is taken; give the router another --port."
+                                   ) from None
+        _, subcommand, warning, _ = ROUTERS[self.router_kind]
+        command = [router, *subcommand, "--host", self.host, "--port", str(port),
+                   "--policy", self.policy,
+                   "--worker-urls", *self.replica_urls,
+                   "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()),
+                   "--health-check-interval-secs", str(self.health_check_interval),
+                   "--log-level", warning, *self.router_args]
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
+        self.router_process = self._spawn("router", command, f"http://{host}:{port}")
+        wait_healthy(self.router_process, "/v1/models", time.monotonic() + 60)
+
+    def kill_replica(self, index: int, sig: int = signal.SIGKILL) -> None:
+        """A replica dies (SIGKILL: no goodbye to its clients or the router)."""
+        self.processes[index].popen.send_signal(sig)
+        self.processes[index].popen.wait(30)
+
+    def stop(self, timeout: float = 20.0) -> None:
+        """The router first (no new requests reach a stopping replica), then every replica:
+        SIGTERM, and SIGKILL for any still running after `timeout` seconds."""
+        for group in ([self.router_process] if self.router_process else [], self.processes):
+            for process in group:
+                if process.alive:
+                    process.popen.terminate()
+            deadline = time.monotonic() + timeout
+            for process in group:
+                try:
+                    process.popen.wait(max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    process.popen.kill()
+                    process.popen.wait(10)
+
+    @property
+    def pids(self) -> list[int]:
+        everyone = self.processes + ([self.router_process] if self.router_process else [])
+        return [p.popen.pid for p in everyone]
+
+    def __enter__(self) -> Cluster:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _die_with_parent() -> None:
+    """Linux: a child gets SIGTERM when the process that started it dies, even by SIGKILL, so a
+    launcher killed outright leaves no replica or router behind."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)   # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def wait_healthy(process: Process, path: str, deadline: float) -> None:
+    """Poll `path` until it answers 200; fail with the process's log if it exits or times out."""
+    while True:
+        if not process.alive:
+            tail = process.log.read_text()[-2000:] if process.log and process.log.exists() else ""
+            raise RuntimeError(f"{process.name} exited with code {process.popen.returncode} "
+                               f"before it was ready.\n{tail}")
+        try:
+            if httpx.get(process.url + path, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{process.name} did not answer {path} at {process.url} in time.")
+        time.sleep(0.25)
+
+
+def scrape(url: str) -> dict[str, float]:
+    """A replica's /metrics as {sample name with labels: value}."""
+    samples = {}
+    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            samples[name] = float(value)
+    return samples
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m minicb cluster", description=__doc__.split("\n\n")[0],
+        epilog="arguments after -- go to every replica's `minicb serve`")
+    parser.add_argument("--replicas", type=int, default=2)
+    parser.add_argument("--policy", choices=POLICIES, default="cache_aware",
+                        help="the router's routing policy (default cache_aware)")
+    parser.add_argument("--host", default="127.0.0.1", help="where the router listens")
+    parser.add_argument("--port", type=int, default=8000, help="the router's port")
+    parser.add_argument("--served-model-name", default="minicb")
+    parser.add_argument("--router-kind", choices=list(ROUTERS), default="vllm",
+                        help="vllm (vllm-router, default) or sglang (sglang-router)")
+    parser.add_argument("--router", default=None,
+                        help="the router's executable (default: the one `make router-setup` "
+                             "installed, or PATH's)")
+    parser.add_argument("--no-pin", action="store_true",
+                        help="leave the replicas unpinned (the OS places their threads)")
+    parser.add_argument("--log-dir", default=None, help="each process's output goes here")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    serve_args = argv[argv.index("--") + 1:] if "--" in argv else []
+    own = argv[:argv.index("--")] if "--" in argv else argv
+    parser = build_parser()
+    args = parser.parse_args(own)
+    try:
+        cluster = Cluster(args.replicas, args.policy, args.host, args.port, serve_args,
+                          args.served_model_name, args.router, router_kind=args.router_kind,
+                          pin=not args.no_pin,
+                          log_dir=Path(args.log_dir) if args.log_dir else None)
+    except ValueError as error:
+        parser.error(str(error))
+
+    def stop_on(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop_on)
+    try:
+        cluster.start()
+        for process, cores in zip(cluster.processes, core_sets(args.replicas)):
+            where = f" on cores {cores}" if not args.no_pin else ""
+            print(f"replica {process.name}: {process.url}{where}", flush=True)
+        name = ROUTERS[args.router_kind][0]
+        print(f"router ({name}, policy {args.policy}) ready; one URL for clients:", flush=True)
+        print(f"{cluster.url}/v1", flush=True)
+        while cluster.router_process.alive:
+            time.sleep(0.5)
+        print("the router exited; stopping the replicas", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    except RuntimeError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    finally:
+        cluster.stop()
+        print("cluster stopped: router and replicas", file=sys.stderr, flush=True)

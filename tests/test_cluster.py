@@ -1,0 +1,215 @@
+"""minicb replicas behind vLLM's router (`python -m minicb cluster`): it starts, routes the openai
+client through one URL, survives a replica's death, and stops every process it started.
+
+These need vllm-router (a Rust binary from the package index) in .venv-router; the module's
+setup installs it with pip if it is missing (about 40 s on 2 cores, once), so the tests run in
+`make test` rather than skip.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from minicb.serving import cluster as cluster_module
+from minicb.serving.cluster import ROUTER_SPEC, Cluster, core_sets, scrape
+
+REPO = Path(__file__).resolve().parents[1]
+SERVE_ARGS = ["--max-num-seqs", "4", "--max-model-len", "256", "--enable-prefix-caching"]
+
+
+@pytest.fixture(scope="module")
+def router() -> str:
+    executable = cluster_module.router_executable()
+    if executable is None:
+        venv = REPO / cluster_module.ROUTER_VENV
+        started = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        install = subprocess.run([str(venv / "bin" / "pip"), "install", "--quiet", ROUTER_SPEC],
+                                 capture_output=True, text=True)
+        assert install.returncode == 0, f"could not install {ROUTER_SPEC}: {install.stderr[-800:]}"
+        print(f"installed {ROUTER_SPEC} in {time.perf_counter() - started:.0f} s")
+        executable = cluster_module.router_executable()
+    assert executable is not None
+    return executable
+
+
+def _served(url: str) -> float:
+    return sum(v for k, v in scrape(url).items() if k.startswith("minicb_request_success_total"))
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    # a zombie has exited; only its parent's wait is missing
+    status = Path(f"/proc/{pid}/status")
+    return status.exists() and "zombie" in status.read_text()
+
+
+def test_core_sets_split_the_cores_and_share_them_round_robin_when_short():
+    assert core_sets(2, [0, 1]) == [[0], [1]]
+    assert core_sets(2, [0, 1, 2, 3]) == [[0, 1], [2, 3]]
+    assert core_sets(1, [0, 1]) == [[0]] or core_sets(1, [0, 1]) == [[0, 1]]
+    assert core_sets(3, [0, 1]) == [[0], [1], [0]]
+
+
+def test_the_cluster_routes_the_openai_client_over_both_replicas_and_stops_clean(router):
+    with Cluster(replicas=2, policy="round_robin", serve_args=SERVE_ARGS, router=router) as c:
+        assert c.url.startswith("http://127.0.0.1:")
+        client = openai.OpenAI(base_url=c.url + "/v1", api_key="none")
+        direct = httpx.post(c.replica_urls[0] + "/v1/completions", timeout=60, json={
+            "model": "minicb", "prompt": "def add(a, b):", "max_tokens": 8, "temperature": 0})
+        for _ in range(4):
+            routed = client.completions.create(model="minicb", prompt="def add(a, b):",
+                                               max_tokens=8, temperature=0)
+            assert routed.choices[0].text == direct.json()["choices"][0]["text"]
+        chat = client.chat.completions.create(
+            model="minicb", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+        assert chat.choices[0].message.content is not None
+        streamed = client.completions.create(model="minicb", prompt="def add(a, b):",
+                                             max_tokens=8, temperature=0, stream=True)
+        assert "".join(x.choices[0].text for x in streamed if x.choices) \
+            == direct.json()["choices"][0]["text"]
+        served = [_served(url) for url in c.replica_urls]
+        assert sum(served) == 7 and min(served) >= 2, served     # round robin used both
+        pids = c.pids
+    assert all(_gone(pid) for pid in pids), "a process of the cluster is still running"
+
+
+def test_when_a_replica_dies_the_router_stops_sending_it_requests(router):
+    with Cluster(replicas=2, policy="round_robin", serve_args=SERVE_ARGS, router=router) as c:
+        body = {"model": "minicb", "prompt": "def add(a, b):", "max_tokens": 4}
+        assert httpx.post(c.url + "/v1/completions", json=body, timeout=60).status_code == 200
+        c.kill_replica(1)
+        killed = time.monotonic()
+        statuses = []
+        # the clients' view: requests one after another until ten in a row succeed
+        while statuses[-10:] != [200] * 10:
+            assert time.monotonic() - killed < 60, f"no recovery in a minute: {statuses}"
+            try:
+                statuses.append(httpx.post(c.url + "/v1/completions", json=body,
+                                           timeout=30).status_code)
+            except httpx.HTTPError as error:
+                statuses.append(type(error).__name__)
+        print(f"after the kill: {statuses} ({time.monotonic() - killed:.1f} s)")
+        assert all(s == 200 or isinstance(s, int) and s >= 500 for s in statuses), statuses
+        survivor = c.replica_urls[0]
+        assert _served(survivor) >= 10
+        # the router's view: its health checks mark the dead replica unhealthy, and its own
+        # /health says so (503 naming it) while it keeps serving through the survivor
+        deadline = time.monotonic() + 30
+        while True:
+            workers = httpx.get(c.url + "/workers", timeout=10).json()["workers"]
+            health = {w["url"]: w["is_healthy"] for w in workers}
+            if health[c.replica_urls[1]] is False:
+                break
+            assert time.monotonic() < deadline, health
+            time.sleep(0.5)
+        assert health[survivor] is True
+        router_health = httpx.get(c.url + "/health", timeout=10)
+        assert router_health.status_code == 503 and c.replica_urls[1] in router_health.text
+
+
+def _launch(router: str) -> tuple[subprocess.Popen, str, list[str]]:
+    """`python -m minicb cluster` in a subprocess: the launcher, its URL, its replicas' URLs."""
+    env = {**os.environ, "MINICB_ROUTER": router}
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "minicb", "cluster", "--replicas", "2", "--policy", "power_of_two",
+         "--port", "0", "--", *SERVE_ARGS], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True, env=env)
+    lines = []
+    deadline = time.monotonic() + 300
+    while not (lines and lines[-1].startswith("http://")):
+        assert time.monotonic() < deadline and launcher.poll() is None, "".join(lines)
+        lines.append(launcher.stdout.readline())
+    url = lines[-1].strip()
+    replicas = [line.split(": ")[1].split()[0] for line in lines if line.startswith("replica")]
+    assert len(replicas) == 2 and url.startswith("http://127.0.0.1:")
+    return launcher, url, replicas
+
+
+def _ports(url: str, replicas: list[str]) -> list[str]:
+    return [u.rsplit(":", 1)[1] for u in replicas] + [url.split(":")[2].split("/")[0]]
+
+
+def _closed(ports: list[str], within: float) -> bool:
+    """Whether every port stops answering within `within` seconds."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if all(_refuses(port) for port in ports):
+            return True
+        time.sleep(0.5)
+    return False
+
+
+def _refuses(port: str) -> bool:
+    try:
+        httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)
+    except httpx.ConnectError:
+        return True
+    return False
+
+
+def test_sigterm_to_the_launcher_stops_every_process_it_started(router):
+    launcher, url, replicas = _launch(router)
+    client = openai.OpenAI(base_url=url, api_key="none")
+    assert client.completions.create(model="minicb", prompt="hi", max_tokens=2).choices
+    ports = _ports(url, replicas)
+    launcher.send_signal(signal.SIGTERM)
+    assert launcher.wait(60) == 0
+    for port in ports:
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(f"http://127.0.0.1:{port}/health", timeout=5)
+    # no process with the cluster's ports on its command line is left
+    left = [p for p in Path("/proc").iterdir() if p.name.isdigit() and any(
+        f"--port {port}" in _cmdline(p) or f":{port}" in _cmdline(p) for port in ports)]
+    assert not left, [_cmdline(p) for p in left]
+
+
+def _cmdline(proc: Path) -> str:
+    try:
+        return (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def test_a_launcher_killed_outright_takes_its_replicas_and_router_with_it(router):
+    launcher, url, replicas = _launch(router)
+    launcher.kill()                      # SIGKILL: no handler runs, the children must notice
+    launcher.wait(10)
+    assert _closed(_ports(url, replicas), within=30), "a replica or the router outlived it"
+
+
+def test_the_prefix_heavy_workload_repeats_each_chats_last_turn_and_is_seeded():
+    from minicb.serving.loadgen import PROMPT_WORDS
+    from minicb.workload import get_workload, prefix_texts
+
+    workload = get_workload("prefix-heavy", n=24, seed=3, systems=2, turns=3)
+    prompts = prefix_texts(workload, PROMPT_WORDS)
+    assert prompts == prefix_texts(get_workload("prefix-heavy", n=24, seed=3, systems=2, turns=3),
+                                   PROMPT_WORDS)
+    assert prompts != prefix_texts(get_workload("prefix-heavy", n=24, seed=4, systems=2, turns=3),
+                                   PROMPT_WORDS)
+    last: dict[int, tuple[int, str]] = {}
+    systems = {}
+    for (system, chat, turn), prompt in zip(workload.extra["turns"], prompts):
+        if chat in last:
+            previous_turn, previous = last[chat]
+            assert turn == previous_turn + 1          # a chat's turns go out in order
+            assert prompt.startswith(previous.removesuffix("\nassistant:"))
+        else:
+            assert turn == 1
+        head = prompt.split("\nuser:")[0]
+        assert systems.setdefault(system, head) == head      # one system prompt per system
+        last[chat] = (turn, prompt)
+    assert len(systems) == 2 and len(last) == 8

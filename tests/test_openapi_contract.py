@@ -1,0 +1,163 @@
+"""The OpenAPI document is the server's contract: what it allows is served, what it forbids is
+refused with OpenAI's error body, and every status the server answers is documented.
+
+Two checks. In process, always: bodies generated from the published schema (validated by
+jsonschema) must be served, and bodies with one field broken must be refused with a 4xx that
+the document lists, in OpenAI's error shape. Then schemathesis, a third-party API fuzzer, with
+every one of its checks against the same server, installed into .venv-schemathesis if it is
+not there (`make schemathesis-setup`; about a minute, once), a bounded number of cases.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import jsonschema
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from schemathesis_hooks import most_prompt_tokens
+
+from minicb.serving.openai_protocol import ERROR_SCHEMA
+from minicb.serving.server import ServerThread, build_app
+
+REPO = Path(__file__).resolve().parents[1]
+MAX_MODEL_LEN = 256
+CASES = 60                # per endpoint and kind
+
+
+@pytest.fixture(scope="module")
+def served():
+    app = build_app(None, served_model_name="minicb", max_model_len=MAX_MODEL_LEN, max_num_seqs=8)
+    with ServerThread(app) as server:
+        yield server, httpx.get(server.url + "/openapi.json").json()
+
+
+def body_schema(openapi: dict, path: str) -> dict:
+    return openapi["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+
+
+def test_the_document_states_error_bodies_bounds_and_metrics_as_text(served):
+    _, openapi = served
+    for path in ("/v1/completions", "/v1/chat/completions"):
+        responses = openapi["paths"][path]["post"]["responses"]
+        for status in ("400", "404", "413", "503"):
+            schema = responses[status]["content"]["application/json"]["schema"]
+            assert schema == ERROR_SCHEMA, (path, status)
+        assert "text/event-stream" in responses["200"]["content"]
+        properties = body_schema(openapi, path)["properties"]
+        # the bounds the server enforces, where a schema-valid request used to be refused
+        bounds = json.dumps(properties)
+        assert '"minLength": 1' in bounds                      # empty stop strings, prompts
+        assert json.dumps(properties["temperature"]).count('"maximum": 100') == 1
+        assert '{"enum": [-1]}' in json.dumps(properties["top_k"])
+    metrics = openapi["paths"]["/metrics"]["get"]["responses"]["200"]["content"]
+    assert list(metrics) == ["text/plain"]
+
+
+def _fits(body: dict) -> bool:
+    """Whether the context rule (not expressible in a schema) surely lets the body through."""
+    max_tokens = body.get("max_tokens") or body.get("max_completion_tokens") or 1
+    return most_prompt_tokens(body) + max_tokens <= MAX_MODEL_LEN
+
+
+def _valid_bodies(schema: dict) -> st.SearchStrategy:
+    """Small bodies built field by field from the schema's own properties, kept when jsonschema
+    says they are valid (so a schema that allows something the server refuses shows up)."""
+    validator = jsonschema.Draft202012Validator(schema)
+    simple = {
+        "model": st.just("minicb"), "max_tokens": st.integers(1, 8),
+        "max_completion_tokens": st.integers(1, 8), "temperature": st.floats(0, 100),
+        "top_p": st.floats(1e-6, 1), "top_k": st.sampled_from([-1, 1, 2, 50, 10**6]),
+        "seed": st.integers(0, 2**53 - 1), "n": st.integers(1, 3),
+        "stop": st.one_of(st.text(min_size=1, max_size=4), st.lists(
+            st.text(min_size=1, max_size=4), max_size=3)),
+        "stop_token_ids": st.lists(st.integers(0, 5000), max_size=3),
+        "stream": st.booleans(), "ignore_eos": st.booleans(), "echo": st.booleans(),
+        "user": st.text(max_size=5), "logprobs": st.sampled_from([False, 0]),
+        "skip_special_tokens": st.just(True), "include_reasoning": st.booleans(),
+        "no_stop_trim": st.just(False), "return_hidden_states": st.just(False),
+    }
+    prompt = st.one_of(st.text(min_size=1, max_size=30),
+                       st.lists(st.integers(0, 4095), min_size=1, max_size=20))
+    messages = st.lists(st.fixed_dictionaries({
+        "role": st.sampled_from(["system", "user", "assistant"]),
+        "content": st.text(max_size=30)}), min_size=1, max_size=3)
+    required = ({"prompt": prompt} if "prompt" in schema["properties"]
+                else {"messages": messages})
+    optional = {k: v for k, v in simple.items() if k in schema["properties"]}
+    return st.fixed_dictionaries(required, optional=optional).filter(validator.is_valid)
+
+
+# one field broken per body: (field, a value the schema forbids)
+BROKEN = [("temperature", 100.5), ("temperature", -1), ("top_p", 0), ("top_k", 0), ("top_k", -2),
+          ("stop", ""), ("stop", [""]), ("n", 0), ("max_tokens", 0),
+          ("max_tokens", MAX_MODEL_LEN), ("max_completion_tokens", MAX_MODEL_LEN),
+          ("seed", -1), ("seed", 2**53), ("stream", "yes"), ("logprobs", True),
+          ("return_hidden_states", True), ("skip_special_tokens", False), ("tools", [{}]),
+          ("response_format", {"type": "json_object"}), ("stream_options", False),
+          ("user", 5), ("model", 5), ("stop", ["x"] * 33), ("include_reasoning", "yes")]
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_what_the_schema_allows_is_served_and_what_it_forbids_is_refused(served, path):
+    server, openapi = served
+    schema = body_schema(openapi, path)
+    documented = set(openapi["paths"][path]["post"]["responses"])
+
+    @settings(max_examples=CASES, deadline=None, database=None, derandomize=True,
+              suppress_health_check=list(HealthCheck))
+    @given(_valid_bodies(schema))
+    def allowed(body):
+        if not _fits(body):
+            return
+        response = httpx.post(server.url + path, json=body, timeout=60)
+        assert response.status_code == 200, f"{body!r} refused: {response.text[:300]}"
+
+    allowed()
+    base = ({"prompt": "def add(a, b):"} if "prompt" in schema["properties"]
+            else {"messages": [{"role": "user", "content": "hi"}]}) | {"max_tokens": 2}
+    for field, value in BROKEN:
+        body = base | {field: value}
+        assert not jsonschema.Draft202012Validator(schema).is_valid(body), (field, value)
+        response = httpx.post(server.url + path, json=body, timeout=60)
+        assert 400 <= response.status_code < 500, f"{field}={value!r}: {response.status_code}"
+        assert str(response.status_code) in documented
+        jsonschema.validate(response.json(), ERROR_SCHEMA)
+    # unknown fields are allowed by the schema and ignored by the server
+    assert httpx.post(server.url + path, json=base | {"no_such_field": 1}).status_code == 200
+
+
+def schemathesis_executable() -> Path:
+    """.venv-schemathesis/bin/st, installed here if missing (pip, from the package index)."""
+    venv = REPO / ".venv-schemathesis"
+    st_bin = venv / "bin" / "st"
+    if not st_bin.exists():
+        started = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        spec = os.environ.get("SCHEMATHESIS_SPEC", "schemathesis==4.32.5")
+        install = subprocess.run([str(venv / "bin" / "pip"), "install", "--quiet", spec],
+                                 capture_output=True, text=True)
+        assert install.returncode == 0, f"could not install {spec}: {install.stderr[-1000:]}"
+        print(f"installed {spec} in {time.perf_counter() - started:.0f} s")
+    return st_bin
+
+
+@pytest.mark.slow
+def test_schemathesis_with_every_check_finds_no_failure(served):
+    server, _ = served
+    st_bin = schemathesis_executable()
+    env = {**os.environ, "PYTHONPATH": str(REPO / "tests"),
+           "SCHEMATHESIS_HOOKS": "schemathesis_hooks", "MINICB_MAX_MODEL_LEN": str(MAX_MODEL_LEN)}
+    run = subprocess.run([str(st_bin), "run", server.url + "/openapi.json", "--checks", "all",
+                          "--max-examples", "25", "--request-timeout", "60", "--seed", "1"],
+                         capture_output=True, text=True, env=env, timeout=900)
+    summary = run.stdout[-3000:]
+    assert run.returncode == 0, summary
+    assert "No issues found" in summary or "passed" in summary, summary
