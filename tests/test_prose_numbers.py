@@ -7,6 +7,10 @@ every notebook hold no number followed by a unit or a ratio: ×, an x after a nu
 µs, us, ns, tok/s, tokens/s, requests/s, GB, GiB, MB, MiB, KiB, TB/s, FLOP(s), TFLOP/s, bytes,
 "times". Code cells, and what they print or render, are not scanned: that is evidence.
 
+A chapter's "## Interview questions" stay plain markdown: the interview notebook gathers them
+from the chapters' markdown cells (`minicb.viz.quiz.book_interview`) into its own, so they too
+hold no typed number with a unit (a rendered one would not be gathered).
+
 The few sentences allowed to keep a typed number are listed once, in `EXCEPTIONS` below, each
 with its reason. Rewriting the prose is better than adding a row.
 """
