@@ -191,3 +191,41 @@ FACTS.update({
     "llama3_8b_head_dim": Fact(128, "elements", _LLAMA3_8B + ": hidden_size 4096 / "
                                "num_attention_heads 32"),
 })
+
+# --- the interview's cheat sheet: the papers' headline numbers, and the shapes its examples use ---
+_DEEPSEEK_V2 = ("DeepSeek-AI, DeepSeek-V2: A Strong, Economical, and Efficient Mixture-of-Experts "
+                "Language Model, 2024, https://arxiv.org/abs/2405.04434")
+_DEEPSEEK_V2_CONFIG = "deepseek-ai/DeepSeek-V2 config.json"
+FACTS.update({
+    "h100_nvlink_bandwidth": Fact(900, "GB/s", _H100_SHEET + ": NVLink 900 GB/s (both directions "
+                                  "together)"),
+    "sarathi_capacity_gain": Fact(2.6, "x", "Agrawal et al., Taming Throughput-Latency Tradeoff in "
+                                  "LLM Inference with Sarathi-Serve, OSDI 2024, abstract: serving "
+                                  "capacity against vLLM, Mistral-7B on one A100, "
+                                  "https://arxiv.org/abs/2403.02310"),
+    "flash_decoding_speedup": Fact(8, "x", "Dao, Haziza, Massa, Sizov, Flash-Decoding for "
+                                   "long-context inference, 2023, \"up to 8x faster generation for "
+                                   "very long sequences\", "
+                                   "https://crfm.stanford.edu/2023/10/12/flashdecoding.html"),
+    "speculative_t5_gain_low": Fact(2, "x", "Leviathan, Kalman, Matias, Fast Inference from "
+                                    "Transformers via Speculative Decoding, ICML 2023, abstract: "
+                                    "2x-3x on T5-XXL against the standard T5X implementation, "
+                                    "https://arxiv.org/abs/2211.17192"),
+    "speculative_t5_gain_high": Fact(3, "x", "the same paper and claim, highest"),
+    "speculative_chinchilla_gain_low": Fact(2, "x", "Chen et al., Accelerating Large Language "
+                                            "Model Decoding with Speculative Sampling, 2023, "
+                                            "abstract: 2-2.5x decoding speed-up on Chinchilla 70B, "
+                                            "https://arxiv.org/abs/2302.01318"),
+    "speculative_chinchilla_gain_high": Fact(2.5, "x", "the same paper and claim, highest"),
+    "distserve_more_requests": Fact(7.4, "x", "Zhong et al., DistServe, OSDI 2024, abstract: "
+                                    "requests served against state-of-the-art colocated systems, "
+                                    "https://arxiv.org/abs/2401.09670"),
+    "distserve_tighter_slo": Fact(12.6, "x", "the same abstract: how much tighter an SLO it meets"),
+    "deepseek_v2_kv_reduction": Fact(93.3, "%", _DEEPSEEK_V2 + ", abstract: KV cache against "
+                                     "DeepSeek 67B"),
+    "deepseek_v2_layers": Fact(60, "layers", _DEEPSEEK_V2_CONFIG + ": num_hidden_layers"),
+    "deepseek_v2_kv_latent_dim": Fact(512, "elements", _DEEPSEEK_V2_CONFIG + ": kv_lora_rank, the "
+                                      "compressed latent cached per token and layer"),
+    "deepseek_v2_rope_key_dim": Fact(64, "elements", _DEEPSEEK_V2_CONFIG + ": qk_rope_head_dim, the "
+                                     "decoupled rotary key cached beside the latent"),
+})
