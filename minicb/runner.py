@@ -68,11 +68,14 @@ class ModelRunner:
 
     def prepare(self, output: SchedulerOutput) -> tuple[torch.Tensor, torch.Tensor,
                                                         AttentionMetadata, torch.Tensor]:
-        """Pack the step: per row, [pad…, the row's tokens]; everything else by tensor ops."""
-        seqs = output.seqs
-        if all(s.is_decode and not s.ghost for s in seqs):
+        """Pack the step: input ids, positions, attention metadata and the rows to sample."""
+        if all(s.is_decode and not s.ghost for s in output.seqs):
             return self._prepare_decodes(output)
-        block_size = self.config.block_size
+        return self._prepare_packed(output)
+
+    def _prepare_packed(self, output: SchedulerOutput):
+        """Any step: per row, [pad…, the row's tokens]; everything else by tensor ops."""
+        seqs, block_size = output.seqs, self.config.block_size
         input_ids: list[int] = []
         q_lens, starts, pads, seq_lens, real_rows = [], [], [], [], []
         for seq in seqs:
