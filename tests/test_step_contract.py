@@ -107,7 +107,7 @@ def test_the_simulator_counts_rows_as_the_plan_marks_them():
         [(8, 0), (0, 1), (0, 1)]
 
 
-# --- one owner for a step's results ----------------------------------------------------------------
+# --- one owner for a step's results -------------------------------------------------------
 def test_update_applies_tokens_logprobs_and_errors(tiny_llama):
     engine = LLM(tiny_llama, max_num_seqs=4).llm_engine
     (ok,) = engine.add_request("ok", [5, 6, 7], SamplingParams(max_tokens=3, **GREEDY))
@@ -179,7 +179,7 @@ def test_outputs_carry_the_new_tokens_until_the_finish(tiny_llama):
     assert last.outputs[0].token_ids == [t for o in outputs for t in o.new_token_ids]
 
 
-# --- one resolved config, one registry per family ---------------------------------------------------
+# --- one resolved config, one registry per family -----------------------------------------
 def test_the_callers_config_is_never_changed_and_replace_derives_again(tiny_llama):
     asked = EngineConfig(model=tiny_llama, max_num_seqs=4, max_model_len=64)
     engine = LLM(**{f.name: getattr(asked, f.name) for f in dataclasses.fields(asked)}).llm_engine
@@ -204,5 +204,6 @@ def test_choices_and_errors_come_from_the_registries():
     assert tuple(choices["kv_cache"]) == KV_CACHES.choices
     assert tuple(choices["attention"]) == ATTENTION_BACKENDS.choices == ("auto", "torch",
                                                                          "triton", "cpu")
-    with pytest.raises(ValueError, match=r"kv_cache='ring' is not one of \('contiguous', 'paged'\)"):
+    with pytest.raises(ValueError,
+                       match=r"kv_cache='ring' is not one of \('contiguous', 'paged'\)"):
         EngineConfig(kv_cache="ring")
