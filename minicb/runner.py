@@ -130,20 +130,20 @@ class ModelRunner:
 
     def _to_device(self, output, input_ids, positions, slot_mapping, cu_seqlens_q, seq_lens,
                    block_tables, q_lens, logits_indices):
-        device = self.device
-        decode_rows = [s.is_decode for s in output.seqs]
+        on_host = self.device.type == "cpu"     # then every .to() would be a no-op call
+
+        def moved(tensor: torch.Tensor) -> torch.Tensor:
+            return tensor if on_host else tensor.to(self.device, non_blocking=True)
+
         meta = AttentionMetadata(
-            slot_mapping=slot_mapping.to(device, non_blocking=True),
-            cu_seqlens_q=cu_seqlens_q.to(device, non_blocking=True),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32).to(device, non_blocking=True),
-            block_tables=block_tables.to(device, non_blocking=True),
-            max_seqlen_q=max(q_lens), max_seqlen_k=max(max(seq_lens), 1), q_lens_host=q_lens,
-            seq_lens_host=seq_lens, decode_rows=decode_rows,
+            slot_mapping=moved(slot_mapping), cu_seqlens_q=moved(cu_seqlens_q),
+            seq_lens=moved(torch.tensor(seq_lens, dtype=torch.int32)),
+            block_tables=moved(block_tables), max_seqlen_q=max(q_lens),
+            max_seqlen_k=max(max(seq_lens), 1), q_lens_host=q_lens, seq_lens_host=seq_lens,
+            decode_rows=[s.is_decode for s in output.seqs],
             num_decode_rows=output.num_decode_rows,
             max_fused_decode_rows=self.config.max_fused_decode_rows)
-        return (torch.tensor(input_ids).to(device, non_blocking=True),
-                positions.to(device, non_blocking=True), meta,
-                logits_indices.to(device, non_blocking=True))
+        return moved(torch.tensor(input_ids)), moved(positions), meta, moved(logits_indices)
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         """Copy-on-write: give each destination block the KV of its source, in every layer.
