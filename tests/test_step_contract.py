@@ -207,3 +207,18 @@ def test_choices_and_errors_come_from_the_registries():
     with pytest.raises(ValueError,
                        match=r"kv_cache='ring' is not one of \('contiguous', 'paged'\)"):
         EngineConfig(kv_cache="ring")
+
+
+def test_a_stop_string_ends_a_static_batch_in_its_own_step():
+    """The stop string is found after the scheduler's update: the batch still ends that step,
+    never running a step of ghosts only."""
+    engine = LLM(scheduler="static", max_num_seqs=2, max_model_len=64).llm_engine
+    engine.add_request("r", "def fibonacci(n):", SamplingParams(max_tokens=30, stop=[" "],
+                                                                 temperature=0))
+    outputs = []
+    while engine.has_unfinished_requests():
+        outputs += engine.step()
+    assert outputs[-1].outputs[0].finish_reason == "stop"
+    assert outputs[-1].outputs[0].stop_reason == " "
+    assert engine.scheduler.running == [] and engine.kv.num_used_blocks() == 0
+    assert engine.scheduler.step_count == len(outputs)      # one step per token, no idle step

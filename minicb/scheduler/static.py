@@ -59,10 +59,14 @@ class StaticScheduler(Scheduler):
                                         num_pad=longest_prompt - request.num_tokens))
 
     def finish(self, request, status: RequestStatus) -> None:
-        # the row and its KV stay with the batch until the batch ends (after_update)
+        # the row and its KV stay with the batch until its last member finishes
         self._mark_finished(request, status)
+        self._end_batch_if_done()
 
     def after_update(self, output: SchedulerOutput) -> None:
+        self._end_batch_if_done()
+
+    def _end_batch_if_done(self) -> None:
         if self.running and all(r.finished for r in self.running):
             for request in self.running:
                 self.kv.free(request)
@@ -71,8 +75,7 @@ class StaticScheduler(Scheduler):
     def abort(self, request_id: str):
         for request in self.running:
             if request.request_id == request_id and not request.finished:
-                self._mark_finished(request, RequestStatus.FINISHED_ABORTED)
-                self.after_update(SchedulerOutput(step=self.step_count))
+                self.finish(request, RequestStatus.FINISHED_ABORTED)
                 return request
         return super().abort(request_id)
 
