@@ -257,12 +257,13 @@ def test_a_client_that_hangs_up_mid_stream_is_aborted_and_frees_its_blocks(serve
     aborted_before = engine.stats.finished["abort"]
     body = {"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 200, "stream": True,
             "ignore_eos": True}
-    with httpx.stream("POST", server.url + "/v1/completions", json=body) as response:
-        lines = response.iter_lines()
-        assert next(line for line in lines if line.startswith("data:"))
-        assert engine.engine.kv.num_used_blocks() > 0
-    # leaving the block closed the connection after one chunk of 200
-    wait_until_idle(server)
+    with slow_steps(engine):
+        with httpx.stream("POST", server.url + "/v1/completions", json=body) as response:
+            lines = response.iter_lines()
+            assert next(line for line in lines if line.startswith("data:"))
+            assert engine.engine.kv.num_used_blocks() > 0
+        # leaving the block closed the connection after one chunk of 200
+        wait_until_idle(server)
     assert engine.stats.finished["abort"] == aborted_before + 1
     assert engine.engine.kv.num_used_blocks() == 0
 
@@ -272,17 +273,18 @@ def test_hanging_up_on_n_samples_aborts_every_one_and_frees_their_blocks(server)
     aborted_before = engine.stats.finished["abort"]
     body = {"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 200, "n": 3, "stream": True,
             "ignore_eos": True}
-    with httpx.stream("POST", server.url + "/v1/completions", json=body) as response:
-        lines = response.iter_lines()
-        assert next(line for line in lines if line.startswith("data:"))
-        assert engine.engine.kv.num_used_blocks() > 0
-    wait_until_idle(server)
-    assert engine.stats.finished["abort"] == aborted_before + 3
-    assert engine.engine.kv.num_used_blocks() == 0
-    body = {**body, "stream": False, "n": 2}
-    with pytest.raises(httpx.ReadTimeout):
-        httpx.post(server.url + "/v1/completions", json=body, timeout=0.3)
-    wait_until_idle(server)
+    with slow_steps(engine):
+        with httpx.stream("POST", server.url + "/v1/completions", json=body) as response:
+            lines = response.iter_lines()
+            assert next(line for line in lines if line.startswith("data:"))
+            assert engine.engine.kv.num_used_blocks() > 0
+        wait_until_idle(server)
+        assert engine.stats.finished["abort"] == aborted_before + 3
+        assert engine.engine.kv.num_used_blocks() == 0
+        body = {**body, "stream": False, "n": 2}
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(server.url + "/v1/completions", json=body, timeout=0.3)
+        wait_until_idle(server)
     assert engine.stats.finished["abort"] == aborted_before + 5
     assert engine.engine.kv.num_used_blocks() == 0
 
