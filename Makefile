@@ -65,7 +65,7 @@ test: setup browser-setup
 FAST_SKIP := --ignore=tests/browser --ignore=tests/exercises --ignore=tests/test_exercise_mutants.py \
 	--ignore=tests/test_exercises_in_sync.py --ignore=tests/test_notebooks_in_sync.py \
 	--ignore=tests/test_kernels.py --ignore=tests/test_engine_triton.py --ignore=tests/test_grade_tool.py \
-	--ignore=tests/test_packaging.py --ignore=tests/test_vllm_peer.py --ignore=tests/test_server_fuzz.py \
+	--ignore=tests/test_packaging.py --ignore=tests/test_vllm_peer.py \
 	--ignore-glob='tests/test_bench*.py' --ignore-glob='tests/test_viz*.py'
 test-fast: setup
 	$(BIN)/python -m pytest -m "not slow" -p no:cacheprovider $(FAST_SKIP) tests
