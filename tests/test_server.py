@@ -6,6 +6,7 @@ command line."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import threading
@@ -53,6 +54,24 @@ def reference(chat_model) -> LLM:
 
 def engine_of(server):
     return server.app.state.engine
+
+
+@contextlib.contextmanager
+def slow_steps(engine, seconds: float = 0.02):
+    """Every model step takes at least `seconds`: a long request then really is long, however
+    fast the engine computes the tiny model's tokens."""
+    runner = engine.engine.runner
+    execute = runner.execute
+
+    def slow_execute(plan):
+        time.sleep(seconds)
+        return execute(plan)
+
+    runner.execute = slow_execute
+    try:
+        yield
+    finally:
+        del runner.execute
 
 
 def wait_until_idle(server, timeout: float = 60.0) -> None:
@@ -238,12 +257,13 @@ def test_a_client_that_hangs_up_mid_stream_is_aborted_and_frees_its_blocks(serve
     aborted_before = engine.stats.finished["abort"]
     body = {"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 200, "stream": True,
             "ignore_eos": True}
-    with httpx.stream("POST", server.url + "/v1/completions", json=body) as response:
-        lines = response.iter_lines()
-        assert next(line for line in lines if line.startswith("data:"))
-        assert engine.engine.kv.num_used_blocks() > 0
-    # leaving the block closed the connection after one chunk of 200
-    wait_until_idle(server)
+    with slow_steps(engine):
+        with httpx.stream("POST", server.url + "/v1/completions", json=body) as response:
+            lines = response.iter_lines()
+            assert next(line for line in lines if line.startswith("data:"))
+            assert engine.engine.kv.num_used_blocks() > 0
+        # leaving the block closed the connection after one chunk of 200
+        wait_until_idle(server)
     assert engine.stats.finished["abort"] == aborted_before + 1
     assert engine.engine.kv.num_used_blocks() == 0
 
@@ -261,17 +281,18 @@ def test_hanging_up_on_n_samples_aborts_every_one_and_frees_their_blocks(server,
     aborted_before = engine.stats.finished["abort"]
     body = {"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 200, "n": 3, "stream": True,
             "ignore_eos": True}
-    with httpx.stream("POST", server.url + "/v1/completions", json=body) as response:
-        lines = response.iter_lines()
-        assert next(line for line in lines if line.startswith("data:"))
-        assert engine.engine.kv.num_used_blocks() > 0
-    wait_until_idle(server)
-    assert engine.stats.finished["abort"] == aborted_before + 3
-    assert engine.engine.kv.num_used_blocks() == 0
-    body = {**body, "stream": False, "n": 2}
-    with pytest.raises(httpx.ReadTimeout):
-        httpx.post(server.url + "/v1/completions", json=body, timeout=0.3)
-    wait_until_idle(server)
+    with slow_steps(engine):
+        with httpx.stream("POST", server.url + "/v1/completions", json=body) as response:
+            lines = response.iter_lines()
+            assert next(line for line in lines if line.startswith("data:"))
+            assert engine.engine.kv.num_used_blocks() > 0
+        wait_until_idle(server)
+        assert engine.stats.finished["abort"] == aborted_before + 3
+        assert engine.engine.kv.num_used_blocks() == 0
+        body = {**body, "stream": False, "n": 2}
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(server.url + "/v1/completions", json=body, timeout=0.3)
+        wait_until_idle(server)
     assert engine.stats.finished["abort"] == aborted_before + 5
     assert engine.engine.kv.num_used_blocks() == 0
 
@@ -281,9 +302,10 @@ def test_a_non_streaming_client_that_gives_up_is_aborted_too(server, monkeypatch
     slow_steps(monkeypatch, engine)
     aborted_before = engine.stats.finished["abort"]
     body = {"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 200, "ignore_eos": True}
-    with pytest.raises(httpx.ReadTimeout):
-        httpx.post(server.url + "/v1/completions", json=body, timeout=0.3)
-    wait_until_idle(server)
+    with slow_steps(engine):
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(server.url + "/v1/completions", json=body, timeout=0.3)
+        wait_until_idle(server)
     assert engine.stats.finished["abort"] == aborted_before + 1
     assert engine.engine.kv.num_used_blocks() == 0
 
@@ -590,7 +612,7 @@ def test_overload_gets_503_with_retry_after_and_chat_without_template_gets_400(t
     long_body = {"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 200, "stream": True,
                  "ignore_eos": True}
     short_body = {"model": "tiny", "prompt": [8, 9], "max_tokens": 2}
-    with ServerThread(app) as server, \
+    with ServerThread(app) as server, slow_steps(app.state.engine), \
             httpx.stream("POST", server.url + "/v1/completions", json=long_body) as hog:
         lines = hog.iter_lines()       # kept: dropping the iterator would close the connection
         next(line for line in lines if line.startswith("data:"))      # the hog is running now
