@@ -156,6 +156,29 @@ for _arch in ("gfx90a", "gfx942"):
     }
 del _cc, _per_sm, _per_block, _threads, _blocks, _arch, _src
 
+# --- Paged KV: the vLLM paper and other engines' page sizes (chapter 04) ---
+_VLLM_PAPER = ("Kwon et al., Efficient Memory Management for Large Language Model Serving with "
+               "PagedAttention, SOSP 2023, https://arxiv.org/abs/2309.06180")
+FACTS.update({
+    "vllm_paper_kv_used_low": Fact(20.4, "%", _VLLM_PAPER + ", section 1 and Figure 2: the "
+                                   "share of KV cache memory holding token states in earlier "
+                                   "systems, lowest"),
+    "vllm_paper_kv_used_high": Fact(38.2, "%", _VLLM_PAPER + ", section 1 and Figure 2: the "
+                                    "same share, highest"),
+    "vllm_paper_kv_waste": Fact(4, "%", _VLLM_PAPER + ", section 1: vLLM wastes under this share "
+                                "of KV cache memory"),
+    "vllm_paper_throughput_gain_low": Fact(2, "x", _VLLM_PAPER + ", abstract: throughput over "
+                                           "FasterTransformer and Orca at the same latency, lowest"),
+    "vllm_paper_throughput_gain_high": Fact(4, "x", _VLLM_PAPER + ", abstract: the same, highest"),
+    "vllm_default_block_size": Fact(16, "tokens", "vLLM engine arguments, --block-size default "
+                                    "on CUDA, https://docs.vllm.ai/en/latest/configuration/"
+                                    "engine_args.html"),
+    "sglang_default_page_size": Fact(1, "tokens", "SGLang server arguments, --page-size default "
+                                     "(a radix tree over single tokens), sgl-project/sglang "
+                                     "python/sglang/srt/server_args.py, "
+                                     "https://docs.sglang.ai/advanced_features/server_arguments.html"),
+})
+
 
 def fact(name: str) -> Fact:
     """One cited fact by name; an unknown name is an error that lists the known ones."""
