@@ -196,3 +196,21 @@ def facts_table(names: list[str] | None = None) -> str:
         f = fact(name)
         rows.append(f"| `{name}` | {f.value} | {f.unit} | {f.source} |")
     return "\n".join(rows)
+
+
+# --- the roofline's second GPU, and the model the interview's worked examples size ---
+_H100_SHEET = ("NVIDIA H100 Tensor Core GPU data sheet (H100 SXM), "
+               "https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet")
+_LLAMA3_8B = "meta-llama/Meta-Llama-3-8B config.json"
+FACTS.update({
+    "h100_sxm_bf16_tflops": Fact(989, "TFLOP/s", _H100_SHEET + ": BF16 Tensor Core 1,979 TFLOP/s "
+                                 "with sparsity; dense is half of that"),
+    "h100_memory": Fact(80, "GB", _H100_SHEET + ": GPU memory 80 GB (HBM3)"),
+    "llama3_8b_params": Fact(8_030_261_248, "parameters", _LLAMA3_8B + " and its safetensors "
+                             "index (total_size 16,060,522,496 bytes in bf16, two bytes each)"),
+    "llama3_8b_layers": Fact(32, "layers", _LLAMA3_8B + ": num_hidden_layers"),
+    "llama3_8b_kv_heads": Fact(8, "heads", _LLAMA3_8B + ": num_key_value_heads"),
+    "llama3_8b_query_heads": Fact(32, "heads", _LLAMA3_8B + ": num_attention_heads"),
+    "llama3_8b_head_dim": Fact(128, "elements", _LLAMA3_8B + ": hidden_size 4096 / "
+                               "num_attention_heads 32"),
+})
