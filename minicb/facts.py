@@ -177,6 +177,34 @@ FACTS.update({
                                      "(a radix tree over single tokens), sgl-project/sglang "
                                      "python/sglang/srt/server_args.py, "
                                      "https://docs.sglang.ai/advanced_features/server_arguments.html"),
+    # --- what production engines add (chapter 05 and chapter 07) ---
+    "flash_decoding_speedup": Fact(8, "x", "Dao, Haziza, Massa, Sizov, Flash-Decoding for "
+                                   "long-context inference (2023): up to this much faster "
+                                   "generation for very long sequences, "
+                                   "https://crfm.stanford.edu/2023/10/12/flashdecoding.html"),
+    "sarathi_serve_capacity_gain": Fact(2.6, "x", "Agrawal et al., Taming Throughput-Latency "
+                                        "Tradeoff in LLM Inference with Sarathi-Serve, OSDI 2024, "
+                                        "abstract: serving capacity over vLLM, Mistral-7B on one "
+                                        "A100, https://arxiv.org/abs/2403.02310"),
+    "sglang_overlap_gain": Fact(1.1, "x", "SGLang v0.4 release blog (LMSYS, 2024-12-04), "
+                                "zero-overhead batch scheduler: throughput gain, "
+                                "https://lmsys.org/blog/2024-12-04-sglang-v0-4/"),
+    "spec_decoding_t5_speedup_low": Fact(2, "x", "Leviathan, Kalman, Matias, Fast Inference from "
+                                         "Transformers via Speculative Decoding, ICML 2023, "
+                                         "abstract (T5-XXL), https://arxiv.org/abs/2211.17192"),
+    "spec_decoding_t5_speedup_high": Fact(3, "x", "the same paper and abstract, highest"),
+    "spec_sampling_chinchilla_speedup_low": Fact(2, "x", "Chen et al., Accelerating Large "
+                                                 "Language Model Decoding with Speculative "
+                                                 "Sampling (DeepMind, 2023), abstract "
+                                                 "(Chinchilla 70B), "
+                                                 "https://arxiv.org/abs/2302.01318"),
+    "spec_sampling_chinchilla_speedup_high": Fact(2.5, "x", "the same paper and abstract, "
+                                                  "highest"),
+    "distserve_more_requests": Fact(7.4, "x", "Zhong et al., DistServe, OSDI 2024, abstract: "
+                                    "requests served within the SLOs against systems that mix "
+                                    "prefill and decode, https://arxiv.org/abs/2401.09670"),
+    "distserve_tighter_slo": Fact(12.6, "x", "Zhong et al., DistServe, OSDI 2024, abstract: "
+                                  "tighter SLOs met, same comparison"),
 })
 
 
