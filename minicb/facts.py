@@ -177,6 +177,9 @@ FACTS.update({
                                      "(a radix tree over single tokens), sgl-project/sglang "
                                      "python/sglang/srt/server_args.py, "
                                      "https://docs.sglang.ai/advanced_features/server_arguments.html"),
+    "h100_sxm_sms": Fact(132, "streaming multiprocessors", "NVIDIA H100 Tensor Core GPU "
+                         "Architecture whitepaper (the H100 SXM5 has 132 SMs), "
+                         "https://resources.nvidia.com/en-us-tensor-core/gtc22-whitepaper-hopper"),
     # --- what production engines add (chapter 05 and chapter 07) ---
     "flash_decoding_speedup": Fact(8, "x", "Dao, Haziza, Massa, Sizov, Flash-Decoding for "
                                    "long-context inference (2023): up to this much faster "
