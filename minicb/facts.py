@@ -156,6 +156,60 @@ for _arch in ("gfx90a", "gfx942"):
     }
 del _cc, _per_sm, _per_block, _threads, _blocks, _arch, _src
 
+# --- Paged KV: the vLLM paper and other engines' page sizes (chapter 04) ---
+_VLLM_PAPER = ("Kwon et al., Efficient Memory Management for Large Language Model Serving with "
+               "PagedAttention, SOSP 2023, https://arxiv.org/abs/2309.06180")
+FACTS.update({
+    "vllm_paper_kv_used_low": Fact(20.4, "%", _VLLM_PAPER + ", section 1 and Figure 2: the "
+                                   "share of KV cache memory holding token states in earlier "
+                                   "systems, lowest"),
+    "vllm_paper_kv_used_high": Fact(38.2, "%", _VLLM_PAPER + ", section 1 and Figure 2: the "
+                                    "same share, highest"),
+    "vllm_paper_kv_waste": Fact(4, "%", _VLLM_PAPER + ", section 1: vLLM wastes under this share "
+                                "of KV cache memory"),
+    "vllm_paper_throughput_gain_low": Fact(2, "x", _VLLM_PAPER + ", abstract: throughput over "
+                                           "FasterTransformer and Orca at the same latency, lowest"),
+    "vllm_paper_throughput_gain_high": Fact(4, "x", _VLLM_PAPER + ", abstract: the same, highest"),
+    "vllm_default_block_size": Fact(16, "tokens", "vLLM engine arguments, --block-size default "
+                                    "on CUDA, https://docs.vllm.ai/en/latest/configuration/"
+                                    "engine_args.html"),
+    "sglang_default_page_size": Fact(1, "tokens", "SGLang server arguments, --page-size default "
+                                     "(a radix tree over single tokens), sgl-project/sglang "
+                                     "python/sglang/srt/server_args.py, "
+                                     "https://docs.sglang.ai/advanced_features/server_arguments.html"),
+    "h100_sxm_sms": Fact(132, "streaming multiprocessors", "NVIDIA H100 Tensor Core GPU "
+                         "Architecture whitepaper (the H100 SXM5 has 132 SMs), "
+                         "https://resources.nvidia.com/en-us-tensor-core/gtc22-whitepaper-hopper"),
+    # --- what production engines add (chapter 05 and chapter 07) ---
+    "flash_decoding_speedup": Fact(8, "x", "Dao, Haziza, Massa, Sizov, Flash-Decoding for "
+                                   "long-context inference (2023): up to this much faster "
+                                   "generation for very long sequences, "
+                                   "https://crfm.stanford.edu/2023/10/12/flashdecoding.html"),
+    "sarathi_serve_capacity_gain": Fact(2.6, "x", "Agrawal et al., Taming Throughput-Latency "
+                                        "Tradeoff in LLM Inference with Sarathi-Serve, OSDI 2024, "
+                                        "abstract: serving capacity over vLLM, Mistral-7B on one "
+                                        "A100, https://arxiv.org/abs/2403.02310"),
+    "sglang_overlap_gain": Fact(1.1, "x", "SGLang v0.4 release blog (LMSYS, 2024-12-04), "
+                                "zero-overhead batch scheduler: throughput gain, "
+                                "https://lmsys.org/blog/2024-12-04-sglang-v0-4/"),
+    "spec_decoding_t5_speedup_low": Fact(2, "x", "Leviathan, Kalman, Matias, Fast Inference from "
+                                         "Transformers via Speculative Decoding, ICML 2023, "
+                                         "abstract (T5-XXL), https://arxiv.org/abs/2211.17192"),
+    "spec_decoding_t5_speedup_high": Fact(3, "x", "the same paper and abstract, highest"),
+    "spec_sampling_chinchilla_speedup_low": Fact(2, "x", "Chen et al., Accelerating Large "
+                                                 "Language Model Decoding with Speculative "
+                                                 "Sampling (DeepMind, 2023), abstract "
+                                                 "(Chinchilla 70B), "
+                                                 "https://arxiv.org/abs/2302.01318"),
+    "spec_sampling_chinchilla_speedup_high": Fact(2.5, "x", "the same paper and abstract, "
+                                                  "highest"),
+    "distserve_more_requests": Fact(7.4, "x", "Zhong et al., DistServe, OSDI 2024, abstract: "
+                                    "requests served within the SLOs against systems that mix "
+                                    "prefill and decode, https://arxiv.org/abs/2401.09670"),
+    "distserve_tighter_slo": Fact(12.6, "x", "Zhong et al., DistServe, OSDI 2024, abstract: "
+                                  "tighter SLOs met, same comparison"),
+})
+
 
 def fact(name: str) -> Fact:
     """One cited fact by name; an unknown name is an error that lists the known ones."""
@@ -203,10 +257,6 @@ FACTS.update({
                                   "LLM Inference with Sarathi-Serve, OSDI 2024, abstract: serving "
                                   "capacity against vLLM, Mistral-7B on one A100, "
                                   "https://arxiv.org/abs/2403.02310"),
-    "flash_decoding_speedup": Fact(8, "x", "Dao, Haziza, Massa, Sizov, Flash-Decoding for "
-                                   "long-context inference, 2023, \"up to 8x faster generation for "
-                                   "very long sequences\", "
-                                   "https://crfm.stanford.edu/2023/10/12/flashdecoding.html"),
     "speculative_t5_gain_low": Fact(2, "x", "Leviathan, Kalman, Matias, Fast Inference from "
                                     "Transformers via Speculative Decoding, ICML 2023, abstract: "
                                     "2x-3x on T5-XXL against the standard T5X implementation, "
@@ -217,10 +267,6 @@ FACTS.update({
                                             "abstract: 2-2.5x decoding speed-up on Chinchilla 70B, "
                                             "https://arxiv.org/abs/2302.01318"),
     "speculative_chinchilla_gain_high": Fact(2.5, "x", "the same paper and claim, highest"),
-    "distserve_more_requests": Fact(7.4, "x", "Zhong et al., DistServe, OSDI 2024, abstract: "
-                                    "requests served against state-of-the-art colocated systems, "
-                                    "https://arxiv.org/abs/2401.09670"),
-    "distserve_tighter_slo": Fact(12.6, "x", "the same abstract: how much tighter an SLO it meets"),
     "deepseek_v2_kv_reduction": Fact(93.3, "%", _DEEPSEEK_V2 + ", abstract: KV cache against "
                                      "DeepSeek 67B"),
     "deepseek_v2_layers": Fact(60, "layers", _DEEPSEEK_V2_CONFIG + ": num_hidden_layers"),

@@ -22,3 +22,17 @@ def test_table_lists_every_fact_once():
     table = facts_table()
     for name in FACTS:
         assert table.count(f"`{name}`") == 1
+
+
+def test_no_fact_is_defined_twice():
+    """A second definition would silently replace the first, source and all."""
+    import ast
+    import inspect
+
+    import minicb.facts
+
+    names = [key.value for node in ast.walk(ast.parse(inspect.getsource(minicb.facts)))
+             if isinstance(node, ast.Dict) for key in node.keys
+             if isinstance(key, ast.Constant) and isinstance(key.value, str)]
+    twice = sorted({name for name in names if names.count(name) > 1})
+    assert not twice, f"facts defined more than once in minicb/facts.py: {twice}"

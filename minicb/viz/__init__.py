@@ -12,7 +12,8 @@ Knobs: knob_sweep (numbers), knob_view (the picture for one setting), knob_widge
 Memory: block_map, block_reuse, free_blocks_timeline. Kernels: paged_lookup. Steps: step_costs.
 Several GPUs (minicb.cluster_sim, bench disagg): cluster_timeline, slo_attainment_curves,
 goodput_bars, slo_scale_plot, tp_parts, tp_tpot.
-The interview quiz: quiz_widget, interview_markdown. The engine's own code: show_source.
+The interview quiz: quiz_widget, interview_markdown. The engine's own code: show_source
+(show_file for the C kernels).
 A figure is shown in a notebook when a cell returns it; nothing is drawn through pyplot.
 """
 
@@ -54,7 +55,7 @@ from minicb.viz.schedule import (
            slot_timeline,
 )
 from minicb.viz.serving import load_study_plot, rate_label, step_costs
-from minicb.viz.source import show_source
+from minicb.viz.source import show_file, show_source
 
 __all__ = ["PALETTE", "format_table", "new_figure", "request_colour", "attention_mask",
            "batch_layout", "mask_image", "bar_chart", "length_histogram", "line_plot",
@@ -63,7 +64,7 @@ __all__ = ["PALETTE", "format_table", "new_figure", "request_colour", "attention
            "block_map", "block_owners", "block_reuse", "free_blocks_timeline", "book_interview",
            "interview_markdown", "quiz_card", "quiz_widget", "compare_timelines", "draw_slots",
            "kv_usage", "kv_usage_timeline", "slot_grid", "slot_timeline", "step_costs",
-           "show_source", "load_study_plot", "rate_label", "decode_grid_picture",
+           "show_source", "show_file", "load_study_plot", "rate_label", "decode_grid_picture",
            "decode_programs", "split_kv_picture", "split_ranges", "length_spread",
            "cluster_timeline", "goodput_bars", "slo_attainment_curves", "slo_scale_plot",
            "tp_parts", "tp_tpot"]

@@ -49,8 +49,27 @@ class Source:
 
     __repr__ = __str__          # the plain-text form a notebook stores beside the Markdown
 
+    language = "python"
+
     def _repr_markdown_(self) -> str:
-        return f"**`{self.header()}`**\n\n```python\n{self.numbered()}```\n"
+        return f"**`{self.header()}`**\n\n```{self.language}\n{self.numbered()}```\n"
+
+
+class FileSource(Source):
+    """Lines of a file that is not Python (the C kernels), shown the same way."""
+
+    def __init__(self, path, start: str | None = None, stop: str | None = None) -> None:
+        path = Path(path).resolve()
+        lines = path.read_text().splitlines(keepends=True)
+        begin = _find(lines, start, 0, path.name) if start is not None else 0
+        if stop is None:
+            end = len(lines)
+        else:   # a whole line first ("}" closes a C function), else a line that contains it
+            whole = [i for i in range(begin, len(lines)) if lines[i].rstrip("\n") == stop]
+            end = (whole[0] if whole else _find(lines, stop, begin, path.name)) + 1
+        self.lines, self.first_line = lines[begin:end], begin + 1
+        self.path = _display_path(path)
+        self.language = {".c": "c", ".h": "c"}.get(path.suffix, "text")
 
 
 def _find(lines: list[str], text: str, begin: int, obj) -> int:
@@ -80,3 +99,9 @@ def show_source(obj, start: str | None = None, stop: str | None = None) -> Sourc
     """The source of a function, method or class from the installed package, with its path and
     line numbers. `start` and `stop` (text on a line) show only the lines from one to the other."""
     return Source(obj, start, stop)
+
+
+def show_file(path, start: str | None = None, stop: str | None = None) -> FileSource:
+    """A file's lines with its path and line numbers (for the C kernels, which have no Python
+    object to inspect); `start` and `stop` as for show_source."""
+    return FileSource(path, start, stop)
