@@ -70,7 +70,7 @@ def test_reference_cpu_calibration_is_the_committed_measurement():
 
     import pytest
 
-    from minicb.calibrate import (PIECEWISE_TERMS, REFERENCE_CPU, StepSample, fit_piecewise)
+    from minicb.calibrate import PIECEWISE_TERMS, REFERENCE_CPU, StepSample, fit_piecewise
     from minicb.model.llama import Linear
 
     record = json.loads((Path(__file__).resolve().parent.parent / "benchmarks" / "results"

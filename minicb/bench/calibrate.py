@@ -6,8 +6,9 @@
 Runs the real engine through steps of known shapes (decode rows x context length x a prompt
 joining), times each, and fits `step_overhead + prefill_token * P + decode_seq * R +
 context_token * C` (minicb.calibrate) twice: once for the decode-only steps the fused C decode
-layer runs, once for every other step (`fit_piecewise`). Writes the samples, the fit and how well it fits, with
-the machine, to benchmarks/results/calibration.json, and a picture of measured against fitted.
+layer runs, once for every other step (`fit_piecewise`). Writes the samples, the fit and how
+well it fits, with the machine, to benchmarks/results/calibration.json, and a picture of
+measured against fitted.
 The book's chapters 03 and 06 run their knob and goodput experiments under this fit (the
 committed one, `minicb.calibrate.REFERENCE_CPU`) and under a GPU's published numbers.
 """
@@ -22,8 +23,13 @@ import torch
 
 from minicb.bench.common import RESULTS_DIR, write_results
 from minicb.bench.machine import describe, machine_info
-from minicb.calibrate import (A100_LLAMA2_7B, PIECEWISE_TERMS, fit_piecewise, fused_rows_of,
-                                measure_steps)
+from minicb.calibrate import (
+    A100_LLAMA2_7B,
+    PIECEWISE_TERMS,
+    fit_piecewise,
+    fused_rows_of,
+    measure_steps,
+)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -163,8 +163,9 @@ def plot_calibration(payload: dict):
              f"{fit['fused_overhead'] * 1e3:.2f} ms + {fit['fused_decode_seq'] * 1e3:.3f} ms/row + "
              f"{fit['fused_context_token'] * 1e6:.2f} us/key\n" if fit.get("fused_rows") else "")
     ax.set_title(f"{fused}other steps: {fit['step_overhead'] * 1e3:.2f} ms + "
-                 f"{fit['prefill_token'] * 1e6:.0f} us/prompt token + {fit['decode_seq'] * 1e3:.3f} "
-                 f"ms/row + {fit['context_token'] * 1e6:.2f} us/key\nR² {payload['r2']:.3f}; "
+                 f"{fit['prefill_token'] * 1e6:.0f} us/prompt token + "
+                 f"{fit['decode_seq'] * 1e3:.3f} ms/row + {fit['context_token'] * 1e6:.2f} us/key"
+                 f"\nR² {payload['r2']:.3f}; "
                  f"{describe(payload['machine'])}", fontsize=8)
     ax.legend(loc="upper left", fontsize=8)
     fig.tight_layout()
