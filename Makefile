@@ -2,6 +2,9 @@
 #   make lab     open the book (JupyterLab on notebooks/)
 #   make test    run every test: unit, parity with transformers, kernels (Triton interpreter),
 #                notebooks (nbval), exercises (graded against solutions/)
+#   make test-fast  the edit loop (under three minutes on 2 cores): engine, scheduler, KV, CPU
+#                kernels, server; no notebooks, Triton interpreter, exercises, benchmarks,
+#                figures or browser, and no test marked slow
 #   make test-gpu  on a CUDA machine: the GPU tests, with compiled Triton kernels
 #   make lock    record the versions in .venv as constraints.txt (what make setup installs)
 #   make book    the book as a website in build/book/html, from the committed notebooks
@@ -20,7 +23,7 @@ LOCK       := constraints.txt
 export MPLCONFIGDIR := $(abspath $(VENV))/matplotlib
 CH         ?=
 
-.PHONY: setup lock browser-setup test test-gpu lab demo lint grade env-check guidellm peer-vllm clean \
+.PHONY: setup lock browser-setup test test-fast test-gpu lab demo lint grade env-check guidellm peer-vllm clean \
 	book notebooks router-setup cluster schemathesis-setup schemathesis guidellm-cluster
 
 setup: $(STAMP)
@@ -60,6 +63,16 @@ browser-setup:
 
 test: setup browser-setup
 	TRITON_INTERPRET=1 $(BIN)/python -m pytest --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg tests notebooks
+
+# The edit loop: what `make test` runs minus the long families (their own files) and minus the
+# tests marked @pytest.mark.slow. A new test file joins it unless it is marked slow.
+FAST_SKIP := --ignore=tests/browser --ignore=tests/exercises --ignore=tests/test_exercise_mutants.py \
+	--ignore=tests/test_exercises_in_sync.py --ignore=tests/test_notebooks_in_sync.py \
+	--ignore=tests/test_kernels.py --ignore=tests/test_engine_triton.py --ignore=tests/test_grade_tool.py \
+	--ignore=tests/test_packaging.py --ignore=tests/test_vllm_peer.py \
+	--ignore-glob='tests/test_bench*.py' --ignore-glob='tests/test_viz*.py'
+test-fast: setup
+	$(BIN)/python -m pytest -m "not slow" -p no:cacheprovider $(FAST_SKIP) tests
 
 # On a CUDA machine: every kernel and Triton-engine test with compiled kernels on the GPU, the
 # tests marked gpu included (make test runs Triton through its interpreter, where those skip).

@@ -66,13 +66,15 @@ class Instance:
 
     def __init__(self, name: str, role: str, pool: Pool, max_model_len: int):
         self.name, self.role, self.cost, self.gpus = name, role, pool.cost, pool.gpus
-        self.config = EngineConfig(**{"max_model_len": max_model_len, **pool.knobs})
-        self.config.finalize(self.config.max_model_len)
+        self.config = EngineConfig(**{"max_model_len": max_model_len, **pool.knobs}).resolve(
+            max_model_len)
         self.kv = make_kv_manager(self.config.kv_cache, self.config.num_kv_blocks,
                                   self.config.block_size, self.config.max_model_len,
                                   self.config.enable_prefix_caching)
         self.clock = _Clock()
-        self.scheduler = make_scheduler(self.config, self.kv, self._stop, self.clock)
+        self.scheduler = make_scheduler(self.config, self.kv, self.clock)
+        if role == "prefill":    # the real scheduler's stop checks, plus: done after one token
+            self.scheduler.check_stop = self._stop_after_first_token
         self.arrived: deque[Request] = deque()    # KV here, waiting for a decode slot
         self.plan = None                          # the step in flight
         self.busy_time = 0.0
@@ -80,12 +82,10 @@ class Instance:
         self.steps: list[tuple[float, float, int, int]] = []
         self.assigned = 0                         # requests sent here, not finished here yet
 
-    def _stop(self, request: Request) -> RequestStatus | None:
-        if (request.num_output_tokens >= request.params.max_tokens
-                or request.num_tokens >= self.config.max_model_len
-                or (self.role == "prefill" and request.num_output_tokens >= 1)):
+    def _stop_after_first_token(self, request: Request, token: int) -> RequestStatus | None:
+        if request.num_output_tokens >= 1:
             return RequestStatus.FINISHED_LENGTH
-        return None
+        return type(self.scheduler).check_stop(self.scheduler, request, token)
 
     @property
     def busy(self) -> bool:
@@ -128,8 +128,9 @@ class Instance:
         if plan.is_empty:
             self.scheduler.step_count -= 1
             return None
-        context = sum(s.request.num_computed_tokens + s.num_tokens for s in plan.seqs
-                      if not s.is_prefill) if self.cost.context_token else 0
+        # keys the decode rows read: each request's cache, including this step's token
+        context = sum(s.start + s.num_tokens for s in plan.seqs
+                      if s.is_decode) if self.cost.context_token else 0
         duration = self.cost.step_time(plan.num_prefill_tokens + plan.num_pad_tokens,
                                        plan.num_decode_rows, context)
         self.plan, self.busy_time = plan, self.busy_time + duration

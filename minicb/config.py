@@ -1,13 +1,21 @@
-"""One dataclass of engine knobs, validated up front so a bad setting fails with a clear message."""
+"""The engine's knobs, validated up front so a bad setting fails with a clear message.
+
+`EngineConfig` is what the caller asks for: frozen, never changed by the engine that receives
+it. Some knobs depend on the model (`max_model_len` defaults to its context) or on each other
+(`num_kv_blocks` defaults to enough for `max_num_seqs` requests of `max_model_len` tokens), and
+`attention="auto"` depends on the machine; `EngineConfig.resolve` fills them in once, into a new
+frozen `ResolvedConfig` that remembers which values it derived. So `replace(engine.config,
+max_num_seqs=64)` derives the pool size again for 64 requests, instead of keeping the old one as
+if the caller had chosen it.
+"""
 
 from __future__ import annotations
 
 import argparse
 from dataclasses import Field, dataclass, field, fields
 
-SCHEDULERS = ("naive", "static", "continuous")
-KV_CACHES = ("contiguous", "paged")
-ATTENTIONS = ("auto", "torch", "triton", "cpu")
+from minicb.registry import ATTENTION_BACKENDS, KV_CACHES, SCHEDULERS
+
 DTYPES = ("float32", "float16", "bfloat16")
 POLICIES = ("fcfs", "priority", "shortest_prompt_first")
 STEP_ORDERS = ("decode_first", "prefill_first")
@@ -17,6 +25,12 @@ STEP_ORDERS = ("decode_first", "prefill_first")
 POLICY_KNOBS = ("policy", "step_order", "max_prefill_tokens_per_step", "max_wait_steps",
                 "watermark_blocks")
 CONTINUOUS_ONLY_KNOBS = (*POLICY_KNOBS, "enable_prefix_caching")
+# the knobs a ResolvedConfig may derive (from the model, the machine or the other knobs)
+DERIVED_KNOBS = ("attention", "max_model_len", "num_kv_blocks", "max_fused_decode_rows")
+# a decode step of at most this many rows per thread runs in the fused CPU layer: where the
+# small-batch products and torch's met on a 2-core AVX2 CPU (benchmarks/README.md). The count of
+# threads is the engine's ceiling at start, never the count the load-following policy sets later.
+FUSED_DECODE_ROWS_PER_THREAD = 32
 
 
 def blocks_for(num_tokens: int, block_size: int) -> int:
@@ -45,20 +59,20 @@ def knob(default, help: str, choices: tuple[str, ...] | None = None, group: str 
     return field(default=default, metadata={"help": help, "choices": choices, "group": group})
 
 
-@dataclass
+@dataclass(frozen=True)
 class EngineConfig:
     """Every knob of the engine, its default and its help text. `LLM(**kwargs)` builds one; the
     server, the benchmarks and the demo build their command-line flags from it (add_cli_args)."""
 
     model: str | None = knob(None, "checkpoint directory or hub id (default: the shipped model)")
-    scheduler: str = knob("continuous", "how requests share steps", SCHEDULERS)
+    scheduler: str = knob("continuous", "how requests share steps", SCHEDULERS.choices)
     kv_cache: str = knob("paged", "KV layout: one reservation per request, or blocks on demand",
-                         KV_CACHES)
+                         KV_CACHES.choices)
     attention: str = knob("auto", "torch (the readable reference) | triton (GPU kernels) | cpu (a "
                           "C kernel "
                           "for decodes, compiled on first use) | auto (cpu for float32 on a CPU "
                           "with a C "
-                          "compiler, else torch)", ATTENTIONS)
+                          "compiler, else torch)", ATTENTION_BACKENDS.choices)
     device: str = knob("cpu", "torch device: cpu or cuda")
     dtype: str = knob("float32", "weights' and KV cache's dtype", DTYPES)
     max_num_seqs: int = knob(32, "requests that may be running at once (the batch's slots)")
@@ -72,6 +86,10 @@ class EngineConfig:
                                      "needed)")
     cpu_threads: int | None = knob(None, "CPU threads of a model step (default: torch's count, "
                                    "fewer while other programs keep cores busy; minicb/threads.py)")
+    max_fused_decode_rows: int | None = knob(
+        None, "largest decode step (rows) the fused CPU layer takes; bigger steps run the torch "
+        f"modules (default: {FUSED_DECODE_ROWS_PER_THREAD} per thread of the engine's ceiling at "
+        "start; fixed for the engine's life, so outputs never depend on the machine's load)")
     seed: int = knob(0, "seed of the sampler's default generator")
     policy: str = knob("fcfs", "admission order; under 'priority' a lower value goes first, as in "
                        "vLLM; "
@@ -93,8 +111,6 @@ class EngineConfig:
         False, "reuse the KV blocks of cached prompt prefixes (continuous " "scheduler, paged KV)",
         group="policy")
     extra: dict = field(default_factory=dict)
-    # set by finalize(): whether num_kv_blocks was chosen by the user or derived from the others
-    num_kv_blocks_given: bool = field(default=False, init=False, repr=False, compare=False)
 
     @classmethod
     def add_cli_args(cls, parser: argparse.ArgumentParser, exclude: tuple[str, ...] = (),
@@ -125,12 +141,9 @@ class EngineConfig:
         return {spec.name: getattr(args, spec.name) for spec in cli_fields(exclude, only)}
 
     def __post_init__(self) -> None:
-        _check(self.scheduler in SCHEDULERS,
-               f"scheduler={self.scheduler!r} is not one of {SCHEDULERS}; pick one of those.")
-        _check(self.kv_cache in KV_CACHES,
-               f"kv_cache={self.kv_cache!r} is not one of {KV_CACHES}; pick one of those.")
-        _check(self.attention in ATTENTIONS,
-               f"attention={self.attention!r} is not one of {ATTENTIONS}; pick one of those.")
+        SCHEDULERS.check(self.scheduler)
+        KV_CACHES.check(self.kv_cache)
+        ATTENTION_BACKENDS.check(self.attention)
         _check(self.dtype in DTYPES,
                f"dtype={self.dtype!r} is not one of {DTYPES}; pick one of those.")
         _check(self.policy in POLICIES,
@@ -154,6 +167,10 @@ class EngineConfig:
         _check(self.cpu_threads is None or (_is_int(self.cpu_threads) and self.cpu_threads >= 1),
                f"cpu_threads must be None (follow the machine's load) or an integer >= 1 (got "
                f"{self.cpu_threads!r}).")
+        _check(self.max_fused_decode_rows is None or (_is_int(self.max_fused_decode_rows)
+                                                      and self.max_fused_decode_rows >= 0),
+               f"max_fused_decode_rows must be None (the default) or an integer >= 0 (0: never "
+               f"fuse) (got {self.max_fused_decode_rows!r}).")
         _check(self.num_kv_blocks is None or (isinstance(self.num_kv_blocks, int)
                                               and self.num_kv_blocks >= 1),
                f"num_kv_blocks must be an integer >= 1 or None (got {self.num_kv_blocks!r}).")
@@ -178,21 +195,84 @@ class EngineConfig:
         _check(not (self.enable_prefix_caching and self.kv_cache != "paged"),
                "enable_prefix_caching needs kv_cache='paged': only blocks can be shared.")
 
+    def asked(self, name: str):
+        """The value the caller asked for (a ResolvedConfig may hold a derived one)."""
+        return getattr(self, name)
+
+    def resolve(self, model_max_len: int, attention: str | None = None,
+                dtype: str | None = None) -> ResolvedConfig:
+        """A new frozen config with every derived knob filled in: `model_max_len` is the model's
+        context, `attention` the backend "auto" (or the asked one) resolved to on this machine,
+        `dtype` the one the device runs (bfloat16 becomes float16 on a GPU without it)."""
+        values = {spec.name: getattr(self, spec.name) for spec in fields(EngineConfig)}
+        derived = tuple(getattr(self, "derived", ()))
+        for name, value in (("attention", attention), ("dtype", dtype)):
+            if value is not None and value != values[name]:
+                derived = (*(d for d in derived if d[0] != name),
+                           (name, self.asked(name), value))
+                values[name] = value
+        return ResolvedConfig(**values, model_max_len=model_max_len, derived=derived)
+
+
+@dataclass(frozen=True)
+class ResolvedConfig(EngineConfig):
+    """An EngineConfig with the knobs that depend on the model and on each other filled in, once.
+
+    `derived` records (knob, what was asked, what it became) for every knob filled in, so a
+    `dataclasses.replace` of it derives them again from the new values, and
+    `given("num_kv_blocks")` tells a chosen pool size from a derived one.
+    """
+
+    model_max_len: int = 0
+    derived: tuple = field(default=(), repr=False, compare=False)
+
+    def asked(self, name: str):
+        for knob_name, asked, got in self.derived:
+            if knob_name == name and getattr(self, name) == got:
+                return asked
+        return getattr(self, name)
+
+    def given(self, name: str) -> bool:
+        """Whether the knob's value is the caller's own choice (not derived)."""
+        return self.asked(name) is not None and self.asked(name) == getattr(self, name)
+
+    @property
+    def num_kv_blocks_given(self) -> bool:
+        return self.given("num_kv_blocks")
+
+    def __post_init__(self) -> None:
+        asked = {name: self.asked(name) for name in DERIVED_KNOBS}
+        super().__post_init__()
+        _check(_is_int(self.model_max_len) and self.model_max_len >= 2,
+               f"model_max_len must be the model's context, an integer >= 2 (got "
+               f"{self.model_max_len!r}).")
+        derived = [d for d in self.derived if d[0] == "attention" and self.attention == d[2]]
+
+        def settle(name: str, value) -> None:
+            if value != asked[name]:
+                derived.append((name, asked[name], value))
+            object.__setattr__(self, name, value)
+
+        settle("max_model_len", asked["max_model_len"] or self.model_max_len)
+        _check(self.max_model_len <= self.model_max_len,
+               f"max_model_len={self.max_model_len} exceeds the model's context "
+               f"({self.model_max_len}); lower max_model_len.")
+        settle("num_kv_blocks", asked["num_kv_blocks"] or self.max_num_seqs * self.blocks_per_seq())
+        if asked["max_fused_decode_rows"] is None:
+            from minicb.threads import ceiling
+
+            settle("max_fused_decode_rows",
+                   FUSED_DECODE_ROWS_PER_THREAD * (self.cpu_threads or ceiling()))
+        else:
+            settle("max_fused_decode_rows", asked["max_fused_decode_rows"])
+        object.__setattr__(self, "derived", tuple(derived))
+        self._check_pool()
+
     def blocks_per_seq(self) -> int:
         """Blocks a request of max_model_len tokens occupies."""
-        assert self.max_model_len is not None
         return blocks_for(self.max_model_len, self.block_size)
 
-    def finalize(self, model_max_len: int) -> None:
-        """Fill the knobs that depend on the model, once it is loaded."""
-        if self.max_model_len is None:
-            self.max_model_len = model_max_len
-        _check(self.max_model_len <= model_max_len,
-               f"max_model_len={self.max_model_len} exceeds the model's context "
-               f"({model_max_len}); lower max_model_len.")
-        self.num_kv_blocks_given = self.num_kv_blocks is not None
-        if self.num_kv_blocks is None:
-            self.num_kv_blocks = self.max_num_seqs * self.blocks_per_seq()
+    def _check_pool(self) -> None:
         if self.kv_cache == "contiguous":
             _check(self.num_kv_blocks >= self.blocks_per_seq(),
                    f"num_kv_blocks={self.num_kv_blocks} cannot hold one contiguous reservation of "

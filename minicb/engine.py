@@ -10,6 +10,7 @@ from dataclasses import replace
 import torch
 
 from minicb.config import EngineConfig
+from minicb.detokenizer import IncrementalDetokenizer
 from minicb.kv import make_kv_manager
 from minicb.metrics import RequestMetrics, StepTotals, count_step
 from minicb.model.attention import resolve_backend
@@ -32,26 +33,35 @@ class LLMEngine:
     """One engine, swappable parts: scheduler × KV manager × attention backend."""
 
     def __init__(self, config: EngineConfig):
-        self.config = config
+        """`config` is the caller's and stays as it is; `self.config` is its resolved copy (a
+        ResolvedConfig: the model's context, the pool size and the attention backend filled in)."""
         path = resolve_model_path(config.model)
         self.model_path = str(path)
         self.tokenizer = load_tokenizer(path)
+        dtype = config.asked("dtype")
         if config.device.startswith("cuda"):  # bfloat16 on a GPU without it: float16, stated
             from minicb.kernels.targets import resolve_dtype
-            config.dtype = resolve_dtype(config.dtype, config.device)
-        config.attention = resolve_backend(config.attention, config.device, config.dtype)
-        self.model = load_model(path, config.device, config.dtype, config.attention)
-        # on a CPU, how many threads each step uses: the cores other programs leave free
+            dtype = resolve_dtype(dtype, config.device)
+        attention = resolve_backend(config.asked("attention"), config.device, dtype)
+        self.model = load_model(path, config.device, dtype, attention)
+        # on a CPU, how many threads each step uses: the cores other programs leave free. It
+        # changes how many threads run a step, never which arithmetic: the fused decode layer's
+        # row limit is fixed here, once (config.max_fused_decode_rows)
         self.threads = (ThreadPolicy(config.cpu_threads) if config.device == "cpu" else None)
-        config.finalize(self.model.args.max_position_embeddings)
+        config = self.config = config.resolve(self.model.args.max_position_embeddings, attention,
+                                               dtype)
         check_kv_fits(config, self.model.args)
         self.vocab_size = self.model.args.vocab_size
         self.eos_token_ids = _eos_ids(path, self.tokenizer)
         self.kv = make_kv_manager(config.kv_cache, config.num_kv_blocks, config.block_size,
                                   config.max_model_len, config.enable_prefix_caching)
-        self.scheduler = make_scheduler(config, self.kv, self._check_stop, time.perf_counter)
+        self.scheduler = make_scheduler(config, self.kv, time.perf_counter, self.eos_token_ids)
         pad = self.tokenizer.pad_token_id if self.tokenizer is not None else None
-        self.runner = ModelRunner(self.model, config, self.kv, pad_token_id=pad or 0)
+        self.runner = ModelRunner(self.model, config, pad_token_id=pad or 0)
+        # True: every output carries the text its step added (the async engine streams it)
+        self.stream_text = False
+        # per sample that has stop strings (or streams text): its incremental detokenizer
+        self._detokenizers: dict[str, IncrementalDetokenizer] = {}
         self.requests: dict[str, Request] = {}       # by the engine's id (a sample's, for n > 1)
         self._groups: dict[str, list[str]] = {}      # the caller's request id -> its samples' ids
         self._arrivals = 0
@@ -61,8 +71,12 @@ class LLMEngine:
         self.step_stats = StepTotals()
 
     # --- requests --------------------------------------------------------------------------
-    def validate(self, prompt: Prompt, params: SamplingParams) -> list[int]:
-        """Tokenise and check a prompt; raise ValueError naming the problem and the fix."""
+    def validate(self, prompt: Prompt, params: SamplingParams, tokenizer=None) -> list[int]:
+        """Tokenise and check a prompt; raise ValueError naming the problem and the fix.
+
+        `tokenizer`: the one to encode with, for a caller on another thread than the steps (a
+        tokenizer must never be used by two threads at once; minicb.serving.async_engine)."""
+        tokenizer = tokenizer if tokenizer is not None else self.tokenizer
         if not isinstance(params, SamplingParams):
             raise ValueError(f"params must be a SamplingParams (got {type(params).__name__}); "
                              "pass SamplingParams(...) or leave it out for the defaults.")
@@ -71,10 +85,10 @@ class LLMEngine:
                 raise ValueError(f"the prompt has {len(prompt)} characters, more than the "
                                  f"{MAX_PROMPT_CHARS} any model here can read; shorten it.")
             _check_text("the prompt", prompt)
-            if self.tokenizer is None:
+            if tokenizer is None:
                 raise ValueError(f"this checkpoint ({self.model_path}) has no tokenizer; pass "
                                  "prompts as lists of token ids.")
-            token_ids = self.tokenizer.encode(prompt, add_special_tokens=False)
+            token_ids = tokenizer.encode(prompt, add_special_tokens=False)
         elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and
                                                        not isinstance(t, bool) for t in prompt):
             token_ids = list(prompt)
@@ -88,19 +102,10 @@ class LLMEngine:
         if bad:
             raise ValueError(f"token ids {bad[:5]} are outside the vocabulary [0, "
                              f"{self.vocab_size}); check the tokenizer matches the model.")
-        limit = self.config.max_model_len
-        if len(token_ids) >= limit:
-            raise ValueError(f"the prompt has {len(token_ids)} tokens but max_model_len is "
-                             f"{limit}, leaving no room for output; shorten the prompt to under "
-                             f"{limit} tokens or raise max_model_len.")
         if params.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer; this checkpoint has none: use "
                              "stop_token_ids.")
-        total = min(len(token_ids) + params.max_tokens, limit)
-        if not self.kv.can_ever_fit(total):
-            raise ValueError(f"this request may reach {total} tokens but the whole KV pool holds "
-                             f"{self.kv.num_blocks * self.kv.block_size}; raise num_kv_blocks or "
-                             "lower max_tokens.")
+        self.scheduler.check_fits(len(token_ids), params.max_tokens)
         return token_ids
 
     def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams,
@@ -136,6 +141,8 @@ class LLMEngine:
                               arrival_index=self._arrivals, group_id=request_id, sample_index=index)
             self._arrivals += 1
             self.requests[sample_id] = request
+            if (params.stop or self.stream_text) and self.tokenizer is not None:
+                self._detokenizers[sample_id] = IncrementalDetokenizer(self.tokenizer, params.stop)
             first = requests[0] if requests and self.kv.supports_sharing else None
             self.scheduler.add_request(request, fork_of=first)
             requests.append(request)
@@ -186,30 +193,25 @@ class LLMEngine:
 
     # --- the loop ------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """One scheduler iteration: schedule, run the model once, sample, update."""
+        """One scheduler iteration: schedule, run the model once, sample, apply the results."""
         plan = self.scheduler.schedule()
         touched: list[Request] = []
+        texts: dict[str, str] = {}
         if not plan.is_empty:
             if self.threads is not None:
                 self.threads.before_step()
             sampled = self.runner.execute(plan)
-            rows = [s.request for s in plan.seqs if s.needs_logits]
-            for request, error in zip(rows, sampled.errors or ()):
-                if error is not None:
-                    request.error = error
-            touched = self.scheduler.update(plan, sampled.token_ids)
+            touched = self.scheduler.update(plan, sampled)     # tokens, logprobs, errors, stops
+            if self._detokenizers:
+                texts = self._detokenize(touched)                # stop strings, streamed text
             self.step_stats.add(count_step(plan, self.kv, self.scheduler.running,
                                            self.config.max_num_seqs))
-            for request, logprob in zip(rows, sampled.logprobs):
-                if logprob is not None:
-                    request.logprobs.append(logprob)
         # finished requests leave self.requests once reported, so any finished one still here ended
         # without a token this step (an abort) and is reported now
         touched_ids = {r.request_id for r in touched}
         ended = [r for r in self.requests.values() if r.finished and r.request_id
                  not in touched_ids]
-        outputs = {r.request_id: r for r in touched + ended}
-        result = [self._output(r) for r in outputs.values()]
+        result = [self._output(r, texts.get(r.request_id, "")) for r in touched + ended]
         for request in ended + [r for r in touched if r.finished]:
             self._forget(request)
         return result
@@ -217,55 +219,74 @@ class LLMEngine:
     def _forget(self, request: Request) -> None:
         """A finished request has been reported: drop it, and its group once every sample is."""
         self.requests.pop(request.request_id, None)
+        self._detokenizers.pop(request.request_id, None)
         group = self._groups.get(request.group_id)
         if group is not None and not any(sample_id in self.requests for sample_id in group):
             del self._groups[request.group_id]
 
-    # --- stopping -------------------------------------------------------------------------------
-    def _check_stop(self, request: Request) -> RequestStatus | None:
-        token, params = request.output_token_ids[-1], request.params
-        if not params.ignore_eos and token in self.eos_token_ids:
-            return RequestStatus.FINISHED_STOPPED
-        if token in params.stop_token_ids:
-            request.stop_reason = token
-            return RequestStatus.FINISHED_STOPPED
-        if params.stop:
-            text = self.tokenizer.decode(request.output_token_ids, skip_special_tokens=True)
-            hits = [(text.find(s), s) for s in params.stop if s in text]
-            if hits:
-                index, stop = min(hits)
-                request.stop_reason, request.output_text = stop, text[:index]
-                return RequestStatus.FINISHED_STOPPED
-        if (request.num_output_tokens >= params.max_tokens
-            or request.num_tokens >= self.config.max_model_len):
-            return RequestStatus.FINISHED_LENGTH
-        return None
+    # --- text -----------------------------------------------------------------------------------
+    def _detokenize(self, touched: list[Request]) -> dict[str, str]:
+        """Feed each request's new tokens to its detokenizer (on this, the step thread): end a
+        request whose text now holds a stop string, and return each one's new text."""
+        texts = {}
+        for request in touched:
+            detokenizer = self._detokenizers.get(request.request_id)
+            if detokenizer is None:
+                continue
+            try:
+                texts[request.request_id] = detokenizer.add(
+                    request.output_token_ids[request.num_reported_tokens:])
+            except Exception as error:     # one request's text must not stop the others
+                if not request.finished:
+                    request.error = f"the stop check failed: {type(error).__name__}: {error}"
+                    self.scheduler.finish(request, RequestStatus.FINISHED_ERROR)
+                continue
+            # a stop string ends the request, unless EOS or a stop token id ended it first
+            if detokenizer.stop is not None and request.status in (
+                    RequestStatus.RUNNING, RequestStatus.FINISHED_LENGTH):
+                request.stop_reason, request.output_text = detokenizer.stop, detokenizer.text
+                if request.finished:
+                    request.status = RequestStatus.FINISHED_STOPPED
+                else:
+                    self.scheduler.finish(request, RequestStatus.FINISHED_STOPPED)
+        return texts
 
     def decode(self, request: Request) -> str:
+        """A finished request's text: cut before its stop string if one ended it."""
         if self.tokenizer is None:
             return ""
         if request.stop_reason is not None and isinstance(request.stop_reason, str):
             return request.output_text
         return self.tokenizer.decode(request.output_token_ids, skip_special_tokens=True)
 
-    def _output(self, request: Request) -> RequestOutput:
+    def _output(self, request: Request, new_text: str = "") -> RequestOutput:
+        """What one step tells about a request: its new tokens (and new text when streaming);
+        once it finished, its whole output, text, logprobs and metrics, copied that once."""
+        new = request.output_token_ids[request.num_reported_tokens:]
+        request.num_reported_tokens = request.num_output_tokens
+        if not request.finished:
+            completion = CompletionOutput(request.sample_index, "", new,
+                                          num_tokens=request.num_output_tokens, new_text=new_text)
+            return RequestOutput(request.group_id, request.prompt, request.prompt_token_ids,
+                                 [completion], False, None, new, request.error)
+        text = ""
+        try:
+            text = self.decode(request)
+        except Exception as error:     # its text alone is lost, not the engine
+            request.error = request.error or f"decoding failed: {type(error).__name__}: {error}"
+        detokenizer = self._detokenizers.get(request.request_id)
+        if detokenizer is not None:      # the rest of the text after what was streamed
+            new_text += detokenizer.finish(text)
         logprobs = ([top for _, top in request.logprobs] if request.params.logprobs is not None
                     else None)
         cumulative = sum(c for c, _ in request.logprobs) if request.logprobs else None
-        text = ""
-        if request.finished:
-            try:
-                text = self.decode(request)
-            except Exception as error:     # its text alone is lost, not the engine
-                request.error = request.error or f"decoding failed: {type(error).__name__}: {error}"
-        completion = CompletionOutput(request.sample_index, text,
-                                      list(request.output_token_ids), request.finish_reason,
-                                      request.stop_reason, logprobs, cumulative)
-        new = request.output_token_ids[request.num_reported_tokens:]
-        request.num_reported_tokens = request.num_output_tokens
+        completion = CompletionOutput(request.sample_index, text, list(request.output_token_ids),
+                                      request.finish_reason, request.stop_reason, logprobs,
+                                      cumulative, num_tokens=request.num_output_tokens,
+                                      new_text=new_text)
         return RequestOutput(request.group_id, request.prompt, list(request.prompt_token_ids),
-                             [completion], request.finished, RequestMetrics.from_request(request),
-                             new, request.error)
+                             [completion], True, RequestMetrics.from_request(request), new,
+                             request.error)
 
 
 def _eos_ids(path, tokenizer) -> set[int]:

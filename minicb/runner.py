@@ -1,14 +1,19 @@
 """The model runner: turn a SchedulerOutput into packed tensors, run the model, sample.
 
-The per-step work is tensor operations over the packed batch; Python touches each request
-once per step (the tokens it computes this step and its block table), never each cached token.
+It reads only the plan: each row carries the tokens it computes, where they start, its block
+table, whether it is a decode and its sampling settings (minicb.scheduler.base.ScheduledSeq). It
+holds no KV manager and never looks at a Request, so the plan alone says what a step computes.
+
+The per-step work is tensor operations over the packed batch; Python touches each row once per
+step, never each cached token. A step of decodes only (the common case) takes a shorter path:
+one position and one slot per row, worked out in plain Python, then one tensor each.
 """
 
 from __future__ import annotations
 
 import torch
 
-from minicb.config import EngineConfig
+from minicb.config import ResolvedConfig
 from minicb.model.attention import AttentionMetadata
 from minicb.model.llama import LlamaForCausalLM
 from minicb.model.loader import DTYPES
@@ -25,7 +30,7 @@ def free_memory(device: torch.device) -> int:
     return psutil.virtual_memory().available
 
 
-def check_kv_fits(config: EngineConfig, args) -> None:
+def check_kv_fits(config: ResolvedConfig, args) -> None:
     """Refuse, before anything is allocated, a KV pool the machine cannot hold, naming the knobs
     behind it."""
     device = torch.device(config.device)
@@ -35,7 +40,7 @@ def check_kv_fits(config: EngineConfig, args) -> None:
     available = free_memory(device)
     if kv_bytes <= 0.9 * available:
         return
-    sized_by = f"num_kv_blocks={config.num_kv_blocks}" if config.num_kv_blocks_given else \
+    sized_by = f"num_kv_blocks={config.num_kv_blocks}" if config.given("num_kv_blocks") else \
         (f"num_kv_blocks defaulting to max_num_seqs={config.max_num_seqs} x max_model_len="
          f"{config.max_model_len} tokens")
     raise ValueError(f"the KV cache would need {kv_bytes / 2**30:.1f} GiB ({sized_by}, "
@@ -45,11 +50,9 @@ def check_kv_fits(config: EngineConfig, args) -> None:
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaForCausalLM, config: EngineConfig, kv_manager,
-                 pad_token_id: int = 0):
+    def __init__(self, model: LlamaForCausalLM, config: ResolvedConfig, pad_token_id: int = 0):
         self.model = model
         self.config = config
-        self.kv = kv_manager
         self.device = torch.device(config.device)
         self.pad_token_id = pad_token_id
         self.sampler = Sampler()
@@ -65,28 +68,23 @@ class ModelRunner:
 
     def prepare(self, output: SchedulerOutput) -> tuple[torch.Tensor, torch.Tensor,
                                                         AttentionMetadata, torch.Tensor]:
-        """Pack the step: per row, [pad…, the request's next tokens]; everything else by tensor
-        ops."""
-        block_size = self.config.block_size
+        """Pack the step: input ids, positions, attention metadata and the rows to sample."""
+        if all(s.is_decode and not s.ghost for s in output.seqs):
+            return self._prepare_decodes(output)
+        return self._prepare_packed(output)
+
+    def _prepare_packed(self, output: SchedulerOutput):
+        """Any step: per row, [pad…, the row's tokens]; everything else by tensor ops."""
+        seqs, block_size = output.seqs, self.config.block_size
         input_ids: list[int] = []
-        q_lens, starts, pads, seq_lens, tables, real_rows = [], [], [], [], [], []
-        for seq in output.seqs:
-            request = seq.request
-            start = request.num_computed_tokens
-            # recompute the last token without writing it (static batches' idle rows)
-            if seq.ghost:
-                tokens, seq_len = request.token_ids(request.num_tokens - 1,
-                                                    request.num_tokens), start
-            else:
-                tokens, seq_len = request.token_ids(start,
-                                                    start + seq.num_tokens), start + seq.num_tokens
+        q_lens, starts, pads, seq_lens, real_rows = [], [], [], [], []
+        for seq in seqs:
             input_ids.extend([self.pad_token_id] * seq.num_pad)
-            input_ids.extend(tokens)
-            q_lens.append(seq.num_pad + len(tokens))
-            starts.append(start)
+            input_ids.extend(seq.token_ids)
+            q_lens.append(seq.q_len)
+            starts.append(seq.start)
             pads.append(seq.num_pad)
-            seq_lens.append(seq_len)
-            tables.append(self.kv.block_table(request))
+            seq_lens.append(seq.seq_len)
             real_rows.append(not seq.ghost)
 
         q_lens_t = torch.tensor(q_lens)
@@ -96,9 +94,8 @@ class ModelRunner:
         offset_in_row = torch.arange(len(input_ids)) - cu_seqlens_q[:-1].long()[row_of_token]
         pads_t = torch.tensor(pads)[row_of_token]
         positions = (torch.tensor(starts)[row_of_token] + offset_in_row - pads_t).clamp(min=0)
-        max_blocks = max(len(t) for t in tables)
-        block_tables = torch.tensor([t + [0] * (max_blocks - len(t)) for t in tables],
-                                    dtype=torch.int32)
+        block_tables = self._block_tables(seqs)
+        max_blocks = block_tables.shape[1]
         # token at position p of row r → block_tables[r, p // block_size] * block_size + p %
         # block_size
         slots = block_tables[row_of_token,
@@ -106,19 +103,47 @@ class ModelRunner:
             * block_size + positions % block_size
         writes = (offset_in_row >= pads_t) & torch.tensor(real_rows)[row_of_token]
         slot_mapping = torch.where(writes, slots, torch.full_like(slots, -1))
-        logits_indices = (cu_seqlens_q[1:].long() - 1)[[s.needs_logits for s in output.seqs]]
+        logits_indices = (cu_seqlens_q[1:].long() - 1)[[s.needs_logits for s in seqs]]
+        return self._to_device(output, input_ids, positions, slot_mapping, cu_seqlens_q, seq_lens,
+                               block_tables, q_lens, logits_indices)
 
-        device = self.device
+    def _prepare_decodes(self, output: SchedulerOutput):
+        """The decode-only step: row r is one token at position start_r, every row needs its
+        logits, nothing is padded; the slots come from each row's table in plain Python."""
+        seqs, block_size = output.seqs, self.config.block_size
+        positions = [s.start for s in seqs]
+        slots = [s.block_table[p // block_size] * block_size + p % block_size
+                 for s, p in zip(seqs, positions)]
+        rows = torch.arange(len(seqs) + 1, dtype=torch.int32)
+        return self._to_device(output, [s.token_ids[0] for s in seqs],
+                               torch.tensor(positions), torch.tensor(slots), rows,
+                               [p + 1 for p in positions], self._block_tables(seqs),
+                               [1] * len(seqs), rows[:-1].long())
+
+    @staticmethod
+    def _block_tables(seqs) -> torch.Tensor:
+        """The rows' block tables, padded with block 0 to the longest: int32 [rows, max_blocks]."""
+        tables = [s.block_table for s in seqs]
+        width = max(len(t) for t in tables)
+        return torch.tensor([t + [0] * (width - len(t)) if len(t) < width else t for t in tables],
+                            dtype=torch.int32)
+
+    def _to_device(self, output, input_ids, positions, slot_mapping, cu_seqlens_q, seq_lens,
+                   block_tables, q_lens, logits_indices):
+        on_host = self.device.type == "cpu"     # then every .to() would be a no-op call
+
+        def moved(tensor: torch.Tensor) -> torch.Tensor:
+            return tensor if on_host else tensor.to(self.device, non_blocking=True)
+
         meta = AttentionMetadata(
-            slot_mapping=slot_mapping.to(device, non_blocking=True),
-            cu_seqlens_q=cu_seqlens_q.to(device, non_blocking=True),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32).to(device, non_blocking=True),
-            block_tables=block_tables.to(device, non_blocking=True),
-            max_seqlen_q=max(q_lens), max_seqlen_k=max(max(seq_lens), 1), q_lens_host=q_lens,
-            seq_lens_host=seq_lens)
-        return (torch.tensor(input_ids).to(device, non_blocking=True),
-                positions.to(device, non_blocking=True), meta,
-                logits_indices.to(device, non_blocking=True))
+            slot_mapping=moved(slot_mapping), cu_seqlens_q=moved(cu_seqlens_q),
+            seq_lens=moved(torch.tensor(seq_lens, dtype=torch.int32)),
+            block_tables=moved(block_tables), max_seqlen_q=max(q_lens),
+            max_seqlen_k=max(max(seq_lens), 1), q_lens_host=q_lens, seq_lens_host=seq_lens,
+            decode_rows=[s.is_decode for s in output.seqs],
+            num_decode_rows=output.num_decode_rows,
+            max_fused_decode_rows=self.config.max_fused_decode_rows)
+        return moved(torch.tensor(input_ids)), moved(positions), meta, moved(logits_indices)
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         """Copy-on-write: give each destination block the KV of its source, in every layer.
@@ -133,12 +158,11 @@ class ModelRunner:
     def execute(self, output: SchedulerOutput) -> SamplerOutput:
         self.copy_blocks(output.block_copies)      # before the forward writes into the copies
         input_ids, positions, meta, logits_indices = self.prepare(output)
-        rows = [s.request for s in output.seqs if s.needs_logits]
-        if not rows:  # only intermediate prefill chunks this step: nothing to sample
-            self.model(input_ids, positions, self.kv_caches, meta, logits_indices)
-            return SamplerOutput([], [])
+        rows = [s for s in output.seqs if s.needs_logits]
         logits = self.model(input_ids, positions, self.kv_caches, meta, logits_indices)
-        params, generators = [r.params for r in rows], [r.generator for r in rows]
+        if not rows:  # only intermediate prefill chunks this step: nothing to sample
+            return SamplerOutput([], [])
+        params, generators = [s.params for s in rows], [s.generator for s in rows]
         try:
             return self.sampler(logits, params, generators)
         except Exception:

@@ -25,7 +25,7 @@ from minicb.metrics import (
     summarize,
     summarize_steps,
 )
-from minicb.request import Request, RequestStatus
+from minicb.request import Request
 from minicb.sampling import SamplingParams
 from minicb.scheduler import make_scheduler
 from minicb.workload import Workload, poisson_arrivals
@@ -134,19 +134,13 @@ def simulate(workload: Workload, cost: CostModel | None = None, record_blocks: b
     """
     cost = cost or CostModel()
     knobs.setdefault("max_model_len", max(r.prompt_len + r.output_len for r in workload.requests))
-    config = EngineConfig(**knobs)
-    config.finalize(config.max_model_len)
+    asked = EngineConfig(**knobs)
+    config = asked.resolve(asked.max_model_len)
     kv = make_kv_manager(config.kv_cache, config.num_kv_blocks, config.block_size,
                          config.max_model_len, config.enable_prefix_caching)
     clock = _Clock()
-
-    def stop(request: Request) -> RequestStatus | None:
-        if (request.num_output_tokens >= request.params.max_tokens
-            or request.num_tokens >= config.max_model_len):
-            return RequestStatus.FINISHED_LENGTH
-        return None
-
-    scheduler = make_scheduler(config, kv, stop, clock)
+    # the real scheduler's own stop checks (here: max_tokens and max_model_len; no EOS)
+    scheduler = make_scheduler(config, kv, clock)
     pending = sorted(enumerate(workload.requests), key=lambda item: (item[1].arrival, item[0]))
     requests: list[Request] = []
     result = SimResult(config, requests)
@@ -161,8 +155,10 @@ def simulate(workload: Workload, cost: CostModel | None = None, record_blocks: b
                 SamplingParams(max_tokens=spec.output_len, temperature=0, ignore_eos=True),
                 arrival_time=spec.arrival, arrival_step=scheduler.step_count,
                 priority=spec.priority, arrival_index=index)
-            if not kv.can_ever_fit(min(spec.prompt_len + spec.output_len, config.max_model_len)):
-                raise ValueError(f"request {index} can never fit the KV pool; raise num_kv_blocks.")
+            try:
+                scheduler.check_fits(spec.prompt_len, spec.output_len)
+            except ValueError as error:
+                raise ValueError(f"request {index}: {error}") from None
             scheduler.add_request(request)
             requests.append(request)
             next_arrival += 1
@@ -178,15 +174,14 @@ def simulate(workload: Workload, cost: CostModel | None = None, record_blocks: b
             continue
         start = clock.now
         # keys the decode rows read: each request's cache, including this step's token
-        context = sum(s.request.num_computed_tokens + s.num_tokens for s in plan.seqs
-                      if not s.is_prefill) if cost.context_token else 0
+        context = sum(s.start + s.num_tokens for s in plan.seqs
+                      if s.is_decode) if cost.context_token else 0
         clock.now += cost.step_time(plan.num_prefill_tokens + plan.num_pad_tokens,
                                     plan.num_decode_rows, context)
         rows = [(s.request.request_id,
-                 "idle" if s.ghost else "prefill" if s.is_prefill else "decode",
+                 "idle" if s.ghost else "decode" if s.is_decode else "prefill",
                  s.num_tokens) for s in plan.seqs]
-        tables = ({s.request.request_id: list(kv.block_table(s.request)) for s in plan.seqs}
-                  if record_blocks else {})
+        tables = {s.request.request_id: s.block_table for s in plan.seqs} if record_blocks else {}
         update_start = time.thread_time()
         scheduler.update(plan, [1] * sum(s.needs_logits for s in plan.seqs))
         schedule_seconds += time.thread_time() - update_start

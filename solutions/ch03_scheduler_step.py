@@ -19,8 +19,9 @@ Your scheduler plugs into the real engine (minicb's LLM and the cost-model simul
 tests check it step by step against minicb's own ContinuousScheduler and check that a real model
 still generates exactly what transformers does, even with preemptions. The Scheduler base class
 (minicb/scheduler/base.py) gives you the queues (`self.waiting`, `self.running`), the KV manager
-(`self.kv`: `can_allocate(request, num_tokens)`, `allocate`, `free`), `self._start_running` and
-the update after the model ran.
+(`self.kv`: `can_allocate(request, num_tokens)`, `allocate`, `free`), `self.row` (a row of the
+plan, with the block table the runner reads), `self._start_running` and the update after the
+model ran.
 
 Grade it: make grade CH=03
 """
@@ -29,7 +30,7 @@ from __future__ import annotations
 
 from minicb.config import EngineConfig
 from minicb.request import Request, RequestStatus
-from minicb.scheduler.base import ScheduledSeq, Scheduler, SchedulerOutput
+from minicb.scheduler.base import Scheduler, SchedulerOutput
 
 # the knobs this exercise leaves at minicb's defaults (the policies of chapter 03's second half)
 DEFAULT_KNOBS = {"policy": "fcfs", "step_order": "decode_first",
@@ -75,7 +76,7 @@ class StepScheduler(Scheduler):
     def take(self, output: SchedulerOutput, request: Request, num_tokens: int) -> None:
         """Put `num_tokens` of `request` in this step: KV room for them, a row, the budget spent."""
         self.kv.allocate(request, request.num_computed_tokens + num_tokens)
-        output.seqs.append(ScheduledSeq.plan(request, num_tokens))
+        output.seqs.append(self.row(request, num_tokens))     # the row, with its block table
         self.scheduled_ids.add(request.request_id)
         self.token_budget -= num_tokens
 

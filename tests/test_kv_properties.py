@@ -72,14 +72,10 @@ def test_scheduler_with_aborts_never_leaks(kind, scheduler, lengths, aborts, num
     config = EngineConfig(scheduler=scheduler, kv_cache=kind, max_num_seqs=4,
                           max_num_batched_tokens=16, max_model_len=50, block_size=4,
                           num_kv_blocks=num_blocks)
-    config.finalize(50)
+    config = config.resolve(50)
     kv = make_kv_manager(kind, config.num_kv_blocks, 4, 50)
 
-    def stop(request):
-        return (RequestStatus.FINISHED_LENGTH
-                if request.num_output_tokens >= request.params.max_tokens else None)
-
-    sched = make_scheduler(config, kv, stop, lambda: 0.0)
+    sched = make_scheduler(config, kv, lambda: 0.0)
     requests = [Request(str(i), [7] * p, SamplingParams(max_tokens=o, ignore_eos=True))
                 for i, (p, o) in enumerate(lengths)]
     for request in requests:

@@ -259,14 +259,10 @@ def test_blocks_are_never_lost_or_double_booked(specs, aborts, num_blocks, cachi
     config = EngineConfig(max_num_seqs=4, max_num_batched_tokens=8, max_model_len=40,
                           block_size=block, num_kv_blocks=num_blocks, enable_prefix_caching=caching,
                           step_order=step_order)
-    config.finalize(40)
+    config = config.resolve(40)
     kv = make_kv_manager("paged", num_blocks, block, 40, caching)
 
-    def stop(request):
-        done = request.num_output_tokens >= request.params.max_tokens
-        return RequestStatus.FINISHED_LENGTH if done else None
-
-    scheduler = make_scheduler(config, kv, stop, lambda: 0.0)
+    scheduler = make_scheduler(config, kv, lambda: 0.0)
     arrivals: dict[int, list[list[Request]]] = {}
     seeds: dict[str, int] = {}
     for index, (prefix, suffix, max_tokens, n, arrival) in enumerate(specs):

@@ -6,7 +6,6 @@ import random
 
 from minicb.request import Request
 from minicb.sampling import SamplingParams
-from minicb.scheduler.base import ScheduledSeq
 from minicb.scheduler.continuous import StepBudget
 from minicb.scheduler.queue import WaitingQueue
 
@@ -61,12 +60,12 @@ def test_the_step_budget_caps_prompt_chunks_and_decodes_and_remembers_who_is_in(
     budget = StepBudget(tokens=10, prefill_tokens=6)
     long_prompt = make("long", prompt_len=20)
     assert budget.tokens_for(long_prompt) == 6, "a prompt is chunked to the prefill cap"
-    budget.charge(ScheduledSeq.plan(long_prompt, 6))
+    budget.charge(long_prompt, 6, prompt_tokens=True)
     assert (budget.tokens, budget.prefill_tokens, budget.scheduled) == (4, 0, {"long"})
     other_prompt = make("other", prompt_len=3)
     assert budget.tokens_for(other_prompt) == 0, "no prefill budget left"
     decoding = make("decoding", prompt_len=3)
     decoding.num_computed_tokens, decoding.output_token_ids = 3, [7]
     assert budget.tokens_for(decoding) == 1, "a decode takes its one token from what is left"
-    budget.charge(ScheduledSeq.plan(decoding, 1))
+    budget.charge(decoding, 1, prompt_tokens=False)
     assert (budget.tokens, budget.prefill_tokens) == (3, 0)

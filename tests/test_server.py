@@ -6,6 +6,7 @@ command line."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import threading
@@ -53,6 +54,24 @@ def reference(chat_model) -> LLM:
 
 def engine_of(server):
     return server.app.state.engine
+
+
+@contextlib.contextmanager
+def slow_steps(engine, seconds: float = 0.02):
+    """Every model step takes at least `seconds`: a long request then really is long, however
+    fast the engine computes the tiny model's tokens."""
+    runner = engine.engine.runner
+    execute = runner.execute
+
+    def slow_execute(plan):
+        time.sleep(seconds)
+        return execute(plan)
+
+    runner.execute = slow_execute
+    try:
+        yield
+    finally:
+        del runner.execute
 
 
 def wait_until_idle(server, timeout: float = 60.0) -> None:
@@ -238,52 +257,46 @@ def test_a_client_that_hangs_up_mid_stream_is_aborted_and_frees_its_blocks(serve
     aborted_before = engine.stats.finished["abort"]
     body = {"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 200, "stream": True,
             "ignore_eos": True}
-    with httpx.stream("POST", server.url + "/v1/completions", json=body) as response:
-        lines = response.iter_lines()
-        assert next(line for line in lines if line.startswith("data:"))
-        assert engine.engine.kv.num_used_blocks() > 0
-    # leaving the block closed the connection after one chunk of 200
-    wait_until_idle(server)
+    with slow_steps(engine):
+        with httpx.stream("POST", server.url + "/v1/completions", json=body) as response:
+            lines = response.iter_lines()
+            assert next(line for line in lines if line.startswith("data:"))
+            assert engine.engine.kv.num_used_blocks() > 0
+        # leaving the block closed the connection after one chunk of 200
+        wait_until_idle(server)
     assert engine.stats.finished["abort"] == aborted_before + 1
     assert engine.engine.kv.num_used_blocks() == 0
 
 
-def slow_steps(monkeypatch, engine) -> None:
-    """Each engine step takes at least 10 ms, so 200 tokens outlast a 0.3 s client timeout
-    however fast the machine (the model's own step is about a millisecond)."""
-    step = engine.engine.step
-    monkeypatch.setattr(engine.engine, "step", lambda: (time.sleep(0.01), step())[1])
-
-
-def test_hanging_up_on_n_samples_aborts_every_one_and_frees_their_blocks(server, monkeypatch):
+def test_hanging_up_on_n_samples_aborts_every_one_and_frees_their_blocks(server):
     engine = engine_of(server)
-    slow_steps(monkeypatch, engine)
     aborted_before = engine.stats.finished["abort"]
     body = {"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 200, "n": 3, "stream": True,
             "ignore_eos": True}
-    with httpx.stream("POST", server.url + "/v1/completions", json=body) as response:
-        lines = response.iter_lines()
-        assert next(line for line in lines if line.startswith("data:"))
-        assert engine.engine.kv.num_used_blocks() > 0
-    wait_until_idle(server)
-    assert engine.stats.finished["abort"] == aborted_before + 3
-    assert engine.engine.kv.num_used_blocks() == 0
-    body = {**body, "stream": False, "n": 2}
-    with pytest.raises(httpx.ReadTimeout):
-        httpx.post(server.url + "/v1/completions", json=body, timeout=0.3)
-    wait_until_idle(server)
+    with slow_steps(engine):
+        with httpx.stream("POST", server.url + "/v1/completions", json=body) as response:
+            lines = response.iter_lines()
+            assert next(line for line in lines if line.startswith("data:"))
+            assert engine.engine.kv.num_used_blocks() > 0
+        wait_until_idle(server)
+        assert engine.stats.finished["abort"] == aborted_before + 3
+        assert engine.engine.kv.num_used_blocks() == 0
+        body = {**body, "stream": False, "n": 2}
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(server.url + "/v1/completions", json=body, timeout=0.3)
+        wait_until_idle(server)
     assert engine.stats.finished["abort"] == aborted_before + 5
     assert engine.engine.kv.num_used_blocks() == 0
 
 
-def test_a_non_streaming_client_that_gives_up_is_aborted_too(server, monkeypatch):
+def test_a_non_streaming_client_that_gives_up_is_aborted_too(server):
     engine = engine_of(server)
-    slow_steps(monkeypatch, engine)
     aborted_before = engine.stats.finished["abort"]
     body = {"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 200, "ignore_eos": True}
-    with pytest.raises(httpx.ReadTimeout):
-        httpx.post(server.url + "/v1/completions", json=body, timeout=0.3)
-    wait_until_idle(server)
+    with slow_steps(engine):
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(server.url + "/v1/completions", json=body, timeout=0.3)
+        wait_until_idle(server)
     assert engine.stats.finished["abort"] == aborted_before + 1
     assert engine.engine.kv.num_used_blocks() == 0
 
@@ -583,14 +596,11 @@ def test_a_priority_server_serves_a_higher_priority_request_first(chat_model):
 def test_overload_gets_503_with_retry_after_and_chat_without_template_gets_400(tiny_llama):
     app = build_app(tiny_llama, served_model_name="tiny", scheduler="naive", max_num_seqs=1,
                     max_queue_len=1, max_model_len=MAX_MODEL_LEN)
-    # each step takes at least 20 ms, so the hog's 200 tokens outlast the test's own requests
-    # even on a fast or busy machine (a tiny model's step alone is about a millisecond)
-    engine, step = app.state.engine.engine, app.state.engine.engine.step
-    engine.step = lambda: (time.sleep(0.02), step())[1]
+    # slow_steps: the hog's 200 tokens outlast the test's own requests on a fast or busy machine
     long_body = {"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 200, "stream": True,
                  "ignore_eos": True}
     short_body = {"model": "tiny", "prompt": [8, 9], "max_tokens": 2}
-    with ServerThread(app) as server, \
+    with ServerThread(app) as server, slow_steps(app.state.engine), \
             httpx.stream("POST", server.url + "/v1/completions", json=long_body) as hog:
         lines = hog.iter_lines()       # kept: dropping the iterator would close the connection
         next(line for line in lines if line.startswith("data:"))      # the hog is running now

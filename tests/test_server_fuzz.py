@@ -16,6 +16,8 @@ from hypothesis import strategies as st
 
 from minicb.serving.server import ServerThread, build_app
 
+pytestmark = pytest.mark.slow      # about a minute: make test runs it, make test-fast does not
+
 CASES = 120          # per endpoint and kind (valid / broken): about a minute in all on 2 cores
 SCALARS = st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=True) | \
     st.text(max_size=20)

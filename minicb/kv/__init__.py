@@ -9,15 +9,14 @@ from minicb.kv.base import KVManager
 from minicb.kv.blocks import BlockAllocator
 from minicb.kv.contiguous import ContiguousKVManager
 from minicb.kv.paged import PagedKVManager
+from minicb.registry import KV_CACHES
 
 
 def make_kv_manager(kind: str, num_blocks: int, block_size: int, max_model_len: int,
                     enable_prefix_caching: bool = False) -> KVManager:
-    if kind == "paged":
-        return PagedKVManager(num_blocks, block_size, enable_prefix_caching=enable_prefix_caching)
-    if kind == "contiguous":
-        return ContiguousKVManager(num_blocks, block_size, max_model_len)
-    raise ValueError(f"kv_cache={kind!r} is not 'contiguous' or 'paged'.")
+    """The KV manager the registry has as `kind` (every manager takes the same arguments)."""
+    return KV_CACHES.get_part(kind)(num_blocks, block_size, max_model_len=max_model_len,
+                                    enable_prefix_caching=enable_prefix_caching)
 
 
 __all__ = ["KVManager", "BlockAllocator", "ContiguousKVManager", "PagedKVManager",

@@ -12,7 +12,11 @@ class ContiguousKVManager(KVManager):
     free blocks scattered between reservations, too short for a new run (external).
     """
 
-    def __init__(self, num_blocks: int, block_size: int, max_model_len: int):
+    def __init__(self, num_blocks: int, block_size: int, max_model_len: int,
+                 enable_prefix_caching: bool = False):
+        if enable_prefix_caching:
+            raise ValueError("enable_prefix_caching needs kv_cache='paged': only blocks can be "
+                             "shared.")
         super().__init__(num_blocks, block_size)
         self.blocks_per_request = self.blocks_for(max_model_len)
         self.is_free = [True] * num_blocks

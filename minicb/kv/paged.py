@@ -25,8 +25,9 @@ class PagedKVManager(KVManager):
 
     supports_sharing = True
 
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False):
-        super().__init__(num_blocks, block_size)
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False,
+                 max_model_len: int | None = None):
+        super().__init__(num_blocks, block_size)    # (blocks come on demand: no length needed)
         self.allocator = BlockAllocator(num_blocks)
         self.tables: dict[str, list[int]] = {}
         self.enable_prefix_caching = enable_prefix_caching

@@ -29,8 +29,15 @@ class AttentionMetadata:
     max_seqlen_k: int
     q_lens_host: list[int] | None = None    # the same lengths as Python ints (shapes are decided on
     seq_lens_host: list[int] | None = None  # the host); derived from the tensors when not given
-    num_decode_rows: int | None = None      # rows the plan marks as decodes (one query each)
-    _torch_plan: TorchPlan | None = field(default=None, init=False, repr=False, compare=False)
+    # which rows are decodes (one query attending to all its request's keys), as the scheduler's
+    # plan marked them (ScheduledSeq.is_decode); nothing downstream decides it again. A metadata
+    # built by hand, without a plan, marks the rows of one query, the plan's own definition.
+    decode_rows: list[bool] | None = None
+    num_decode_rows: int | None = None      # sum(decode_rows)
+    # the most rows a step may have to run in the fused CPU decode layer: the engine's fixed
+    # setting (EngineConfig.max_fused_decode_rows), never the live thread count; None: no limit
+    max_fused_decode_rows: int | None = None
+    _torch_plans: dict = field(default_factory=dict, init=False, repr=False, compare=False)
     _writes: tuple | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -38,8 +45,19 @@ class AttentionMetadata:
             self.q_lens_host = (self.cu_seqlens_q[1:] - self.cu_seqlens_q[:-1]).tolist()
         if self.seq_lens_host is None:
             self.seq_lens_host = self.seq_lens.tolist()
+        if self.decode_rows is None:
+            self.decode_rows = [q_len == 1 for q_len in self.q_lens_host]
         if self.num_decode_rows is None:
-            self.num_decode_rows = sum(n == 1 for n in self.q_lens_host)
+            self.num_decode_rows = sum(self.decode_rows)
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.q_lens_host)
+
+    @property
+    def decodes_only(self) -> bool:
+        """Every row of the step is a decode."""
+        return self.num_decode_rows == self.num_rows
 
     def writes(self) -> tuple[torch.Tensor | None, torch.Tensor]:
         """(rows to write or None for all of them, their slots): the padding rows (slot -1) left
@@ -52,11 +70,12 @@ class AttentionMetadata:
 
     def torch_plan(self, block_size: int, decodes: bool = True) -> TorchPlan:
         """The torch backend's index tensors for this step. Every layer needs the same ones, so
-        the first layer builds them and the others reuse them. decodes=False leaves the decode
-        rows out (the cpu backend attends them in its kernel)."""
-        if self._torch_plan is None:
-            self._torch_plan = TorchPlan.build(self, block_size, decodes)
-        return self._torch_plan
+        the first layer builds them and the others reuse them (one plan per `decodes`).
+        decodes=False leaves the decode rows out (the cpu backend attends them in its kernel)."""
+        plan = self._torch_plans.get(decodes)
+        if plan is None:
+            plan = self._torch_plans[decodes] = TorchPlan.build(self, block_size, decodes)
+        return plan
 
 
 @dataclass
@@ -86,7 +105,6 @@ class TorchPlan:
 
     decode: DecodeBatch | None
     prefills: list[PrefillChunk]
-    has_decodes: bool = False
 
     @staticmethod
     def build(meta: AttentionMetadata, block_size: int, decodes: bool = True) -> TorchPlan:
@@ -98,7 +116,7 @@ class TorchPlan:
             return table[:, :blocks_for(num_keys, block_size)].long().contiguous()
 
         decode = None
-        rows = [i for i, n in enumerate(q_lens) if n == 1]
+        rows = [i for i, decode in enumerate(meta.decode_rows) if decode]
         if rows and decodes:
             index = torch.tensor(rows, device=device)
             num_keys = max(seq_lens[i] for i in rows)
@@ -108,8 +126,9 @@ class TorchPlan:
                                  blocks=blocks_of(meta.block_tables[index], num_keys),
                                  num_keys=num_keys, visible=visible[:, None, None, :])
         prefills, start = [], 0
-        for row, (q_len, seq_len) in enumerate(zip(q_lens, seq_lens)):
-            if q_len > 1:
+        for row, (q_len, seq_len, one_query) in enumerate(zip(q_lens, seq_lens,
+                                                              meta.decode_rows)):
+            if not one_query:
                 # a whole prompt (q_len == seq_len): query i sees keys 0..i, plain causal
                 visible = None
                 if q_len != seq_len:
@@ -121,7 +140,7 @@ class TorchPlan:
                                              blocks_of(meta.block_tables[row:row + 1], seq_len),
                                              visible))
             start += q_len
-        return TorchPlan(decode, prefills, has_decodes=bool(rows))
+        return TorchPlan(decode, prefills)
 
 
 def write_kv_torch(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -200,7 +219,7 @@ def paged_attention_cpu(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
     q = q.contiguous()   # the kernel indexes q and out as packed rows
     out = torch.empty_like(q)
     plan = meta.torch_plan(k_cache.shape[1], decodes=False)
-    if plan.has_decodes:
+    if meta.num_decode_rows:
         kernel(q, k_cache, v_cache, meta.cu_seqlens_q, meta.seq_lens, meta.block_tables, scale,
                decodes_only=True, out=out)
     attend_prefills_torch(q, k_cache, v_cache, plan, scale, out)
@@ -230,26 +249,40 @@ def resolve_backend(attention: str, device: str, dtype: str) -> str:
     raise ValueError(f"attention='cpu' is unavailable here: {why}. Use attention='torch'.")
 
 
+def torch_backend():
+    """(write K/V, attend) of the readable reference."""
+    return write_kv_torch, paged_attention_torch
+
+
+def cpu_backend():
+    """(write K/V, attend) with the decode rows in the C kernel."""
+    return write_kv_torch, paged_attention_cpu
+
+
+def triton_backend():
+    """(write K/V, attend) through the Triton kernels (imported here: only they need Triton)."""
+    from minicb import kernels
+
+    kernels.require_triton()    # without it: an ImportError naming the extra
+    def write(k, v, k_cache, v_cache, meta):
+        kernels.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+
+    def attend(q, k_cache, v_cache, meta, scale):
+        return kernels.paged_attention(q, k_cache, v_cache, meta.cu_seqlens_q, meta.seq_lens,
+                                       meta.block_tables, scale, meta.max_seqlen_q,
+                                       meta.max_seqlen_k)
+
+    return write, attend
+
+
 class Attention:
-    """Picks the backend once; called by every layer with its own cache tensors."""
+    """Picks the backend once (from minicb.registry.ATTENTION_BACKENDS); called by every layer
+    with its own cache tensors."""
 
     def __init__(self, backend: str):
-        if backend == "triton":
-            from minicb import kernels  # imported lazily: only this backend needs Triton
+        from minicb.registry import ATTENTION_BACKENDS
 
-            kernels.require_triton()    # without it: an ImportError naming the extra
-            self._write = lambda k, v, kc, vc, m: kernels.write_kv(k, v, kc, vc, m.slot_mapping)
-            self._attend = lambda q, kc, vc, m, scale: kernels.paged_attention(
-                q, kc, vc, m.cu_seqlens_q, m.seq_lens, m.block_tables, scale, m.max_seqlen_q,
-                m.max_seqlen_k)
-        elif backend == "torch":
-            self._write = write_kv_torch
-            self._attend = paged_attention_torch
-        elif backend == "cpu":
-            self._write = write_kv_torch
-            self._attend = paged_attention_cpu
-        else:
-            raise ValueError(f"attention={backend!r} is not 'torch', 'triton' or 'cpu'.")
+        self._write, self._attend = ATTENTION_BACKENDS.get_part(backend)()
         self.backend = backend
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,

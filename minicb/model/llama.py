@@ -309,10 +309,13 @@ class LlamaModel(nn.Module):
     @staticmethod
     def decodes_only(x: torch.Tensor, meta: AttentionMetadata) -> bool:
         """The plan marks every row a decode (meta.num_decode_rows), and there are few enough
-        rows that the small-batch products win (Linear.kernel_rows, a fixed number: never the
-        live thread count)."""
+        rows that the small-batch products win: the engine's fixed limit
+        (meta.max_fused_decode_rows, EngineConfig.max_fused_decode_rows resolved once at start),
+        or Linear.kernel_rows for a metadata built without one; never the live thread count."""
         rows = meta.seq_lens.shape[0]
-        if meta.num_decode_rows != rows or rows > Linear.kernel_rows:
+        limit = (meta.max_fused_decode_rows if meta.max_fused_decode_rows is not None
+                 else Linear.kernel_rows)
+        if meta.num_decode_rows != rows or rows > limit:
             return False
         if x.shape[0] != rows:
             raise ValueError(f"the plan marks all {rows} rows as decodes, but the step has "

@@ -1,33 +1,56 @@
-"""What every scheduler shares: the queues, the step's plan, and the update after a step."""
+"""What every scheduler shares: the queues, the step's plan, and the one update after a step."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+
+import torch
 
 from minicb.config import EngineConfig
 from minicb.kv.base import KVManager
 from minicb.request import Request, RequestStatus
+from minicb.sampling import SamplerOutput, SamplingParams
 from minicb.scheduler.queue import WaitingQueue
 
 
-@dataclass
+@dataclass(slots=True)
 class ScheduledSeq:
-    """One row of the packed batch: `num_tokens` real tokens of `request` this step."""
+    """One row of the packed batch, with everything the runner needs to pack and sample it.
+
+    `request` is the scheduler's own record, kept so `update` knows whom the row's token is for;
+    the runner reads only the other fields, values copied when the row was planned.
+    """
 
     request: Request
-    num_tokens: int
+    num_tokens: int           # real tokens this row computes (a ghost recomputes one, unkept)
+    start: int                # tokens of the request already cached: the first one's position
+    token_ids: list[int]      # the tokens this row feeds the model (padding not included)
+    block_table: list[int]    # the request's KV blocks, in order, after this step's allocation
+    params: SamplingParams
+    generator: torch.Generator | None
     num_pad: int = 0          # left padding before the real tokens (static prefill)
     ghost: bool = False       # a finished request kept in a static batch: computed, then discarded
     needs_logits: bool = False
-    is_prefill: bool = False  # prompt tokens (or a recompute after preemption), not one decode
+    # THE definition of a decode row, for metrics, the simulator, attention and the kernels: the
+    # row carries one query, which attends to every key its request has cached. A decode, a
+    # parallel sample's first step (it shares its first sample's prompt and computes only the
+    # last prompt token), a prompt's last one-token chunk and a static batch's ghost all are.
+    is_decode: bool = False
 
-    @classmethod
-    def plan(cls, request: Request, num_tokens: int, num_pad: int = 0) -> ScheduledSeq:
-        """A real row: it needs logits when this step leaves no token of the request uncomputed."""
-        return cls(request, num_tokens, num_pad=num_pad,
-                   needs_logits=request.num_computed_tokens + num_tokens == request.num_tokens,
-                   is_prefill=request.is_prefilling)
+    @property
+    def is_prefill(self) -> bool:
+        return not self.is_decode
+
+    @property
+    def q_len(self) -> int:
+        """Query rows in the packed batch: padding + real tokens."""
+        return self.num_pad + len(self.token_ids)
+
+    @property
+    def seq_len(self) -> int:
+        """Keys this row attends to, its own included (a ghost writes nothing, so not its own)."""
+        return self.start if self.ghost else self.start + self.num_tokens
 
 
 @dataclass
@@ -38,7 +61,7 @@ class SchedulerOutput:
     # (source, destination) blocks the runner copies before the forward: copy-on-write
     block_copies: list[tuple[int, int]] = field(default_factory=list)
 
-    # every count of a step's rows and tokens is defined here, once
+    # every count of a step's rows and tokens is defined here, once, from the rows' is_decode
     @property
     def num_tokens(self) -> int:
         return sum(s.num_tokens + s.num_pad for s in self.seqs)
@@ -50,15 +73,15 @@ class SchedulerOutput:
 
     @property
     def num_decode_rows(self) -> int:
-        return sum(not s.is_prefill for s in self.seqs)
+        return sum(s.is_decode for s in self.seqs)
 
     @property
     def num_prefill_tokens(self) -> int:
-        return sum(s.num_tokens for s in self.seqs if s.is_prefill)
+        return sum(s.num_tokens for s in self.seqs if not s.is_decode)
 
     @property
     def num_decode_tokens(self) -> int:
-        return sum(s.num_tokens for s in self.seqs if not s.is_prefill and not s.ghost)
+        return sum(s.num_tokens for s in self.seqs if s.is_decode and not s.ghost)
 
     @property
     def num_pad_tokens(self) -> int:
@@ -69,23 +92,41 @@ class SchedulerOutput:
         return not self.seqs
 
 
-StopChecker = Callable[[Request], "RequestStatus | None"]
-
-
 class Scheduler:
     """Queues plus bookkeeping. Subclasses implement `schedule()` (which rows run this step)."""
 
-    def __init__(self, config: EngineConfig, kv: KVManager, stop_checker: StopChecker,
-                 clock: Callable[[], float]):
+    def __init__(self, config: EngineConfig, kv: KVManager, clock: Callable[[], float],
+                 eos_token_ids: Iterable[int] = ()):
         self.config = config
         self.kv = kv
-        self.stop_checker = stop_checker
         self.clock = clock
+        self.eos_token_ids = frozenset(eos_token_ids)
         self.waiting = WaitingQueue()
         self.running: list[Request] = []
         self.step_count = 0
         self.num_preemptions = 0
         self.fork_parents: dict[str, Request] = {}   # parallel sample's id → its first sample
+
+    def check_fits(self, num_prompt_tokens: int, max_tokens: int,
+                   require_fit: bool = False) -> None:
+        """The one admission rule on lengths, for the engine, the async engine and the simulator:
+        the prompt leaves room for output under max_model_len, and the request at its longest
+        (Request.max_total_tokens) fits the whole KV pool. `require_fit=True` refuses a request
+        whose prompt + max_tokens exceeds max_model_len instead of cutting it short there."""
+        limit = self.config.max_model_len
+        if num_prompt_tokens >= limit:
+            raise ValueError(f"the prompt has {num_prompt_tokens} tokens but max_model_len is "
+                             f"{limit}, leaving no room for output; shorten the prompt to under "
+                             f"{limit} tokens or raise max_model_len.")
+        if require_fit and num_prompt_tokens + max_tokens > limit:
+            raise ValueError(f"max_tokens={max_tokens} plus the prompt's {num_prompt_tokens} "
+                             f"tokens exceeds max_model_len={limit}; ask for at most "
+                             f"{limit - num_prompt_tokens} tokens or shorten the prompt.")
+        total = min(num_prompt_tokens + max_tokens, limit)
+        if not self.kv.can_ever_fit(total):
+            raise ValueError(f"this request may reach {total} tokens but the whole KV pool holds "
+                             f"{self.kv.num_blocks * self.kv.block_size}; raise num_kv_blocks or "
+                             "lower max_tokens.")
 
     # --- queue -----------------------------------------------------------------------------
     def add_request(self, request: Request, fork_of: Request | None = None) -> None:
@@ -119,14 +160,37 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         raise NotImplementedError
 
+    def row(self, request: Request, num_tokens: int, num_pad: int = 0,
+            ghost: bool = False) -> ScheduledSeq:
+        """Plan a row: `num_tokens` of the request's uncomputed tokens (after `num_pad` padding),
+        or for a ghost its last token again. Call it after the KV manager allocated the row's
+        blocks: the row carries a copy of the request's block table."""
+        start = request.num_computed_tokens
+        if ghost:
+            tokens = request.token_ids(request.num_tokens - 1, request.num_tokens)
+        else:
+            tokens = request.token_ids(start, start + num_tokens)
+        return ScheduledSeq(request, num_tokens, start, tokens, list(self.kv.block_table(request)),
+                            request.params, request.generator, num_pad=num_pad, ghost=ghost,
+                            needs_logits=not ghost and start + num_tokens == request.num_tokens,
+                            is_decode=num_pad + len(tokens) == 1)
+
     # --- after the model ran -----------------------------------------------------------------
-    def update(self, output: SchedulerOutput, token_ids: list[int]) -> list[Request]:
-        """Record this step's tokens. `token_ids` has one entry per row that needed logits.
+    def update(self, output: SchedulerOutput,
+               sampled: SamplerOutput | Sequence[int | None]) -> list[Request]:
+        """Apply one step's results, the only place they are applied: every row's computed
+        tokens, and for each row that needed logits its token, logprobs or error, then the stop
+        checks (EOS, stop token ids, max_tokens, max_model_len). `sampled` has one entry per row
+        that needed logits; a plain list of token ids stands for tokens without logprobs. Stop
+        strings need the text: the engine checks them afterwards (minicb.detokenizer).
 
         Returns the requests that got a token or finished this step.
         """
+        if not isinstance(sampled, SamplerOutput):
+            sampled = SamplerOutput(list(sampled), [None] * len(sampled))
         now, step = self.clock(), output.step
-        tokens = iter(token_ids)
+        errors = sampled.errors or [None] * len(sampled.token_ids)
+        results = iter(zip(sampled.token_ids, sampled.logprobs, errors))
         touched: list[Request] = []
         for seq in output.seqs:
             request = seq.request
@@ -136,26 +200,36 @@ class Scheduler:
             self.kv.cache_full_blocks(request)
             if not seq.needs_logits:
                 continue
-            token = next(tokens)
-            if token is None:        # this row could not be sampled (the engine set its error)
+            token, logprob, error = next(results)
+            touched.append(request)
+            if token is None:        # this row could not be sampled
+                request.error = error or "the row could not be sampled"
                 self.finish(request, RequestStatus.FINISHED_ERROR)
-                touched.append(request)
                 continue
             request.output_token_ids.append(token)
+            if logprob is not None:
+                request.logprobs.append(logprob)
             request.times.token_times.append(now)
             request.times.token_steps.append(step)
             if request.times.first_token is None:
                 request.times.first_token, request.times.first_token_step = now, step
-            touched.append(request)
-            try:
-                reason = self.stop_checker(request)
-            except Exception as error:     # one request's stop check must not stop the others
-                request.error = f"the stop check failed: {type(error).__name__}: {error}"
-                reason = RequestStatus.FINISHED_ERROR
+            reason = self.check_stop(request, token)
             if reason is not None:
                 self.finish(request, reason)
         self.after_update(output)
         return touched
+
+    def check_stop(self, request: Request, token: int) -> RequestStatus | None:
+        """Whether `token`, just appended, ends the request: EOS, a stop token id, or a length."""
+        params = request.params
+        if not params.ignore_eos and token in self.eos_token_ids:
+            return RequestStatus.FINISHED_STOPPED
+        if token in params.stop_token_ids:
+            request.stop_reason = token
+            return RequestStatus.FINISHED_STOPPED
+        if request.num_tokens >= request.max_total_tokens(self.config.max_model_len):
+            return RequestStatus.FINISHED_LENGTH
+        return None
 
     def after_update(self, output: SchedulerOutput) -> None:
         """Hook for subclasses (the static scheduler ends its batch here)."""

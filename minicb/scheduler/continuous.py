@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from minicb.request import Request, RequestStatus
-from minicb.scheduler.base import ScheduledSeq, Scheduler, SchedulerOutput
+from minicb.scheduler.base import Scheduler, SchedulerOutput
 
 
 @dataclass
@@ -34,11 +34,13 @@ class StepBudget:
             return min(wanted, self.tokens)          # a decode: one token
         return min(wanted, self.tokens, self.prefill_tokens)
 
-    def charge(self, seq: ScheduledSeq) -> None:
-        self.scheduled.add(seq.request.request_id)
-        self.tokens -= seq.num_tokens
-        if seq.is_prefill:
-            self.prefill_tokens -= seq.num_tokens
+    def charge(self, request: Request, num_tokens: int, prompt_tokens: bool) -> None:
+        """Spend `num_tokens` of the budget (and of the prompt tokens' cap when they are a
+        prompt's, or a recompute's, as tokens_for counted them)."""
+        self.scheduled.add(request.request_id)
+        self.tokens -= num_tokens
+        if prompt_tokens:
+            self.prefill_tokens -= num_tokens
 
 
 class ContinuousScheduler(Scheduler):
@@ -58,11 +60,11 @@ class ContinuousScheduler(Scheduler):
 
     def _take(self, output: SchedulerOutput, request: Request, num_tokens: int,
               budget: StepBudget) -> None:
-        seq = ScheduledSeq.plan(request, num_tokens)
+        prompt_tokens = request.is_prefilling
         self.kv.allocate(request, request.num_computed_tokens + num_tokens)
         output.block_copies.extend(self.kv.pop_block_copies())
-        output.seqs.append(seq)
-        budget.charge(seq)
+        output.seqs.append(self.row(request, num_tokens))      # its table, after allocation
+        budget.charge(request, num_tokens, prompt_tokens)
 
     # --- running requests --------------------------------------------------------------------
     def _schedule_running(self, output: SchedulerOutput, budget: StepBudget) -> None:

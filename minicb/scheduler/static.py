@@ -9,7 +9,7 @@ ends; waiting requests cannot enter. That idle capacity is what continuous batch
 from __future__ import annotations
 
 from minicb.request import RequestStatus
-from minicb.scheduler.base import ScheduledSeq, Scheduler, SchedulerOutput
+from minicb.scheduler.base import Scheduler, SchedulerOutput
 
 
 class StaticScheduler(Scheduler):
@@ -24,9 +24,9 @@ class StaticScheduler(Scheduler):
             return output
         for request in self.running:
             if request.finished:
-                output.seqs.append(ScheduledSeq(request, 1, ghost=True))
+                output.seqs.append(self.row(request, 1, ghost=True))
             else:
-                output.seqs.append(ScheduledSeq.plan(request, 1))
+                output.seqs.append(self.row(request, 1))
         return output
 
     def _form_batch(self, output: SchedulerOutput) -> None:
@@ -55,14 +55,18 @@ class StaticScheduler(Scheduler):
             self.waiting.remove(request)
             self.running.append(request)
             self._start_running(request)
-            output.seqs.append(ScheduledSeq.plan(request, request.num_tokens,
-                                                 num_pad=longest_prompt - request.num_tokens))
+            output.seqs.append(self.row(request, request.num_tokens,
+                                        num_pad=longest_prompt - request.num_tokens))
 
     def finish(self, request, status: RequestStatus) -> None:
-        # the row and its KV stay with the batch until the batch ends (after_update)
+        # the row and its KV stay with the batch until its last member finishes
         self._mark_finished(request, status)
+        self._end_batch_if_done()
 
     def after_update(self, output: SchedulerOutput) -> None:
+        self._end_batch_if_done()
+
+    def _end_batch_if_done(self) -> None:
         if self.running and all(r.finished for r in self.running):
             for request in self.running:
                 self.kv.free(request)
@@ -71,8 +75,7 @@ class StaticScheduler(Scheduler):
     def abort(self, request_id: str):
         for request in self.running:
             if request.request_id == request_id and not request.finished:
-                self._mark_finished(request, RequestStatus.FINISHED_ABORTED)
-                self.after_update(SchedulerOutput(step=self.step_count))
+                self.finish(request, RequestStatus.FINISHED_ABORTED)
                 return request
         return super().abort(request_id)
 

@@ -11,6 +11,13 @@ touches the engine (adding, aborting, stepping, detokenising) runs inside that o
 call at a time: the engine never sees two threads, and an arrival or an abort is queued and
 applied between two steps, never during one.
 
+Tokenizers. A Hugging Face fast tokenizer must not be used from two threads at once: one call
+that changes a setting (truncation, padding) while another encodes or decodes fails with
+"Already borrowed". Prompts are tokenised off the step (a long prompt must not stall everyone's
+tokens) on ONE thread of their own, with the async engine's own copy of the tokenizer; the
+engine's tokenizer is used only inside the step call (detokenising, stop strings). No tokenizer
+object is ever used by two threads.
+
     engine = AsyncLLMEngine(LLMEngine(EngineConfig(model=path)))
     async for delta in engine.generate("def fib(n):", SamplingParams(max_tokens=16)):
         print(delta.text, end="")
@@ -24,10 +31,12 @@ the request aborts all of them.
 from __future__ import annotations
 
 import asyncio
+import copy
 import itertools
 import time
 from collections import deque
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from minicb.config import EngineConfig
@@ -36,7 +45,6 @@ from minicb.kv.prefix import PrefixCacheStats
 from minicb.metrics import RequestMetrics
 from minicb.outputs import RequestOutput
 from minicb.sampling import SamplingParams
-from minicb.serving.detokenizer import IncrementalDetokenizer
 from minicb.serving.metrics import ServingStats
 
 
@@ -121,8 +129,10 @@ class AsyncLLMEngine:
         self._pending_adds: list[_PendingAdd] = []
         self._pending_aborts: set[str] = set()
         self._streams: dict[str, RequestStream] = {}
-        # used by the worker call only, one per sample: (request id, sample index) -> detokenizer
-        self._detokenizers: dict[tuple[str, int], IncrementalDetokenizer] = {}
+        engine.stream_text = True           # every output carries the text its step added
+        # prompts are tokenised here, on one thread, with a tokenizer of their own
+        self._tokenizer = copy.deepcopy(engine.tokenizer)
+        self._tokenize_thread = ThreadPoolExecutor(1, thread_name_prefix="minicb-tokenize")
         self._ids = itertools.count()
         self._validating = 0          # samples of requests being tokenised (they count as waiting)
         self._finish_times: deque[float] = deque(maxlen=1024)   # when recent samples finished
@@ -147,7 +157,8 @@ class AsyncLLMEngine:
 
     @property
     def tokenizer(self):
-        return self.engine.tokenizer
+        """The front end's tokenizer (not the one the steps use): for chat templates."""
+        return self._tokenizer
 
     @property
     def model_path(self) -> str:
@@ -201,7 +212,8 @@ class AsyncLLMEngine:
         # (it holds its place in the queue meanwhile)
         self._validating += params.n
         try:
-            token_ids = await asyncio.to_thread(self.engine.validate, prompt, params)
+            token_ids = await asyncio.get_running_loop().run_in_executor(
+                self._tokenize_thread, self.engine.validate, prompt, params, self._tokenizer)
         finally:
             self._validating -= params.n
         if request_id in self._streams:
@@ -344,33 +356,21 @@ class AsyncLLMEngine:
     def _add_to_engine(self, add: _PendingAdd) -> None:
         """Add the request (the engine fans out its samples); every check runs first."""
         engine, params = self.engine, add.params
-        token_ids = add.token_ids
-        limit = engine.config.max_model_len
-        if add.require_fit and len(token_ids) + params.max_tokens > limit:
-            raise ValueError(f"max_tokens={params.max_tokens} plus the prompt's {len(token_ids)} "
-                             f"tokens exceeds max_model_len={limit}; ask for at most "
-                             f"{limit - len(token_ids)} tokens or shorten the prompt.")
+        if add.require_fit:     # the scheduler's own length rule, refusing instead of capping
+            engine.scheduler.check_fits(len(add.token_ids), params.max_tokens, require_fit=True)
         engine.add_request(add.request_id, add.prompt, params, add.arrival_time, add.priority,
-                           prompt_token_ids=token_ids)
-        for index in range(params.n):
-            self._detokenizers[add.request_id, index] = IncrementalDetokenizer(
-                engine.tokenizer, params.stop)
+                           prompt_token_ids=add.token_ids)
 
-    def _to_delta(self, output: RequestOutput) -> StreamDelta:
+    @staticmethod
+    def _to_delta(output: RequestOutput) -> StreamDelta:
+        """The engine streams text (engine.stream_text): each output carries its step's text."""
         completion = output.outputs[0]
-        key = (output.request_id, completion.index)
-        if output.finished:   # the engine's final text, cut at a stop string if one matched
-            text = self._detokenizers.pop(key).finish(completion.text)
-        else:
-            text = self._detokenizers[key].add(output.new_token_ids)
-        return StreamDelta(output.request_id, list(output.new_token_ids), text, output.finished,
-                           completion.finish_reason, len(output.prompt_token_ids),
-                           len(completion.token_ids), output.metrics if output.finished else None,
-                           output.error, completion.index)
+        return StreamDelta(output.request_id, list(output.new_token_ids), completion.new_text,
+                           output.finished, completion.finish_reason, len(output.prompt_token_ids),
+                           completion.num_tokens, output.metrics, output.error, completion.index)
 
     def _abort_everything(self) -> None:
         for request_id in self.engine.request_ids():
             self.engine.abort(request_id)
         if self.engine.has_unfinished_requests() or self.engine.request_ids():
             self.engine.step()
-        self._detokenizers.clear()

@@ -150,7 +150,7 @@ def test_ch03_victim_is_the_latest_arrival_not_yet_scheduled():
     from minicb.request import Request
     from minicb.sampling import SamplingParams
 
-    scheduler = ch03.StepScheduler(EngineConfig(), None, None, lambda: 0.0)
+    scheduler = ch03.StepScheduler(EngineConfig(), None, lambda: 0.0)
     arrivals = {"a": 0, "d": 3, "b": 1, "c": 2}
     scheduler.running = [Request(rid, [1, 2, 3], SamplingParams(max_tokens=4), arrival_index=index)
                          for rid, index in arrivals.items()]

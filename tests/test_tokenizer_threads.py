@@ -1,0 +1,135 @@
+"""No tokenizer is used by two threads at once.
+
+A Hugging Face fast tokenizer is a Rust object behind a borrow check: while one thread encodes
+or decodes with it, another that changes a setting (truncation, padding; transformers does so on
+every call when the tokenizer has truncation set) fails with "Already borrowed", and an error on
+the engine's step would end every open stream. The async engine tokenises prompts on one thread
+with a tokenizer of its own and detokenises only inside the step call.
+
+`Borrowed` makes the hazard deterministic: it raises the same error whenever a second thread
+enters it while another is inside (each call holds it for a moment, so overlaps happen).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from serving_common import run, text_checkpoint
+
+from minicb import LLM, EngineConfig, LLMEngine, SamplingParams
+from minicb.serving.async_engine import AsyncLLMEngine
+
+
+class Borrowed:
+    """A tokenizer wrapper that fails like a Rust-backed one when two threads use it at once."""
+
+    def __init__(self, tokenizer):
+        self._tokenizer = tokenizer
+        self._inside = 0
+        self.threads: set[int] = set()
+
+    def _use(self, method: str, *args, **kwargs):
+        if self._inside:
+            raise RuntimeError("Already borrowed")
+        self._inside += 1
+        try:
+            self.threads.add(threading.get_ident())
+            time.sleep(0.0005)
+            return getattr(self._tokenizer, method)(*args, **kwargs)
+        finally:
+            self._inside -= 1
+
+    def encode(self, *args, **kwargs):
+        return self._use("encode", *args, **kwargs)
+
+    def decode(self, *args, **kwargs):
+        return self._use("decode", *args, **kwargs)
+
+    def __getattr__(self, name):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self._tokenizer, name)
+
+
+@pytest.fixture(scope="module")
+def truncating_checkpoint(tiny_llama, tmp_path_factory) -> str:
+    """The tiny model with a BPE tokenizer whose tokenizer.json sets truncation."""
+    path = Path(text_checkpoint(tiny_llama, tmp_path_factory.mktemp("truncating")))
+    spec = json.loads((path / "tokenizer.json").read_text())
+    spec["truncation"] = {"direction": "Right", "max_length": 64, "strategy": "LongestFirst",
+                          "stride": 0}
+    (path / "tokenizer.json").write_text(json.dumps(spec))
+    return str(path)
+
+
+PROMPTS = [("for index in range(10):\n    print(index)\n" * (3 + i)) for i in range(6)]
+STOPS = [["e"], ["in"], [")"], ["pr", "x"], ["\n\n"], ["="]]
+
+
+def params(index: int) -> SamplingParams:
+    return SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, stop=STOPS[index])
+
+
+def test_concurrent_long_prompts_with_stops_stream_what_generate_returns(truncating_checkpoint):
+    engine = LLMEngine(EngineConfig(model=truncating_checkpoint, max_model_len=256))
+    assert engine.tokenizer.backend_tokenizer.truncation is not None   # the hazard is armed
+    async_engine = AsyncLLMEngine(engine)      # copies the tokenizer for its front end
+    engine.tokenizer = Borrowed(engine.tokenizer)
+    async_engine._tokenizer = Borrowed(async_engine._tokenizer)
+
+    async def stream(index: int):
+        deltas = [d async for d in async_engine.generate(PROMPTS[index], params(index))]
+        return deltas
+
+    async def everyone():
+        try:
+            return await asyncio.gather(*(stream(i) for i in range(len(PROMPTS))))
+        finally:
+            await async_engine.shutdown()
+
+    streamed = run(everyone())
+    twins = LLM(truncating_checkpoint, max_model_len=256).generate(
+        PROMPTS, [params(i) for i in range(len(PROMPTS))], use_tqdm=False)
+    stopped = 0
+    for deltas, twin in zip(streamed, twins):
+        assert all(d.error is None for d in deltas), [d.error for d in deltas]
+        completion = twin.outputs[0]
+        assert "".join(d.text for d in deltas) == completion.text
+        assert [t for d in deltas for t in d.token_ids] == completion.token_ids
+        assert deltas[-1].finish_reason == completion.finish_reason
+        stopped += completion.finish_reason == "stop"
+    assert stopped >= 2, "the stop strings must really end some requests"
+    # the front end's tokenizer stayed on its one thread; the steps' did the detokenising
+    assert len(async_engine._tokenizer.threads) == 1 and engine.tokenizer.threads
+
+
+def test_one_tokenizer_shared_by_two_threads_is_the_error_guarded_against(truncating_checkpoint):
+    """The arrangement the async engine avoids: prompts tokenised on one thread while the step
+    thread detokenises, with one tokenizer between them. It fails."""
+    engine = LLMEngine(EngineConfig(model=truncating_checkpoint, max_model_len=256))
+    shared = engine.tokenizer = Borrowed(engine.tokenizer)
+    errors: list[str] = []
+    deadline = time.monotonic() + 5
+
+    def tokenise():
+        while time.monotonic() < deadline and not errors:
+            try:
+                engine.validate(PROMPTS[-1], params(0))
+            except RuntimeError as error:
+                errors.append(str(error))
+
+    ids = engine.validate(PROMPTS[0], params(0))
+    thread = threading.Thread(target=tokenise)
+    thread.start()
+    while time.monotonic() < deadline and not errors:
+        try:
+            shared.decode(ids)
+        except RuntimeError as error:
+            errors.append(str(error))
+    thread.join()
+    assert errors and "Already borrowed" in errors[0]
