@@ -9,8 +9,9 @@ measurements:
   length, a prompt of P tokens joining) and times each one;
 * `fit` finds the four numbers by least squares (none negative) and says how well they fit;
 * `fit_piecewise` fits them twice, once for the steps the fused C decode layer runs (decodes
-  only, at most `Linear.kernel_rows` rows, on a CPU) and once for every other step (the torch
-  modules): the two paths have different fixed costs, so one line through both fits neither;
+  only, at most the engine's `max_fused_decode_rows` rows, on a CPU) and once for every other
+  step (the torch modules): the two paths have different fixed costs, so one line through
+  both fits neither;
 * `A100_LLAMA2_7B` is the same four numbers for a GPU, derived from published measurements
   (see its comment), so the chapters can run the same experiment under both.
 """
@@ -71,14 +72,16 @@ PIECEWISE_TERMS = TERMS + ("fused_rows", "fused_overhead", "fused_decode_seq",
 # EPYC virtual machine, minicb's default model, one torch thread (as the notebooks run), with the
 # engine as it runs today: decode-only steps of up to 64 rows through the fused C decode layer,
 # every other step through the torch modules (with the small-batch product); each step timed by
-# the stepping thread's CPU time, so the other work on the shared machine does not inflate it
-# (the load average is recorded beside the samples). The samples and the
+# the stepping thread's CPU time, and each shape the least of its repeats, so the other work on
+# the shared machine inflates it as little as it can (the load average is recorded beside the
+# samples). The samples and the
 # fit are in benchmarks/results/calibration.json (tests/test_sim.py holds these numbers to them).
 # The chapters use these numbers so that their outputs are the same on every run; `calibrate()`
 # measures the reader's machine.
 REFERENCE_CPU = PiecewiseCostModel(
-    step_overhead=2.10e-3, prefill_token=82.5e-6, decode_seq=0.0934e-3, context_token=0.592e-6,
-    fused_rows=64, fused_overhead=1.05e-3, fused_decode_seq=0.127e-3, fused_context_token=0.623e-6,
+    step_overhead=1.3e-3, prefill_token=71.8e-6, decode_seq=0.0916e-3,
+    context_token=0.457e-6, fused_rows=64, fused_overhead=0.294e-3,
+    fused_decode_seq=0.119e-3, fused_context_token=0.521e-6,
     name="2-core CPU, minicb's default model (measured)", unit="s")
 
 
@@ -87,7 +90,7 @@ class StepSample:
     prefill_tokens: int
     decode_rows: int
     context_tokens: int
-    seconds: float          # the median of the repeats
+    seconds: float          # the median (or the least) of the repeats
 
 
 @dataclass
@@ -160,23 +163,26 @@ def fit_piecewise(samples: list[StepSample], fused_rows: int,
 
 def fused_rows_of(llm) -> int:
     """How many decode rows a step may have and still run the fused C decode layer in this
-    engine (0 when the model runs only its torch modules: a GPU, or CPU kernels off)."""
-    from minicb.model.llama import Linear
-
-    model = llm.llm_engine.model
-    inner = getattr(model, "model", None)
-    return Linear.kernel_rows if getattr(inner, "fused_decode", None) is not None else 0
+    engine (its resolved `max_fused_decode_rows`; 0 when the model runs only its torch modules:
+    a GPU, or CPU kernels off)."""
+    engine = llm.llm_engine
+    inner = getattr(engine.model, "model", None)
+    if getattr(inner, "fused_decode", None) is None:
+        return 0
+    return int(engine.config.max_fused_decode_rows)
 
 
 def measure_steps(llm=None, rows: tuple[int, ...] = (1, 4, 16, 48),
                   contexts: tuple[int, ...] = (16, 384), prompts: tuple[int, ...] = (64, 256),
-                  repeats: int = 5, seed: int = 0, clock=time.perf_counter) -> list[StepSample]:
+                  repeats: int = 5, seed: int = 0, clock=time.perf_counter,
+                  reduce=statistics.median) -> list[StepSample]:
     """Time real engine steps of known shapes.
 
     For each context length and number of rows: that many requests with prompts of that length
     are prefilled, then `repeats` pure decode steps are timed; then, for each prompt length, a
     new request joins and the step that carries its whole prompt beside the decodes is timed
-    (`repeats` times, one newcomer each). Each sample is the median of its repeats.
+    (`repeats` times, one newcomer each). Each sample is the median of its repeats (`reduce`:
+    `min` on a shared machine, where other programs only ever add time to a step).
 
     `clock` is what a step is timed with: wall-clock by default; `time.thread_time` (the CPU
     time of the thread that steps) leaves out the time the step waited for a core, which is what
@@ -201,6 +207,14 @@ def measure_steps(llm=None, rows: tuple[int, ...] = (1, 4, 16, 48),
         engine.step()
         return clock() - start
 
+    # warm up first (the first steps of a fresh engine pay for cold caches and first-touch
+    # memory), untimed: one request through its prompt and a few decodes, then a few rows more
+    warm = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+    for index in range(4):
+        engine.add_request(f"calibrate-warm-{index}", None, warm,
+                           prompt_token_ids=ids(min(contexts)))
+    while engine.has_unfinished_requests():
+        engine.step()
     for context in contexts:
         for r in rows:
             long = SamplingParams(max_tokens=10_000, temperature=0, ignore_eos=True)
@@ -216,7 +230,7 @@ def measure_steps(llm=None, rows: tuple[int, ...] = (1, 4, 16, 48),
             keys = lambda: sum(req.num_computed_tokens + 1 for req in engine.scheduler.running)
             before = keys()
             times = [timed_step() for _ in range(repeats)]
-            samples.append(StepSample(0, r, before + r * (repeats // 2), statistics.median(times)))
+            samples.append(StepSample(0, r, before + r * (repeats // 2), reduce(times)))
             for prompt in prompts:
                 times = []
                 for _ in range(repeats):
@@ -227,7 +241,7 @@ def measure_steps(llm=None, rows: tuple[int, ...] = (1, 4, 16, 48),
                                                       ignore_eos=True),
                                        prompt_token_ids=ids(prompt))
                     times.append(timed_step())
-                samples.append(StepSample(prompt, r, before, statistics.median(times)))
+                samples.append(StepSample(prompt, r, before, reduce(times)))
             for request_id in group:
                 engine.abort(request_id)
             engine.step()                      # let the aborts land

@@ -71,14 +71,16 @@ def test_reference_cpu_calibration_is_the_committed_measurement():
     import pytest
 
     from minicb.calibrate import PIECEWISE_TERMS, REFERENCE_CPU, StepSample, fit_piecewise
-    from minicb.model.llama import Linear
+    from minicb.config import FUSED_DECODE_ROWS_PER_THREAD
 
     record = json.loads((Path(__file__).resolve().parent.parent / "benchmarks" / "results"
                          / "calibration.json").read_text())
     samples = [StepSample(**s) for s in record["samples"]]
     result = fit_piecewise(samples, record["fit"]["fused_rows"])
-    # the piece boundary is the engine's: a decode-only step of this many rows runs the fused layer
-    assert REFERENCE_CPU.fused_rows == record["fit"]["fused_rows"] == Linear.kernel_rows
+    # the piece boundary is the engine's default on the recorded machine: a decode-only step of
+    # up to this many rows runs the fused layer
+    assert REFERENCE_CPU.fused_rows == record["fit"]["fused_rows"] == (
+        FUSED_DECODE_ROWS_PER_THREAD * record["machine"]["cpu_cores"])
     for term in PIECEWISE_TERMS:
         assert getattr(REFERENCE_CPU, term) == pytest.approx(getattr(result.cost, term), rel=0.01)
         assert getattr(REFERENCE_CPU, term) == pytest.approx(record["fit"][term], rel=0.01)

@@ -30,6 +30,8 @@ from minicb.calibrate import (
     fused_rows_of,
     measure_steps,
 )
+from minicb.config import FUSED_DECODE_ROWS_PER_THREAD
+from minicb.threads import ceiling
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,25 +39,34 @@ def main(argv: list[str] | None = None) -> int:
                                 description=__doc__.split("\n")[0])
     p.add_argument("--threads", type=int, default=1,
                    help="torch CPU threads (default 1, as the notebooks run)")
-    p.add_argument("--repeats", type=int, default=7, help="timed steps per shape (the median)")
+    p.add_argument("--repeats", type=int, default=7,
+                   help="timed steps per shape (the least of them: on a shared machine other "
+                        "programs only ever add time)")
     p.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
                    help="time each step by the stepping thread's CPU time (default: on a shared "
                         "machine it leaves out the time spent waiting for a core; needs "
                         "--threads 1) or by the wall clock")
+    p.add_argument("--max-fused-decode-rows", type=int, default=None,
+                   help="the fused decode layer's row limit (default: the engine's default on "
+                        "this machine, whatever --threads says)")
     p.add_argument("--out-dir", default=str(RESULTS_DIR))
     args = p.parse_args(argv or [])
     if args.clock == "cpu" and args.threads != 1:
         p.error("--clock cpu times the stepping thread alone: it needs --threads 1 "
                 "(or use --clock wall)")
+    default_fused_rows = FUSED_DECODE_ROWS_PER_THREAD * ceiling()   # before the threads change
     torch.set_num_threads(args.threads)
     from minicb import LLM
 
     rows, contexts = (1, 2, 4, 8, 16, 32, 64), (16, 128, 384)
+    # the fused layer takes the decode-only steps an engine with the default thread policy would
+    # give it on this machine (its row limit follows the cores at start), timed on --threads
+    fused_rows = args.max_fused_decode_rows or default_fused_rows
     llm = LLM(max_num_seqs=max(rows) + 1, max_num_batched_tokens=max(rows) * max(contexts),
-              cpu_threads=args.threads)
+              cpu_threads=args.threads, max_fused_decode_rows=fused_rows)
     result = fit_piecewise(measure_steps(llm, rows=rows, contexts=contexts, repeats=args.repeats,
                                          clock=time.thread_time if args.clock == "cpu"
-                                         else time.perf_counter),
+                                         else time.perf_counter, reduce=min),
                            fused_rows_of(llm))
     print(f"machine: {describe(machine_info())}; torch threads {args.threads}")
     for row in result.table():
@@ -65,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
           + f"  (R^2 {result.r2:.3f}, worst error {result.worst_error:.0%})")
     payload = {"benchmark": "calibrate", "threads": args.threads, "repeats": args.repeats,
                "clock": "thread CPU time" if args.clock == "cpu" else "wall clock",
+               "statistic": "the least of the repeats",
                "model": "minicb default model",
                "samples": [dataclasses.asdict(s) for s in result.samples],
                "predicted": result.predicted,
