@@ -8,6 +8,10 @@ measurements:
 * `measure_steps` runs the real engine through steps of chosen shapes (decode rows, context
   length, a prompt of P tokens joining) and times each one;
 * `fit` finds the four numbers by least squares (none negative) and says how well they fit;
+* `fit_piecewise` fits them twice, once for the steps the fused C decode layer runs (decodes
+  only, at most the engine's `max_fused_decode_rows` rows, on a CPU) and once for every other
+  step (the torch modules): the two paths have different fixed costs, so one line through
+  both fits neither;
 * `A100_LLAMA2_7B` is the same four numbers for a GPU, derived from published measurements
   (see its comment), so the chapters can run the same experiment under both.
 """
@@ -38,15 +42,47 @@ A100_LLAMA2_7B = CostModel(step_overhead=10.0e-3, prefill_token=61e-6, decode_se
                            context_token=0.285e-6, name="A100-80GB, Llama-2-7B fp16 (published)",
                            unit="s")
 
+
+@dataclass
+class PiecewiseCostModel(CostModel):
+    """Two cost models in one: a step of decodes only, with at most `fused_rows` rows, runs
+    through the fused C decode layer on a CPU (one call per layer) and costs `fused_overhead +
+    fused_decode_seq * rows + fused_context_token * keys`; every other step (a prompt in it, or
+    more rows) runs the torch modules and costs what the four inherited terms say."""
+
+    fused_rows: int = 0
+    fused_overhead: float = 0.0
+    fused_decode_seq: float = 0.0
+    fused_context_token: float = 0.0
+
+    def uses_fused(self, prefill_tokens: int, decode_rows: int) -> bool:
+        return prefill_tokens == 0 and 0 < decode_rows <= self.fused_rows
+
+    def step_time(self, prefill_tokens: int, decode_rows: int, context_tokens: int = 0) -> float:
+        if self.uses_fused(prefill_tokens, decode_rows):
+            return (self.fused_overhead + self.fused_decode_seq * decode_rows
+                    + self.fused_context_token * context_tokens)
+        return super().step_time(prefill_tokens, decode_rows, context_tokens)
+
+
+PIECEWISE_TERMS = TERMS + ("fused_rows", "fused_overhead", "fused_decode_seq",
+                           "fused_context_token")
+
 # This book's reference CPU, measured: `python -m minicb bench calibrate` on a shared 2-core AMD
-# EPYC virtual machine, minicb's default model, one torch thread (as the notebooks run); the
-# samples and the fit are in benchmarks/results/calibration.json. The chapters use these numbers
-# so that their outputs are the same on every run; `calibrate()` measures the reader's machine.
-# Measured with the model's torch modules, before steps of a few decodes ran each layer as one C
-# call (chapter 07): today's engine is faster at small batches than these terms say.
-REFERENCE_CPU = CostModel(step_overhead=2.4e-3, prefill_token=93.7e-6,
-                          decode_seq=0.136e-3, context_token=0.42e-6,
-                          name="2-core CPU, minicb's default model (measured)", unit="s")
+# EPYC virtual machine, minicb's default model, one torch thread (as the notebooks run), with the
+# engine as it runs today: decode-only steps of up to 64 rows through the fused C decode layer,
+# every other step through the torch modules (with the small-batch product); each step timed by
+# the stepping thread's CPU time, and each shape the least of its repeats, so the other work on
+# the shared machine inflates it as little as it can (the load average is recorded beside the
+# samples). The samples and the
+# fit are in benchmarks/results/calibration.json (tests/test_sim.py holds these numbers to them).
+# The chapters use these numbers so that their outputs are the same on every run; `calibrate()`
+# measures the reader's machine.
+REFERENCE_CPU = PiecewiseCostModel(
+    step_overhead=1.3e-3, prefill_token=71.8e-6, decode_seq=0.0916e-3,
+    context_token=0.457e-6, fused_rows=64, fused_overhead=0.294e-3,
+    fused_decode_seq=0.119e-3, fused_context_token=0.521e-6,
+    name="2-core CPU, minicb's default model (measured)", unit="s")
 
 
 @dataclass
@@ -54,7 +90,7 @@ class StepSample:
     prefill_tokens: int
     decode_rows: int
     context_tokens: int
-    seconds: float          # the median of the repeats
+    seconds: float          # the median (or the least) of the repeats
 
 
 @dataclass
@@ -99,15 +135,59 @@ def fit(samples: list[StepSample], name: str = "this machine") -> Fit:
     return Fit(cost, samples, predicted, r2, worst)
 
 
+def fit_piecewise(samples: list[StepSample], fused_rows: int,
+                  name: str = "this machine") -> Fit:
+    """`fit` twice: over the steps the fused decode layer runs (decodes only, at most
+    `fused_rows` rows) and over all the others; `fused_rows=0` is one fit over everything."""
+    cost = PiecewiseCostModel(fused_rows=fused_rows, name=name, unit="s")
+    fused = [s for s in samples if cost.uses_fused(s.prefill_tokens, s.decode_rows)]
+    other = [s for s in samples if not cost.uses_fused(s.prefill_tokens, s.decode_rows)]
+    if other:
+        general = fit(other).cost
+        for term in TERMS:
+            setattr(cost, term, getattr(general, term))
+    if fused:
+        small = fit(fused).cost
+        cost.fused_overhead = small.step_overhead
+        cost.fused_decode_seq = small.decode_seq
+        cost.fused_context_token = small.context_token
+    target = np.array([s.seconds for s in samples])
+    predicted = [cost.step_time(s.prefill_tokens, s.decode_rows, s.context_tokens)
+                 for s in samples]
+    residual = target - np.array(predicted)
+    spread = ((target - target.mean()) ** 2).sum()
+    r2 = float(1 - (residual ** 2).sum() / spread) if spread > 0 else 1.0
+    worst = float(max(abs(r) / t for r, t in zip(residual, target)))
+    return Fit(cost, samples, predicted, r2, worst)
+
+
+def fused_rows_of(llm) -> int:
+    """How many decode rows a step may have and still run the fused C decode layer in this
+    engine (its resolved `max_fused_decode_rows`; 0 when the model runs only its torch modules:
+    a GPU, or CPU kernels off)."""
+    engine = llm.llm_engine
+    inner = getattr(engine.model, "model", None)
+    if getattr(inner, "fused_decode", None) is None:
+        return 0
+    return int(engine.config.max_fused_decode_rows)
+
+
 def measure_steps(llm=None, rows: tuple[int, ...] = (1, 4, 16, 48),
                   contexts: tuple[int, ...] = (16, 384), prompts: tuple[int, ...] = (64, 256),
-                  repeats: int = 5, seed: int = 0) -> list[StepSample]:
+                  repeats: int = 5, seed: int = 0, clock=time.perf_counter,
+                  reduce=statistics.median) -> list[StepSample]:
     """Time real engine steps of known shapes.
 
     For each context length and number of rows: that many requests with prompts of that length
     are prefilled, then `repeats` pure decode steps are timed; then, for each prompt length, a
     new request joins and the step that carries its whole prompt beside the decodes is timed
-    (`repeats` times, one newcomer each). Each sample is the median of its repeats."""
+    (`repeats` times, one newcomer each). Each sample is the median of its repeats (`reduce`:
+    `min` on a shared machine, where other programs only ever add time to a step).
+
+    `clock` is what a step is timed with: wall-clock by default; `time.thread_time` (the CPU
+    time of the thread that steps) leaves out the time the step waited for a core, which is what
+    to use on a shared machine when the engine computes on this one thread (one torch thread,
+    `cpu_threads=1`)."""
     from minicb import LLM, SamplingParams
 
     if llm is None:
@@ -123,10 +203,18 @@ def measure_steps(llm=None, rows: tuple[int, ...] = (1, 4, 16, 48),
         return rng.integers(3, vocab, size=n).tolist()
 
     def timed_step() -> float:
-        start = time.perf_counter()
+        start = clock()
         engine.step()
-        return time.perf_counter() - start
+        return clock() - start
 
+    # warm up first (the first steps of a fresh engine pay for cold caches and first-touch
+    # memory), untimed: one request through its prompt and a few decodes, then a few rows more
+    warm = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+    for index in range(4):
+        engine.add_request(f"calibrate-warm-{index}", None, warm,
+                           prompt_token_ids=ids(min(contexts)))
+    while engine.has_unfinished_requests():
+        engine.step()
     for context in contexts:
         for r in rows:
             long = SamplingParams(max_tokens=10_000, temperature=0, ignore_eos=True)
@@ -142,7 +230,7 @@ def measure_steps(llm=None, rows: tuple[int, ...] = (1, 4, 16, 48),
             keys = lambda: sum(req.num_computed_tokens + 1 for req in engine.scheduler.running)
             before = keys()
             times = [timed_step() for _ in range(repeats)]
-            samples.append(StepSample(0, r, before + r * (repeats // 2), statistics.median(times)))
+            samples.append(StepSample(0, r, before + r * (repeats // 2), reduce(times)))
             for prompt in prompts:
                 times = []
                 for _ in range(repeats):
@@ -153,7 +241,7 @@ def measure_steps(llm=None, rows: tuple[int, ...] = (1, 4, 16, 48),
                                                       ignore_eos=True),
                                        prompt_token_ids=ids(prompt))
                     times.append(timed_step())
-                samples.append(StepSample(prompt, r, before, statistics.median(times)))
+                samples.append(StepSample(prompt, r, before, reduce(times)))
             for request_id in group:
                 engine.abort(request_id)
             engine.step()                      # let the aborts land
@@ -161,5 +249,13 @@ def measure_steps(llm=None, rows: tuple[int, ...] = (1, 4, 16, 48),
 
 
 def calibrate(llm=None, **kwargs) -> Fit:
-    """Measure this machine's steps and fit the cost model to them."""
-    return fit(measure_steps(llm, **kwargs))
+    """Measure this machine's steps and fit the cost model to them: piecewise where the engine
+    runs decode-only steps through the fused C layer (see `fit_piecewise`)."""
+    from minicb import LLM
+
+    if llm is None:
+        rows, contexts = kwargs.get("rows", (1, 4, 16, 48)), kwargs.get("contexts", (16, 384))
+        prompts = kwargs.get("prompts", (64, 256))
+        llm = LLM(max_num_seqs=max(rows) + 1,
+                  max_num_batched_tokens=max(max(rows) * max(contexts), max(prompts) + max(rows)))
+    return fit_piecewise(measure_steps(llm, **kwargs), fused_rows_of(llm))

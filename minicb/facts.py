@@ -100,6 +100,36 @@ FACTS: dict[str, Fact] = {
                                    "HumanEval and LongBench traces"),
 }
 
+# --- other engines' scheduler knobs, and the gains reported for continuous batching ---
+_TGI_LAUNCHER = ("Hugging Face text-generation-inference, launcher arguments, "
+                 "https://huggingface.co/docs/text-generation-inference/reference/launcher")
+_SGLANG_ARGS = ("SGLang server arguments, "
+                "https://docs.sglang.io/advanced_features/server_arguments.html")
+FACTS.update({
+    "tgi_per_step_budget_flag": Fact("--max-batch-prefill-tokens", "flag", _TGI_LAUNCHER + ": "
+                                     "limits the tokens of one prefill operation, the closest "
+                                     "match to a per-step token budget"),
+    "tgi_kv_capacity_flag": Fact("--max-batch-total-tokens", "flag", _TGI_LAUNCHER + ": the "
+                                 "tokens (prompt and generated) of every request in the batch "
+                                 "together, the batch's KV capacity, not a per-step budget"),
+    "tgi_max_batch_size_flag": Fact("--max-batch-size", "flag", _TGI_LAUNCHER + ": the most "
+                                    "requests in one batch"),
+    "sglang_mixed_chunk_flag": Fact("--enable-mixed-chunk", "flag", _SGLANG_ARGS + ": mix "
+                                    "decodes into the prefill batch when chunked prefill is on "
+                                    "(off by default: without it a step is prefill or decode)"),
+    "orca_throughput_gain": Fact(36.9, "x", "Yu et al., Orca: A Distributed Serving System for "
+                                 "Transformer-Based Generative Models, OSDI 2022, abstract: "
+                                 "throughput against NVIDIA FasterTransformer at the same latency "
+                                 "(GPT-3 175B)"),
+    "anyscale_cb_paged_gain": Fact(23, "x", "Anyscale, How continuous batching enables 23x "
+                                   "throughput in LLM inference while reducing p50 latency (2023), "
+                                   "https://www.anyscale.com/blog/continuous-batching-llm-inference"
+                                   ": vLLM against static batching"),
+    "anyscale_cb_alone_gain": Fact(8, "x", "the same Anyscale benchmark: continuous batching "
+                                   "without paged attention against static batching, about this "
+                                   "much"),
+})
+
 # --- What one GPU holds: per-device limits the compiled kernels are checked against ---
 # (minicb.kernels.targets reads these; benchmarks/gpu-targets.md shows the check.)
 _CUDA_SPECS = ("NVIDIA CUDA C++ Programming Guide, Compute Capabilities, table 'Technical "

@@ -81,7 +81,7 @@ def refresh_interview(nb: nbformat.NotebookNode, folder: Path) -> nbformat.Noteb
 def execute(nb: nbformat.NotebookNode, folder: Path, timeout: int) -> nbformat.NotebookNode:
     from nbclient import NotebookClient
 
-    NotebookClient(nb, timeout=timeout, kernel_name="python3", store_widget_state=False,
+    NotebookClient(nb, timeout=timeout, kernel_name="python3", store_widget_state=True,
                    resources={"metadata": {"path": str(folder)}}).execute()
     return nb
 

@@ -1,12 +1,14 @@
 """`python -m minicb bench calibrate`: fit the cost model to this machine's real step times.
 
     python -m minicb bench calibrate                  # the default model, one torch thread
-    python -m minicb bench calibrate --threads 2 --repeats 9
+    python -m minicb bench calibrate --threads 2 --repeats 9 --clock wall
 
 Runs the real engine through steps of known shapes (decode rows x context length x a prompt
 joining), times each, and fits `step_overhead + prefill_token * P + decode_seq * R +
-context_token * C` (minicb.calibrate). Writes the samples, the fit and how well it fits, with
-the machine, to benchmarks/results/calibration.json, and a picture of measured against fitted.
+context_token * C` (minicb.calibrate) twice: once for the decode-only steps the fused C decode
+layer runs, once for every other step (`fit_piecewise`). Writes the samples, the fit and how
+well it fits, with the machine, to benchmarks/results/calibration.json, and a picture of
+measured against fitted.
 The book's chapters 03 and 06 run their knob and goodput experiments under this fit (the
 committed one, `minicb.calibrate.REFERENCE_CPU`) and under a GPU's published numbers.
 """
@@ -15,12 +17,21 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import time
 
 import torch
 
 from minicb.bench.common import RESULTS_DIR, write_results
 from minicb.bench.machine import describe, machine_info
-from minicb.calibrate import A100_LLAMA2_7B, TERMS, calibrate
+from minicb.calibrate import (
+    A100_LLAMA2_7B,
+    PIECEWISE_TERMS,
+    fit_piecewise,
+    fused_rows_of,
+    measure_steps,
+)
+from minicb.config import FUSED_DECODE_ROWS_PER_THREAD
+from minicb.threads import ceiling
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,27 +39,50 @@ def main(argv: list[str] | None = None) -> int:
                                 description=__doc__.split("\n")[0])
     p.add_argument("--threads", type=int, default=1,
                    help="torch CPU threads (default 1, as the notebooks run)")
-    p.add_argument("--repeats", type=int, default=7, help="timed steps per shape (the median)")
+    p.add_argument("--repeats", type=int, default=7,
+                   help="timed steps per shape (the least of them: on a shared machine other "
+                        "programs only ever add time)")
+    p.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
+                   help="time each step by the stepping thread's CPU time (default: on a shared "
+                        "machine it leaves out the time spent waiting for a core; needs "
+                        "--threads 1) or by the wall clock")
+    p.add_argument("--max-fused-decode-rows", type=int, default=None,
+                   help="the fused decode layer's row limit (default: the engine's default on "
+                        "this machine, whatever --threads says)")
     p.add_argument("--out-dir", default=str(RESULTS_DIR))
     args = p.parse_args(argv or [])
+    if args.clock == "cpu" and args.threads != 1:
+        p.error("--clock cpu times the stepping thread alone: it needs --threads 1 "
+                "(or use --clock wall)")
+    default_fused_rows = FUSED_DECODE_ROWS_PER_THREAD * ceiling()   # before the threads change
     torch.set_num_threads(args.threads)
     from minicb import LLM
 
-    llm = LLM(max_num_seqs=49, max_num_batched_tokens=48 * 384, cpu_threads=args.threads)
-    result = calibrate(llm, repeats=args.repeats)
+    rows, contexts = (1, 2, 4, 8, 16, 32, 64), (16, 128, 384)
+    # the fused layer takes the decode-only steps an engine with the default thread policy would
+    # give it on this machine (its row limit follows the cores at start), timed on --threads
+    fused_rows = args.max_fused_decode_rows or default_fused_rows
+    llm = LLM(max_num_seqs=max(rows) + 1, max_num_batched_tokens=max(rows) * max(contexts),
+              cpu_threads=args.threads, max_fused_decode_rows=fused_rows)
+    result = fit_piecewise(measure_steps(llm, rows=rows, contexts=contexts, repeats=args.repeats,
+                                         clock=time.thread_time if args.clock == "cpu"
+                                         else time.perf_counter, reduce=min),
+                           fused_rows_of(llm))
     print(f"machine: {describe(machine_info())}; torch threads {args.threads}")
     for row in result.table():
         print("  ", row)
     cost = result.cost
-    print("fit: " + ", ".join(f"{t} = {getattr(cost, t):.3g} s" for t in TERMS)
+    print("fit: " + ", ".join(f"{t} = {getattr(cost, t):.3g}" for t in PIECEWISE_TERMS)
           + f"  (R^2 {result.r2:.3f}, worst error {result.worst_error:.0%})")
     payload = {"benchmark": "calibrate", "threads": args.threads, "repeats": args.repeats,
+               "clock": "thread CPU time" if args.clock == "cpu" else "wall clock",
+               "statistic": "the least of the repeats",
                "model": "minicb default model",
                "samples": [dataclasses.asdict(s) for s in result.samples],
                "predicted": result.predicted,
-               "fit": {t: getattr(cost, t) for t in TERMS}, "r2": result.r2,
+               "fit": {t: getattr(cost, t) for t in PIECEWISE_TERMS}, "r2": result.r2,
                "worst_error": result.worst_error,
-               "gpu_published": {t: getattr(A100_LLAMA2_7B, t) for t in TERMS}}
+               "gpu_published": {t: getattr(A100_LLAMA2_7B, t) for t in PIECEWISE_TERMS[:4]}}
     from minicb.bench.plots import plot_calibration
 
     json_path, png_path = write_results(args.out_dir, "calibration", payload, plot_calibration)

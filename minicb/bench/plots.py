@@ -159,9 +159,13 @@ def plot_calibration(payload: dict):
     ax.set_ylabel("cost model (ms)")
     fig.colorbar(points, ax=ax, label="prompt tokens in the step")
     fit = payload["fit"]
-    ax.set_title(f"{fit['step_overhead'] * 1e3:.2f} ms + {fit['prefill_token'] * 1e6:.0f} "
-                 f"us/prompt token + {fit['decode_seq'] * 1e3:.3f} ms/row + "
-                 f"{fit['context_token'] * 1e6:.2f} us/key\nR² {payload['r2']:.3f}; "
+    fused = (f"decodes only, up to {fit['fused_rows']} rows (fused layer): "
+             f"{fit['fused_overhead'] * 1e3:.2f} ms + {fit['fused_decode_seq'] * 1e3:.3f} ms/row + "
+             f"{fit['fused_context_token'] * 1e6:.2f} us/key\n" if fit.get("fused_rows") else "")
+    ax.set_title(f"{fused}other steps: {fit['step_overhead'] * 1e3:.2f} ms + "
+                 f"{fit['prefill_token'] * 1e6:.0f} us/prompt token + "
+                 f"{fit['decode_seq'] * 1e3:.3f} ms/row + {fit['context_token'] * 1e6:.2f} us/key"
+                 f"\nR² {payload['r2']:.3f}; "
                  f"{describe(payload['machine'])}", fontsize=8)
     ax.legend(loc="upper left", fontsize=8)
     fig.tight_layout()
