@@ -68,16 +68,16 @@ test: setup browser-setup
 # tests marked @pytest.mark.slow. A new test file joins it unless it is marked slow.
 FAST_SKIP := --ignore=tests/browser --ignore=tests/exercises --ignore=tests/test_exercise_mutants.py \
 	--ignore=tests/test_exercises_in_sync.py --ignore=tests/test_notebooks_in_sync.py \
-	--ignore=tests/test_kernels.py --ignore=tests/test_engine_triton.py --ignore=tests/test_grade_tool.py \
-	--ignore=tests/test_packaging.py --ignore=tests/test_vllm_peer.py \
-	--ignore-glob='tests/test_bench*.py' --ignore-glob='tests/test_viz*.py'
+	--ignore=tests/minicb_kernels/test_kernels.py --ignore=tests/test_engine_triton.py --ignore=tests/tools/test_grade_tool.py \
+	--ignore=tests/tools/test_packaging.py \
+	--ignore=tests/bench --ignore=tests/viz
 test-fast: setup
 	$(BIN)/python -m pytest -m "not slow" -p no:cacheprovider $(FAST_SKIP) tests
 
 # On a CUDA machine: every kernel and Triton-engine test with compiled kernels on the GPU, the
 # tests marked gpu included (make test runs Triton through its interpreter, where those skip).
 test-gpu: setup
-	$(BIN)/python -m pytest tests/test_kernels.py tests/test_engine_triton.py -p no:cacheprovider
+	$(BIN)/python -m pytest tests/minicb_kernels/test_kernels.py tests/test_engine_triton.py -p no:cacheprovider
 
 # The book as a website (Sphinx, myst-nb, sphinx-book-theme; book/): built from the committed,
 # executed notebooks without running them, every Sphinx warning an error. Open

@@ -161,7 +161,7 @@ _p, _i64, _f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 
 class LayerArgs(ctypes.Structure):
     """struct minicb_layer_args (cpu_kernels.h), field by field: the fused layer's arguments by
-    name. tests/test_cpu_kernels_build.py holds the two layouts to each other."""
+    name. tests/minicb_kernels/test_cpu_kernels_build.py holds the two layouts to each other."""
 
     _fields_ = [
         ("x", _p),                                       # the residual stream, updated in place

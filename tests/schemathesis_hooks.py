@@ -1,4 +1,5 @@
-"""Schemathesis hooks for the contract run (`make schemathesis`, tests/test_openapi_contract.py).
+"""Schemathesis hooks for the contract run (`make schemathesis`,
+tests/serving/test_openapi_contract.py).
 
 The one rule of the server that its OpenAPI document cannot state is the context: a prompt's
 tokens plus max_tokens must fit max_model_len (else a 400, code "context_length_exceeded"). A

@@ -28,7 +28,7 @@ from minicb.viz.quiz import (
 from minicb.viz.serving import step_costs
 from minicb.workload import Workload, WorkloadRequest, chat, fixed, seed_example
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 

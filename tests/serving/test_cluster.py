@@ -22,7 +22,7 @@ import pytest
 from minicb.serving import cluster as cluster_module
 from minicb.serving.cluster import ROUTER_SPEC, Cluster, core_sets, scrape
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SERVE_ARGS = ["--max-num-seqs", "4", "--max-model-len", "256", "--enable-prefix-caching"]
 
 

@@ -229,7 +229,7 @@ def test_show_source_is_the_installed_code_with_its_real_path_and_line_numbers()
 
     shown = viz.show_source(ContinuousScheduler.schedule)
     assert shown.path == "minicb/scheduler/continuous.py"
-    source = Path(__file__).resolve().parents[1] / shown.path
+    source = Path(__file__).resolve().parents[2] / shown.path
     file_lines = source.read_text().splitlines(keepends=True)
     assert file_lines[shown.first_line - 1:shown.last_line] == shown.lines
     assert shown.lines[0].lstrip().startswith("def schedule(")

@@ -27,7 +27,7 @@ from schemathesis_hooks import most_prompt_tokens
 from minicb.serving.openai_protocol import ERROR_SCHEMA
 from minicb.serving.server import ServerThread, build_app
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 MAX_MODEL_LEN = 256
 CASES = 60                # per endpoint and kind
 

@@ -5,7 +5,7 @@ decides when the kernels are defined, hence the environment variable before any 
 The interpreter is slow, so the grid below is a chosen set of combinations rather than a full
 product: every head_dim, block_size and GQA ratio appears, and every batch shape runs once per
 combination. GPU tests (float16 / bfloat16 against a float64 reference) need real kernels:
-run them without TRITON_INTERPRET, e.g. ``pytest tests/test_kernels.py -m gpu``.
+run them without TRITON_INTERPRET, e.g. ``pytest tests/minicb_kernels/test_kernels.py -m gpu``.
 """
 
 import os

@@ -12,7 +12,7 @@ from test_exercise_mutants import write_mutant
 
 from minicb.tools import grade
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def copy_solutions(folder: Path) -> Path:
