@@ -76,8 +76,8 @@ def book_interview(chapters_dir: str | Path) -> list[InterviewQuestion]:
         cells = _markdown_cells(path)
         title = next((line[2:].strip() for cell in cells for line in cell.strip().splitlines()
                       if line.startswith("# ")), path.stem)
-        for cell in cells:
-            questions += parse_interview(cell, title)
+        # one section may span several markdown cells (a long one is split to fit a screen)
+        questions += parse_interview("\n\n".join(cell.strip() for cell in cells), title)
     return questions
 
 
