@@ -179,8 +179,9 @@ def test_a_widget_shows_its_static_stand_in(site, console_browser, page):
 
 
 def _shown_first_line(link) -> tuple[int, str]:
-    """The first line of the listing under a "Read the real thing" heading: (number, code)."""
-    listing = link.find_element(_by().XPATH, "following::pre[1]").text
+    """The first line of the listing under a "Read the real thing" heading: (number, code).
+    textContent, not .text: a full source folded under <details> is not displayed."""
+    listing = link.find_element(_by().XPATH, "following::pre[1]").get_attribute("textContent")
     number, _, code = listing.splitlines()[0].strip().partition(" ")
     return int(number), code.strip()
 
@@ -190,7 +191,8 @@ def test_read_the_real_thing_links_land_on_the_lines_they_show(site, console_bro
     checked = []
     for notebook in NOTEBOOKS:
         open_page(console_browser, site, f"notebooks/{notebook.stem}.html")
-        links = [(a.get_attribute("href"), a.text, _shown_first_line(a)) for a in
+        links = [(a.get_attribute("href"), a.get_attribute("textContent").strip(),
+                  _shown_first_line(a)) for a in
                  console_browser.find_elements(By.CSS_SELECTOR, "a.minicb-source-link")]
         for href, text, (number, code) in links:
             path, first, last = re.fullmatch(r"(\S+\.py), lines (\d+)-(\d+)", text).groups()
