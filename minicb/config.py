@@ -19,6 +19,9 @@ from minicb.registry import ATTENTION_BACKENDS, KV_CACHES, SCHEDULERS
 DTYPES = ("float32", "float16", "bfloat16")
 POLICIES = ("fcfs", "priority", "shortest_prompt_first")
 STEP_ORDERS = ("decode_first", "prefill_first")
+SPECULATIVE_METHODS = ("ngram",)
+SPECULATIVE_KNOBS = ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max",
+                     "speculative_disable_by_batch_size")
 # the continuous scheduler's policy knobs, and every knob only it uses (another scheduler refuses
 # them set away from their defaults: naive and static batches admit in order, allocate a request's
 # blocks whole and never claim a cached prefix)
@@ -110,6 +113,19 @@ class EngineConfig:
     enable_prefix_caching: bool = knob(
         False, "reuse the KV blocks of cached prompt prefixes (continuous " "scheduler, paged KV)",
         group="policy")
+    # speculative decoding (minicb/speculative.py), named as vLLM's speculative_config names them
+    speculative_method: str | None = knob(
+        None, "propose tokens and verify them in one step: 'ngram' (prompt lookup: the tokens "
+        "that followed the last match of the sequence's final n-gram); default: off",
+        SPECULATIVE_METHODS)
+    num_speculative_tokens: int = knob(4, "k: tokens proposed per request and step (speculation "
+                                       "only)")
+    prompt_lookup_min: int = knob(2, "shortest n-gram the prompt-lookup proposer matches")
+    prompt_lookup_max: int = knob(4, "longest n-gram the prompt-lookup proposer matches (tried "
+                                  "first)")
+    speculative_disable_by_batch_size: int | None = knob(
+        None, "no proposals while more requests than this are running: a big batch is "
+        "compute-bound and verification costs more than it saves (default: never off)")
     extra: dict = field(default_factory=dict)
 
     @classmethod
@@ -194,6 +210,34 @@ class EngineConfig:
                "use the continuous scheduler or leave those knobs at their defaults.")
         _check(not (self.enable_prefix_caching and self.kv_cache != "paged"),
                "enable_prefix_caching needs kv_cache='paged': only blocks can be shared.")
+        self._check_speculative()
+
+    def _check_speculative(self) -> None:
+        _check(self.speculative_method is None or self.speculative_method in SPECULATIVE_METHODS,
+               f"speculative_method={self.speculative_method!r} is not one of "
+               f"{SPECULATIVE_METHODS}; pick one of those or None (no speculation).")
+        for name in ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max"):
+            value = getattr(self, name)
+            _check(_is_int(value) and value >= 1,
+                   f"{name} must be an integer >= 1 (got {value!r}).")
+        _check(self.prompt_lookup_min <= self.prompt_lookup_max,
+               f"prompt_lookup_min={self.prompt_lookup_min} exceeds prompt_lookup_max="
+               f"{self.prompt_lookup_max}; lower the first or raise the second.")
+        off = self.speculative_disable_by_batch_size
+        _check(off is None or (_is_int(off) and off >= 1),
+               f"speculative_disable_by_batch_size must be None or an integer >= 1 (got {off!r}).")
+        if self.speculative_method is None:
+            defaults = {f.name: f.default for f in fields(self)}
+            changed = [f"{name}={getattr(self, name)!r}" for name in SPECULATIVE_KNOBS
+                       if getattr(self, name) != defaults[name]]
+            _check(not changed, f"{', '.join(changed)} only apply with speculative_method set; "
+                   "set speculative_method='ngram' or leave them at their defaults.")
+            return
+        _check(self.scheduler == "continuous" and self.kv_cache == "paged",
+               f"speculative_method={self.speculative_method!r} needs scheduler='continuous' and "
+               f"kv_cache='paged' (got scheduler={self.scheduler!r}, kv_cache={self.kv_cache!r}): "
+               "verification is a multi-token row of the packed batch, and rejected tokens are "
+               "rolled back block by block. Use those, or turn speculation off.")
 
     def asked(self, name: str):
         """The value the caller asked for (a ResolvedConfig may hold a derived one)."""

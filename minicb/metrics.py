@@ -45,6 +45,22 @@ class RequestMetrics:
     num_output_tokens: int
     num_preemptions: int = 0
     num_cached_tokens: int = 0
+    # speculative decoding: tokens proposed, proposals accepted, verification rows run
+    num_proposed_tokens: int = 0
+    num_accepted_tokens: int = 0
+    num_verify_steps: int = 0
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """Share of the proposed tokens the target accepted (None: nothing was proposed)."""
+        return self.num_accepted_tokens / self.num_proposed_tokens \
+            if self.num_proposed_tokens else None
+
+    @property
+    def mean_accepted_length(self) -> float | None:
+        """Tokens a verification step emitted on average: accepted proposals + the target's one."""
+        return (self.num_accepted_tokens + self.num_verify_steps) / self.num_verify_steps \
+            if self.num_verify_steps else None
 
     @classmethod
     def from_request(cls, request) -> RequestMetrics:
@@ -53,7 +69,9 @@ class RequestMetrics:
                    t.token_times[-1] if t.token_times else None, t.finished, list(t.token_times),
                    t.arrival_step, t.first_scheduled_step, t.first_token_step, t.finished_step,
                    list(t.token_steps), request.num_prompt_tokens, request.num_output_tokens,
-                   request.num_preemptions, request.num_cached_tokens)
+                   request.num_preemptions, request.num_cached_tokens,
+                   request.num_proposed_tokens, request.num_accepted_tokens,
+                   request.num_verify_steps)
 
     # wall clock (seconds)
     @property

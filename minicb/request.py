@@ -72,6 +72,10 @@ class Request:
         self.output_text = ""
         self.logprobs: list[tuple[float, dict[int, float]]] = []
         self.num_reported_tokens = 0    # how many output tokens step() has already handed out
+        # speculative decoding: tokens proposed, proposals accepted, verification rows run
+        self.num_proposed_tokens = 0
+        self.num_accepted_tokens = 0
+        self.num_verify_steps = 0
 
     # --- lengths -------------------------------------------------------------------------
     @property

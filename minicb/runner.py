@@ -19,6 +19,7 @@ from minicb.model.llama import LlamaForCausalLM
 from minicb.model.loader import DTYPES
 from minicb.sampling import Sampler, SamplerOutput
 from minicb.scheduler.base import SchedulerOutput
+from minicb.speculative import accept
 
 
 def free_memory(device: torch.device) -> int:
@@ -103,7 +104,14 @@ class ModelRunner:
             * block_size + positions % block_size
         writes = (offset_in_row >= pads_t) & torch.tensor(real_rows)[row_of_token]
         slot_mapping = torch.where(writes, slots, torch.full_like(slots, -1))
-        logits_indices = (cu_seqlens_q[1:].long() - 1)[[s.needs_logits for s in seqs]]
+        ends = cu_seqlens_q[1:].long()
+        if any(s.proposal for s in seqs):
+            # a verification row needs logits at each of its 1 + k positions, the rest at the last
+            logits_indices = torch.cat([torch.arange(end - s.num_logits, end)
+                                        for s, end in zip(seqs, ends.tolist()) if s.needs_logits]
+                                       or [torch.zeros(0, dtype=torch.long)])
+        else:
+            logits_indices = (ends - 1)[[s.needs_logits for s in seqs]]
         return self._to_device(output, input_ids, positions, slot_mapping, cu_seqlens_q, seq_lens,
                                block_tables, q_lens, logits_indices)
 
@@ -162,11 +170,43 @@ class ModelRunner:
         logits = self.model(input_ids, positions, self.kv_caches, meta, logits_indices)
         if not rows:  # only intermediate prefill chunks this step: nothing to sample
             return SamplerOutput([], [])
+        if any(s.proposal for s in rows):
+            return self._verify_and_sample(rows, logits)
         params, generators = [s.params for s in rows], [s.generator for s in rows]
         try:
             return self.sampler(logits, params, generators)
         except Exception:
             return self._sample_rows_apart(logits, params, generators)
+
+    def _verify_and_sample(self, rows, logits: torch.Tensor) -> SamplerOutput:
+        """A step with verification rows: each one's 1 + k logits go to the acceptance rule
+        (minicb.speculative.accept, with the request's own generator), which gives its list of
+        1 to k + 1 tokens; the other rows are sampled together as usual."""
+        firsts = torch.tensor([0] + [s.num_logits for s in rows]).cumsum(0).tolist()
+        plain = [i for i, s in enumerate(rows) if not s.proposal]
+        tokens: list = [None] * len(rows)
+        logprobs: list = [None] * len(rows)
+        errors: list = [None] * len(rows)
+        if plain:
+            last = torch.tensor([firsts[i] for i in plain])
+            params = [rows[i].params for i in plain]
+            generators = [rows[i].generator for i in plain]
+            try:
+                sampled = self.sampler(logits[last], params, generators)
+            except Exception:
+                sampled = self._sample_rows_apart(logits[last], params, generators)
+            sampled_errors = sampled.errors or [None] * len(plain)
+            for j, i in enumerate(plain):
+                tokens[i], logprobs[i] = sampled.token_ids[j], sampled.logprobs[j]
+                errors[i] = sampled_errors[j]
+        for i, seq in enumerate(rows):
+            if seq.proposal:
+                try:
+                    tokens[i] = accept(logits[firsts[i]:firsts[i + 1]], seq.proposal, seq.params,
+                                       seq.generator)
+                except Exception as error:
+                    errors[i] = f"verification failed: {type(error).__name__}: {error}"
+        return SamplerOutput(tokens, logprobs, errors)
 
     def _sample_rows_apart(self, logits, params, generators) -> SamplerOutput:
         """One request's settings broke the batch's sampling: sample each row alone, so only a

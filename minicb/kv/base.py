@@ -68,6 +68,10 @@ class KVManager(ABC):
     def cache_full_blocks(self, request) -> None:  # noqa: B027 (a hook: doing nothing is right)
         """After a step: offer the request's newly computed full blocks to the prefix cache."""
 
+    def truncate(self, request, num_tokens: int) -> None:  # noqa: B027 (a hook)
+        """Keep only the blocks holding the request's first `num_tokens` tokens (speculative
+        decoding's rollback of rejected positions); a reservation keeps its slots."""
+
     def pop_block_copies(self) -> list[tuple[int, int]]:
         """(source, destination) blocks whose KV the runner must copy before this step's forward."""
         return []

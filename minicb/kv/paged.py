@@ -89,11 +89,25 @@ class PagedKVManager(KVManager):
         # reversed: the stack hands the blocks out again in the request's own order, and a
         # cached prompt's tail is parked first, so it is evicted before the prefix it extends
         for block in reversed(self.tables.pop(request_id, [])):
-            if self.allocator.release(block) and not (self.cache and self.cache.park(block)):
-                self.allocator.push_free(block)
+            self._release(block)
 
     def block_table(self, request) -> list[int]:
         return self.tables.get(request.request_id, [])
+
+    def _release(self, block: int) -> None:
+        if self.allocator.release(block) and not (self.cache and self.cache.park(block)):
+            self.allocator.push_free(block)
+
+    def truncate(self, request, num_tokens: int) -> None:
+        """Roll back: free, last first, every block past the first `num_tokens` tokens. The slots
+        past `num_tokens` in the last kept block are written again by the next step. Blocks past
+        the request's computed tokens were never offered to the prefix cache, so none is cached."""
+        table = self.tables.get(request.request_id)
+        if table is None:
+            return
+        keep = self.blocks_for(num_tokens)
+        while len(table) > keep:
+            self._release(table.pop())
 
     def num_reserved_slots(self) -> int:
         return sum(len(t) for t in self.tables.values()) * self.block_size

@@ -37,6 +37,14 @@ class ScheduledSeq:
     # parallel sample's first step (it shares its first sample's prompt and computes only the
     # last prompt token), a prompt's last one-token chunk and a static batch's ghost all are.
     is_decode: bool = False
+    # speculative decoding: the proposed tokens this row verifies. The row feeds the request's
+    # last token and then these, and needs logits at every one of its 1 + len(proposal) positions
+    proposal: list[int] = field(default_factory=list)
+
+    @property
+    def num_logits(self) -> int:
+        """Positions whose logits the runner returns: 1 + len(proposal), or 0."""
+        return 1 + len(self.proposal) if self.needs_logits else 0
 
     @property
     def is_prefill(self) -> bool:
@@ -196,6 +204,11 @@ class Scheduler:
             request = seq.request
             if seq.ghost:
                 continue
+            if seq.proposal:
+                token, logprob, error = next(results)
+                touched.append(request)
+                self._apply_verified(request, seq, token, error, now, step)
+                continue
             request.num_computed_tokens += seq.num_tokens
             self.kv.cache_full_blocks(request)
             if not seq.needs_logits:
@@ -218,6 +231,36 @@ class Scheduler:
                 self.finish(request, reason)
         self.after_update(output)
         return touched
+
+    def _apply_verified(self, request: Request, seq: ScheduledSeq, tokens: list[int] | None,
+                        error: str | None, now: float, step: int) -> None:
+        """A verification row's result: the 1 to k + 1 tokens acceptance kept, applied one at a
+        time through the stop checks (the first that ends the request drops the rest), then the
+        rollback: only the positions whose tokens were kept count as computed, and the blocks past
+        them go back to the pool, before any full block is offered to the prefix cache."""
+        if tokens is None:
+            request.error = error or "the row could not be verified"
+            self.finish(request, RequestStatus.FINISHED_ERROR)
+            return
+        request.num_proposed_tokens += len(seq.proposal)
+        request.num_accepted_tokens += len(tokens) - 1
+        request.num_verify_steps += 1
+        times = request.times
+        for token in tokens:
+            request.output_token_ids.append(token)
+            times.token_times.append(now)
+            times.token_steps.append(step)
+            if times.first_token is None:
+                times.first_token, times.first_token_step = now, step
+            reason = self.check_stop(request, token)
+            if reason is not None:
+                self.finish(request, reason)
+                return
+        # positions start .. start + len(tokens) - 1 hold the last token and the accepted
+        # proposals; the newest token (the target's own) is computed next step
+        request.num_computed_tokens = seq.start + len(tokens)
+        self.kv.truncate(request, request.num_computed_tokens)
+        self.kv.cache_full_blocks(request)
 
     def check_stop(self, request: Request, token: int) -> RequestStatus | None:
         """Whether `token`, just appended, ends the request: EOS, a stop token id, or a length."""

@@ -16,7 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from minicb.request import Request, RequestStatus
-from minicb.scheduler.base import Scheduler, SchedulerOutput
+from minicb.scheduler.base import Scheduler, ScheduledSeq, SchedulerOutput
+from minicb.speculative import propose_ngram
 
 
 @dataclass
@@ -68,10 +69,18 @@ class ContinuousScheduler(Scheduler):
 
     # --- running requests --------------------------------------------------------------------
     def _schedule_running(self, output: SchedulerOutput, budget: StepBudget) -> None:
+        pending = sum(r.status is RequestStatus.RUNNING and r.request_id not in budget.scheduled
+                      for r in self.running)
         for request in list(self.running):
             if (request.status is not RequestStatus.RUNNING or request.request_id
                 in budget.scheduled):
                 continue
+            pending -= 1
+            if self.config.speculative_method is not None and not request.is_prefilling:
+                proposal = self._propose(request, budget.tokens - 1 - pending)
+                if proposal:
+                    self._take_verification(output, request, proposal, budget)
+                    continue
             num_tokens = budget.tokens_for(request)
             if num_tokens == 0:
                 continue
@@ -83,6 +92,46 @@ class ContinuousScheduler(Scheduler):
                     break
             if request.status is RequestStatus.RUNNING:
                 self._take(output, request, num_tokens, budget)
+
+    # --- speculative decoding ------------------------------------------------------------------
+    # How many tokens a running decode may propose (k), lowered to zero as the batch grows:
+    # - off while more requests run than speculative_disable_by_batch_size;
+    # - off for a request that asked for logprobs (a verification row returns tokens only);
+    # - at most what the step's token budget leaves once every running request not yet planned
+    #   has its one token (so speculation never pushes a decode out of the step);
+    # - at most the request's remaining length (max_tokens, max_model_len) less the one token
+    #   the target always adds;
+    # - at most what the KV pool holds without preempting anyone: speculation never evicts.
+    def _propose(self, request: Request, spare_tokens: int) -> list[int]:
+        config = self.config
+        off = config.speculative_disable_by_batch_size
+        if (off is not None and self.num_running > off) or request.params.logprobs is not None:
+            return []
+        k = min(config.num_speculative_tokens, spare_tokens,
+                request.max_total_tokens(config.max_model_len) - request.num_tokens - 1)
+        if k <= 0:
+            return []
+        proposal = propose_ngram(request.all_token_ids, k, config.prompt_lookup_min,
+                                 config.prompt_lookup_max)
+        while proposal and not self.kv.can_allocate(
+                request, request.num_computed_tokens + 1 + len(proposal)):
+            proposal.pop()
+        return proposal
+
+    def _take_verification(self, output: SchedulerOutput, request: Request,
+                           proposal: list[int], budget: StepBudget) -> None:
+        """A running request's verification row: its last token and the proposals, all k + 1
+        positions with KV slots and logits. Not a decode (it carries k + 1 queries): it runs as
+        a short chunk of the packed batch, the path chunked prefill takes."""
+        num_tokens = 1 + len(proposal)
+        start = request.num_computed_tokens
+        self.kv.allocate(request, start + num_tokens)
+        output.block_copies.extend(self.kv.pop_block_copies())
+        output.seqs.append(ScheduledSeq(
+            request, num_tokens, start, request.token_ids(start, start + 1) + proposal,
+            list(self.kv.block_table(request)), request.params, request.generator,
+            needs_logits=True, is_decode=False, proposal=proposal))
+        budget.charge(request, num_tokens, False)
 
     def _pick_victim(self, budget: StepBudget) -> Request:
         """Among running requests not yet in this step: the latest arrival, or under the priority
