@@ -181,7 +181,7 @@ class ModelRunner:
     def _verify_and_sample(self, rows, logits: torch.Tensor) -> SamplerOutput:
         """A step with verification rows: each one's 1 + k logits go to the acceptance rule
         (minicb.speculative.accept, with the request's own generator), which gives its list of
-        1 to k + 1 tokens; the other rows are sampled together as usual."""
+        1 to k + 1 tokens and their logprobs; the other rows are sampled together as usual."""
         firsts = torch.tensor([0] + [s.num_logits for s in rows]).cumsum(0).tolist()
         plain = [i for i, s in enumerate(rows) if not s.proposal]
         tokens: list = [None] * len(rows)
@@ -202,8 +202,12 @@ class ModelRunner:
         for i, seq in enumerate(rows):
             if seq.proposal:
                 try:
-                    tokens[i] = accept(logits[firsts[i]:firsts[i + 1]], seq.proposal, seq.params,
-                                       seq.generator)
+                    row_logits = logits[firsts[i]:firsts[i + 1]]
+                    kept = accept(row_logits, seq.proposal, seq.params, seq.generator)
+                    # logprobs of each kept token from its own position's logits
+                    logprobs[i] = Sampler._logprobs(row_logits[:len(kept)].float(),
+                                                    torch.tensor(kept), [seq.params] * len(kept))
+                    tokens[i] = kept
                 except Exception as error:
                     errors[i] = f"verification failed: {type(error).__name__}: {error}"
         return SamplerOutput(tokens, logprobs, errors)

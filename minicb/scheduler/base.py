@@ -207,7 +207,7 @@ class Scheduler:
             if seq.proposal:
                 token, logprob, error = next(results)
                 touched.append(request)
-                self._apply_verified(request, seq, token, error, now, step)
+                self._apply_verified(request, seq, token, logprob, error, now, step)
                 continue
             request.num_computed_tokens += seq.num_tokens
             self.kv.cache_full_blocks(request)
@@ -233,7 +233,7 @@ class Scheduler:
         return touched
 
     def _apply_verified(self, request: Request, seq: ScheduledSeq, tokens: list[int] | None,
-                        error: str | None, now: float, step: int) -> None:
+                        logprobs: list | None, error: str | None, now: float, step: int) -> None:
         """A verification row's result: the 1 to k + 1 tokens acceptance kept, applied one at a
         time through the stop checks (the first that ends the request drops the rest), then the
         rollback: only the positions whose tokens were kept count as computed, and the blocks past
@@ -246,8 +246,10 @@ class Scheduler:
         request.num_accepted_tokens += len(tokens) - 1
         request.num_verify_steps += 1
         times = request.times
-        for token in tokens:
+        for index, token in enumerate(tokens):
             request.output_token_ids.append(token)
+            if logprobs is not None and logprobs[index] is not None:
+                request.logprobs.append(logprobs[index])
             times.token_times.append(now)
             times.token_steps.append(step)
             if times.first_token is None:

@@ -96,7 +96,6 @@ class ContinuousScheduler(Scheduler):
     # --- speculative decoding ------------------------------------------------------------------
     # How many tokens a running decode may propose (k), lowered to zero as the batch grows:
     # - off while more requests run than speculative_disable_by_batch_size;
-    # - off for a request that asked for logprobs (a verification row returns tokens only);
     # - at most what the step's token budget leaves once every running request not yet planned
     #   has its one token (so speculation never pushes a decode out of the step);
     # - at most the request's remaining length (max_tokens, max_model_len) less the one token
@@ -105,7 +104,7 @@ class ContinuousScheduler(Scheduler):
     def _propose(self, request: Request, spare_tokens: int) -> list[int]:
         config = self.config
         off = config.speculative_disable_by_batch_size
-        if (off is not None and self.num_running > off) or request.params.logprobs is not None:
+        if off is not None and self.num_running > off:
             return []
         k = min(config.num_speculative_tokens, spare_tokens,
                 request.max_total_tokens(config.max_model_len) - request.num_tokens - 1)
