@@ -30,7 +30,8 @@ def repeating_workload(num_requests: int = 12, seed: int = 0, vocab: int = 512):
     prompts = []
     for i in range(num_requests):
         phrase = [rng.randrange(3, vocab) for _ in range(rng.randint(3, 12))]
-        body = phrase * rng.randint(2, 6) + [rng.randrange(3, vocab) for _ in range(rng.randint(0, 8))]
+        tail = [rng.randrange(3, vocab) for _ in range(rng.randint(0, 8))]
+        body = phrase * rng.randint(2, 6) + tail
         prompts.append((shared if i % 3 == 0 else []) + body)
     max_tokens = [rng.randint(8, 48) for _ in range(num_requests)]
     max_tokens[:2] = [1, 2]                        # the edges: no room to speculate, or barely
@@ -63,7 +64,7 @@ def run_checked(llm, prompts, max_tokens, arrival_steps):
 def test_greedy_with_speculation_equals_transformers(tiny_model, setting):
     prompts, max_tokens, arrivals = repeating_workload()
     references = hf_greedy(tiny_model, prompts, max_tokens)
-    extra = dict(num_kv_blocks=14, enable_prefix_caching=True) if setting != "plain" else {}
+    extra = dict(num_kv_blocks=16, enable_prefix_caching=True) if setting != "plain" else {}
     llm = LLM(tiny_model, max_num_seqs=6, max_num_batched_tokens=128, max_model_len=320,
               block_size=8, **SPEC, **extra)
     outputs = run_checked(llm, prompts, max_tokens, arrivals)
@@ -108,11 +109,12 @@ def test_default_model_greedy_with_speculation_equals_transformers():
 
 def test_seeded_sampled_requests_reproduce(tiny_llama):
     prompts, _, _ = repeating_workload(6, seed=2)
-    params = [SamplingParams(max_tokens=24, temperature=0.8, top_p=0.95, seed=100 + i)
+    params = [SamplingParams(max_tokens=32, temperature=0.7, top_p=0.95, seed=100 + i)
               for i in range(len(prompts))]
     runs = []
     for _ in range(2):
-        llm = LLM(tiny_llama, max_num_seqs=4, max_num_batched_tokens=64, **SPEC)
+        llm = LLM(tiny_llama, max_num_seqs=4, max_num_batched_tokens=64,
+                  **{**SPEC, "prompt_lookup_min": 1})
         runs.append(llm.generate(prompts, params, use_tqdm=False))
     assert [o.outputs[0].token_ids for o in runs[0]] == [o.outputs[0].token_ids for o in runs[1]]
     assert sum(o.metrics.num_proposed_tokens for o in runs[0]) > 0, "nothing was verified"

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from minicb.request import Request, RequestStatus
-from minicb.scheduler.base import Scheduler, ScheduledSeq, SchedulerOutput
+from minicb.scheduler.base import ScheduledSeq, Scheduler, SchedulerOutput
 from minicb.speculative import propose_ngram
 
 
