@@ -170,3 +170,16 @@ def test_truncate_frees_whole_blocks_past_the_length():
 def test_bad_speculative_config_is_refused(knobs, words):
     with pytest.raises(ValueError, match=words.replace("(", r"\(")):
         EngineConfig(**knobs)
+
+
+def test_abort_during_speculation_frees_everything(tiny_llama):
+    from reference import run_with_arrivals
+
+    prompts, max_tokens, arrivals = repeating_workload(8, seed=4)
+    max_tokens = [40] * len(prompts)
+    llm = LLM(tiny_llama, max_num_seqs=4, max_num_batched_tokens=64, **SPEC)
+    outputs = run_with_arrivals(llm, prompts, max_tokens, arrivals, aborts={2: 16, 5: 20})
+    assert {o.outputs[0].finish_reason for o in outputs[2:6:3]} == {"abort"}
+    assert sum(o.metrics.num_proposed_tokens for o in outputs) > 0
+    engine = llm.llm_engine
+    assert engine.kv.num_free_blocks() == engine.kv.num_blocks, "KV blocks leaked after aborts"
