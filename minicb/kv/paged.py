@@ -89,14 +89,11 @@ class PagedKVManager(KVManager):
         # reversed: the stack hands the blocks out again in the request's own order, and a
         # cached prompt's tail is parked first, so it is evicted before the prefix it extends
         for block in reversed(self.tables.pop(request_id, [])):
-            self._release(block)
+            if self.allocator.release(block) and not (self.cache and self.cache.park(block)):
+                self.allocator.push_free(block)
 
     def block_table(self, request) -> list[int]:
         return self.tables.get(request.request_id, [])
-
-    def _release(self, block: int) -> None:
-        if self.allocator.release(block) and not (self.cache and self.cache.park(block)):
-            self.allocator.push_free(block)
 
     def truncate(self, request, num_tokens: int) -> None:
         """Roll back: free, last first, every block past the first `num_tokens` tokens. The slots
@@ -107,7 +104,9 @@ class PagedKVManager(KVManager):
             return
         keep = self.blocks_for(num_tokens)
         while len(table) > keep:
-            self._release(table.pop())
+            block = table.pop()
+            if self.allocator.release(block) and not (self.cache and self.cache.park(block)):
+                self.allocator.push_free(block)
 
     def num_reserved_slots(self) -> int:
         return sum(len(t) for t in self.tables.values()) * self.block_size
