@@ -135,6 +135,9 @@ def simulate(workload: Workload, cost: CostModel | None = None, record_blocks: b
     cost = cost or CostModel()
     knobs.setdefault("max_model_len", max(r.prompt_len + r.output_len for r in workload.requests))
     asked = EngineConfig(**knobs)
+    if asked.speculative_method is not None:
+        raise ValueError("the simulator has no model to verify proposals with; leave "
+                         "speculative_method unset here and measure speculation on the engine.")
     config = asked.resolve(asked.max_model_len)
     kv = make_kv_manager(config.kv_cache, config.num_kv_blocks, config.block_size,
                          config.max_model_len, config.enable_prefix_caching)

@@ -183,3 +183,11 @@ def test_abort_during_speculation_frees_everything(tiny_llama):
     assert sum(o.metrics.num_proposed_tokens for o in outputs) > 0
     engine = llm.llm_engine
     assert engine.kv.num_free_blocks() == engine.kv.num_blocks, "KV blocks leaked after aborts"
+
+
+def test_simulator_refuses_speculation():
+    from minicb.sim import simulate
+    from minicb.workload import Workload, WorkloadRequest
+
+    with pytest.raises(ValueError, match="speculative_method"):
+        simulate(Workload("one", [WorkloadRequest(8, 4)]), speculative_method="ngram")
