@@ -191,3 +191,25 @@ def test_simulator_refuses_speculation():
 
     with pytest.raises(ValueError, match="speculative_method"):
         simulate(Workload("one", [WorkloadRequest(8, 4)]), speculative_method="ngram")
+
+
+def test_a_request_with_stop_strings_is_not_speculated():
+    """Stop strings are found in the text after a step; tokens accepted past one could not be
+    taken back, so such a request decodes one token a step, its output as without speculation."""
+    from minicb.model.default import default_model_path
+
+    path = default_model_path()
+    head = "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n\n\ndef mul("
+    params = [SamplingParams(max_tokens=40, temperature=0, stop=["\n\n"]),
+              SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)]
+    outputs = {}
+    for name, knobs in [("plain", {}), ("speculative", SPEC)]:
+        llm = LLM(path, max_num_seqs=2, **knobs)
+        outputs[name] = llm.generate([head, head], params, use_tqdm=False)
+    plain, speculative = outputs["plain"], outputs["speculative"]
+    for a, b in zip(plain, speculative):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+        assert a.outputs[0].text == b.outputs[0].text
+    assert speculative[0].outputs[0].finish_reason == "stop"
+    assert speculative[0].metrics.num_proposed_tokens == 0
+    assert speculative[1].metrics.num_proposed_tokens > 0, "the other request was speculated"

@@ -100,11 +100,13 @@ class ContinuousScheduler(Scheduler):
     #   has its one token (so speculation never pushes a decode out of the step);
     # - at most the request's remaining length (max_tokens, max_model_len) less the one token
     #   the target always adds;
-    # - at most what the KV pool holds without preempting anyone: speculation never evicts.
+    # - at most what the KV pool holds without preempting anyone: speculation never evicts;
+    # - none for a request with stop strings: they are found in the text after the step, and
+    #   the tokens a step accepted past a stop string could not be taken back from its output.
     def _propose(self, request: Request, spare_tokens: int) -> list[int]:
         config = self.config
         off = config.speculative_disable_by_batch_size
-        if off is not None and self.num_running > off:
+        if (off is not None and self.num_running > off) or request.params.stop:
             return []
         k = min(config.num_speculative_tokens, spare_tokens,
                 request.max_total_tokens(config.max_model_len) - request.num_tokens - 1)
