@@ -126,13 +126,7 @@ def fit(samples: list[StepSample], name: str = "this machine") -> Fit:
     for index, value in zip(active, coef):
         values[TERMS[index]] = max(float(value), 0.0)
     cost = CostModel(**values, name=name, unit="s")
-    predicted = [cost.step_time(s.prefill_tokens, s.decode_rows, s.context_tokens)
-                 for s in samples]
-    residual = target - np.array(predicted)
-    spread = ((target - target.mean()) ** 2).sum()
-    r2 = float(1 - (residual ** 2).sum() / spread) if spread > 0 else 1.0
-    worst = float(max(abs(r) / t for r, t in zip(residual, target)))
-    return Fit(cost, samples, predicted, r2, worst)
+    return _scored(cost, samples)
 
 
 def fit_piecewise(samples: list[StepSample], fused_rows: int,
@@ -151,6 +145,11 @@ def fit_piecewise(samples: list[StepSample], fused_rows: int,
         cost.fused_overhead = small.step_overhead
         cost.fused_decode_seq = small.decode_seq
         cost.fused_context_token = small.context_token
+    return _scored(cost, samples)
+
+
+def _scored(cost, samples: list[StepSample]) -> Fit:
+    """The fit's predictions for its samples, its R² and its worst relative error."""
     target = np.array([s.seconds for s in samples])
     predicted = [cost.step_time(s.prefill_tokens, s.decode_rows, s.context_tokens)
                  for s in samples]

@@ -68,9 +68,10 @@ def compare(reference: Reference, token_ids: list[int], logprobs: list[dict[int,
 
 
 def run_with_arrivals(llm, prompts, max_tokens, arrival_steps,
-                      aborts: dict[int, int] | None = None):
+                      aborts: dict[int, int] | None = None, after_step=None):
     """Drive the engine step by step: request i joins before step arrival_steps[i]; request j is
-    aborted before step aborts[j] (if it has not finished)."""
+    aborted before step aborts[j] (if it has not finished); `after_step(engine)`, if given, runs
+    after every step (a check of the engine's state)."""
     engine, aborts = llm.llm_engine, aborts or {}
     results, step, added = {}, 0, 0
     while added < len(prompts) or engine.has_unfinished_requests():
@@ -86,5 +87,7 @@ def run_with_arrivals(llm, prompts, max_tokens, arrival_steps,
         for output in engine.step():
             if output.finished:
                 results[int(output.request_id)] = output
+        if after_step is not None:
+            after_step(engine)
         step += 1
     return [results[i] for i in range(len(prompts))]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from reference import compare, hf_greedy
+from reference import compare, hf_greedy, run_with_arrivals
 
 from minicb import LLM, SamplingParams
 from minicb.config import EngineConfig, blocks_for
@@ -38,26 +38,18 @@ def repeating_workload(num_requests: int = 12, seed: int = 0, vocab: int = 512):
     return prompts, max_tokens, sorted(rng.randint(0, 12) for _ in range(num_requests))
 
 
+def blocks_cover_only_computed_tokens(engine):
+    """After a step: no running request holds a block past its computed tokens (rejected
+    positions were rolled back)."""
+    for request in engine.scheduler.running:
+        table = engine.kv.block_table(request)
+        assert len(table) == blocks_for(request.num_computed_tokens, engine.kv.block_size), (
+            f"{request}: {len(table)} blocks for {request.num_computed_tokens} computed tokens")
+
+
 def run_checked(llm, prompts, max_tokens, arrival_steps):
-    """Drive the engine step by step (greedy, top-5 logprobs) and check after every step that no
-    running request holds a block past its computed tokens: rejected positions were rolled back."""
-    engine = llm.llm_engine
-    results, step, added = {}, 0, 0
-    while added < len(prompts) or engine.has_unfinished_requests():
-        while added < len(prompts) and arrival_steps[added] <= step:
-            engine.add_request(str(added), prompts[added],
-                               SamplingParams(max_tokens=max_tokens[added], temperature=0,
-                                              ignore_eos=True, logprobs=5))
-            added += 1
-        for output in engine.step():
-            if output.finished:
-                results[int(output.request_id)] = output
-        for request in engine.scheduler.running:
-            table = engine.kv.block_table(request)
-            assert len(table) == blocks_for(request.num_computed_tokens, engine.kv.block_size), (
-                f"{request}: {len(table)} blocks for {request.num_computed_tokens} computed tokens")
-        step += 1
-    return [results[i] for i in range(len(prompts))]
+    return run_with_arrivals(llm, prompts, max_tokens, arrival_steps,
+                             after_step=blocks_cover_only_computed_tokens)
 
 
 @pytest.mark.parametrize("setting", ["plain", "preempt+prefix"])
