@@ -56,6 +56,8 @@ class ServingStats:
     def __init__(self) -> None:
         self.prompt_tokens = 0
         self.generation_tokens = 0
+        self.draft_tokens = 0           # speculative decoding: tokens proposed, then accepted
+        self.accepted_tokens = 0
         self.finished = Counter()       # finish reason → requests
         self.rejected = Counter()       # "invalid" | "overloaded" → requests turned away
         self.ttft = Histogram("minicb_time_to_first_token_seconds", "Time to first token.",
@@ -71,6 +73,8 @@ class ServingStats:
         self.finished[finish_reason] += 1
         if count_prompt:
             self.prompt_tokens += metrics.num_prompt_tokens
+        self.draft_tokens += metrics.num_proposed_tokens
+        self.accepted_tokens += metrics.num_accepted_tokens
         values = (metrics.ttft, metrics.tpot, metrics.e2e)
         for histogram, value in zip((self.ttft, self.tpot, self.e2e), values):
             if value is not None:
@@ -112,6 +116,13 @@ class ServingStats:
                [("", self.prompt_tokens)])
         metric("minicb_generation_tokens_total", "counter", "Tokens generated.",
                [("", self.generation_tokens)])
+        metric("minicb_spec_decode_num_draft_tokens_total", "counter",
+               "Speculative decoding: tokens proposed for verification (finished requests).",
+               [("", self.draft_tokens)])
+        metric("minicb_spec_decode_num_accepted_tokens_total", "counter",
+               "Speculative decoding: proposed tokens the model accepted (finished requests); "
+               "over the drafted ones, the acceptance rate.",
+               [("", self.accepted_tokens)])
         metric("minicb_request_success_total", "counter",
                "Finished requests by finish reason (each of n parallel samples counts).",
                [(f'{{finished_reason="{r}"}}', count)

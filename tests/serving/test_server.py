@@ -893,3 +893,27 @@ def test_the_routers_probes_are_answered(server):
     assert httpx.get(server.url + "/get_server_info").json()["max_model_len"] == MAX_MODEL_LEN
     assert httpx.get(server.url + "/get_load").json()["load"] == engine_of(server).num_running \
         + engine_of(server).num_waiting
+
+
+SPEC_METRICS = ["minicb_spec_decode_num_draft_tokens_total",
+                "minicb_spec_decode_num_accepted_tokens_total"]
+
+
+@pytest.mark.parametrize("speculative", [False, True], ids=["off", "ngram"])
+def test_metrics_count_speculative_tokens(tiny_llama, speculative):
+    knobs = dict(speculative_method="ngram", num_speculative_tokens=4,
+                 prompt_lookup_min=1) if speculative else {}
+    app = build_app(tiny_llama, served_model_name="tiny", max_model_len=MAX_MODEL_LEN,
+                    max_num_seqs=2, **knobs)
+    with ServerThread(app) as server:
+        phrase = [5, 6, 7, 8, 9]
+        for _ in range(2):
+            httpx.post(server.url + "/v1/completions", json={
+                "model": "tiny", "prompt": phrase * 4, "max_tokens": 24, "temperature": 0,
+                "ignore_eos": True}, timeout=60).raise_for_status()
+        metrics = scrape(server)
+    drafted, accepted = (metrics[name] for name in SPEC_METRICS)
+    if speculative:
+        assert drafted > 0 and 0 <= accepted <= drafted
+    else:
+        assert drafted == accepted == 0
