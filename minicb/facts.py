@@ -305,3 +305,27 @@ FACTS.update({
     "deepseek_v2_rope_key_dim": Fact(64, "elements", _DEEPSEEK_V2_CONFIG + ": qk_rope_head_dim, the "
                                      "decoupled rotary key cached beside the latent"),
 })
+
+# --- speculative decoding in production engines (chapter 08) ---
+_SGLANG_SPEC = ("SGLang documentation, Speculative Decoding, "
+                "https://docs.sglang.io/docs/advanced_features/speculative_decoding")
+_VLLM_SPEC = ("vLLM documentation, Speculative Decoding, "
+              "https://docs.vllm.ai/en/latest/features/spec_decode/")
+FACTS.update({
+    "vllm_spec_methods": Fact("n-gram prompt lookup, a draft model, and EAGLE heads", "proposers",
+                              _VLLM_SPEC + " (and its EAGLE page, features/speculative_decoding/"
+                              "eagle/)"),
+    "vllm_spec_caveat": Fact("does not usually yield inter-token latency reductions for all "
+                             "prompt datasets or sampling parameters", "caveat",
+                             _VLLM_SPEC + ", the warning at the top of the page"),
+    "sglang_spec_methods": Fact("EAGLE-2, EAGLE-3, multi-token prediction, a standalone draft "
+                                "model, and n-gram lookup", "proposers",
+                                _SGLANG_SPEC),
+    "sglang_eagle3_speedup": Fact(2.36, "x", _SGLANG_SPEC + ": 373.25 against 158.34 tokens/s, "
+                                  "Llama-3.1-8B-Instruct on MT-Bench, one H100 (EAGLE-3 against "
+                                  "no speculation)"),
+    "tgi_spec_methods": Fact("Medusa heads and n-gram lookup", "proposers",
+                             "Hugging Face text-generation-inference documentation, Speculation, "
+                             "https://huggingface.co/docs/text-generation-inference/conceptual/"
+                             "speculation"),
+})

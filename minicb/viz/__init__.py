@@ -10,6 +10,7 @@ One batch: batch_layout (padded rows or packed), attention_mask.
 Measurements: request_timelines, tradeoff_curve, line_plot, bar_chart, roofline, length_histogram.
 Knobs: knob_sweep (numbers), knob_view (the picture for one setting), knob_widget (sliders).
 Memory: block_map, block_reuse, free_blocks_timeline. Kernels: paged_lookup. Steps: step_costs.
+Speculative decoding: verify_steps (what each step kept), accepted_lengths (tokens per step).
 Several GPUs (minicb.cluster_sim, bench disagg): cluster_timeline, slo_attainment_curves,
 goodput_bars, slo_scale_plot, tp_parts, tp_tpot.
 The interview quiz: quiz_widget, interview_markdown. The engine's own code: show_source
@@ -56,6 +57,7 @@ from minicb.viz.schedule import (
 )
 from minicb.viz.serving import load_study_plot, rate_label, step_costs
 from minicb.viz.source import show_file, show_source
+from minicb.viz.speculative import accepted_lengths, verify_steps
 
 __all__ = ["PALETTE", "format_table", "new_figure", "request_colour", "attention_mask",
            "batch_layout", "mask_image", "bar_chart", "length_histogram", "line_plot",
@@ -67,4 +69,4 @@ __all__ = ["PALETTE", "format_table", "new_figure", "request_colour", "attention
            "show_source", "show_file", "load_study_plot", "rate_label", "decode_grid_picture",
            "decode_programs", "split_kv_picture", "split_ranges", "length_spread",
            "cluster_timeline", "goodput_bars", "slo_attainment_curves", "slo_scale_plot",
-           "tp_parts", "tp_tpot"]
+           "tp_parts", "tp_tpot", "accepted_lengths", "verify_steps"]

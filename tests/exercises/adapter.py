@@ -28,6 +28,7 @@ CHAPTERS = {
     "05": "ch05_decode_kernel",
     "06": "ch06_serving_metrics",
     "07": "ch07_prefix_cache",
+    "08": "ch08_speculative",
 }
 IMPLEMENTATIONS = ("solutions", "exercises")
 
@@ -48,7 +49,7 @@ def implementation() -> str:
 
 
 def chapter(number: str) -> ModuleType:
-    """The module of chapter `number` ("01" … "07") from the graded implementation."""
+    """The module of chapter `number` ("01" … "08") from the graded implementation."""
     folder = os.environ.get("MINICB_GRADE_DIR")
     if not folder:
         return importlib.import_module(f"{implementation()}.{CHAPTERS[number]}")

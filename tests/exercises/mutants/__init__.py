@@ -1,6 +1,6 @@
 """Plausible student bugs, one per file: each mutates solutions/ and must fail a grader check.
 
-A mutant file holds WHAT (the bug, in a student's words), CHAPTER ("01" … "07"), EDITS
+A mutant file holds WHAT (the bug, in a student's words), CHAPTER ("01" … "08"), EDITS
 (pairs of exact text in the chapter's solution and what the student wrote instead) and CHECKS
 (the pytest -k expression of the fast checks that should catch it). tests/test_exercise_mutants.py
 applies each one to a copy of solutions/ and grades it.
