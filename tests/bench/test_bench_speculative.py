@@ -29,7 +29,7 @@ BATCHES = [1, 2]
 def payload(tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("speculative")
     code = bench_main(["speculative", "--quick", "--batch-sizes", *map(str, BATCHES),
-                       "--repeats", "2", "--min-requests", "2", "--output-len", "12",
+                       "--repeats", "2", "--min-requests", "2", "--output-len", "32",
                        "--reference-prompts", "2", "--threads", "1", "--out-dir", str(out)])
     assert code == 0
     assert (out / "speculative-quick.png").stat().st_size > 0
@@ -44,7 +44,7 @@ def test_every_run_is_there_and_does_the_same_work(payload):
                     for b in BATCHES for r in (0, 1)}
     for r in runs:
         assert r["requests"] == requests_at(r["batch_size"], 2)
-        assert r["output_tokens"] == 12 * r["requests"]
+        assert r["output_tokens"] == 32 * r["requests"]
         assert len(r["load_average"]) == 3
         # every token after the first comes from a step that gave that request 1..k+1 tokens
         hist = {int(t): c for t, c in r["tokens_per_step"].items()}
@@ -62,9 +62,9 @@ def test_speculation_is_greedy_exact(payload):
         assert r["differs_from_transformers"] == 0, r
         assert r["differs_from_none"] == (None if r["method"] == "none" else 0), r
     assert all(s["greedy_equal"] for s in payload["summary"])
-    # the code workload repeats itself: prompt lookup finds proposals and some are accepted
-    code = [r for r in payload["runs"] if r["workload"] == "code" and r["method"] == "ngram"]
-    assert sum(r["accepted_tokens"] for r in code) > 0
+    # prompt lookup finds proposals and some are accepted, so verification rows were exercised
+    ngram = [r for r in payload["runs"] if r["method"] == "ngram"]
+    assert sum(r["accepted_tokens"] for r in ngram) > 0
 
 
 def test_summary_ratios_come_from_paired_runs(payload):
