@@ -180,8 +180,47 @@ def prefix_texts(workload: Workload, words: tuple[str, ...]) -> list[str]:
     return prompts
 
 
+def code_completion(n: int = 64, seed: int = 0, output_len: int = 128,
+                    max_prompt_chars: int = 800) -> Workload:
+    """Python to continue: top-level functions of the standard library's own modules, each cut
+    after its docstring (the model writes the body). The shipped models were trained on the
+    standard library, so they continue these well, and code repeats its own names: where
+    speculation's proposals get accepted. `n` functions drawn with `seed` from the modules in
+    sorted order; `extra["texts"]` holds the prompts (their lengths here are in characters:
+    `prompt_len` is filled in once a tokenizer counts them)."""
+    import ast
+    import sysconfig
+    from pathlib import Path
+
+    texts = []
+    for path in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py")):
+        source = path.read_text(encoding="utf-8", errors="replace")
+        try:
+            tree = ast.parse(source)
+        except SyntaxError:
+            continue
+        lines = source.splitlines(keepends=True)
+        for node in tree.body:
+            body = getattr(node, "body", [])
+            if (isinstance(node, ast.FunctionDef) and len(body) > 1
+                    and ast.get_docstring(node) is not None):
+                first = min([node.lineno] + [d.lineno for d in node.decorator_list]) - 1
+                text = "".join(lines[first:body[0].end_lineno])
+                if len(text) <= max_prompt_chars:
+                    texts.append(text)
+    if not texts:
+        raise RuntimeError("found no standard-library functions to use as prompts; is "
+                           "sysconfig's stdlib path readable?")
+    rng = np.random.default_rng(seed)
+    chosen = [texts[i] for i in rng.choice(len(texts), size=n, replace=n > len(texts))]
+    return Workload("code", [WorkloadRequest(len(t), output_len) for t in chosen],
+                    f"{n} standard-library functions cut after their docstring, "
+                    f"{output_len} tokens each", extra={"texts": chosen, "seed": seed})
+
+
 WORKLOADS = {"seed-example": seed_example, "three-answers": three_answers, "chat": chat,
-             "long-tail": long_tail, "mixed": mixed, "prefix-heavy": prefix_heavy}
+             "long-tail": long_tail, "mixed": mixed, "prefix-heavy": prefix_heavy,
+             "code": code_completion}
 
 
 def get_workload(name: str, **kwargs) -> Workload:

@@ -33,6 +33,8 @@ BENCHMARKS = {
                 "replicas behind vllm-router: scaling, routing policies, a replica killed"),
     "neighbour": ("minicb.bench.neighbour",
                   "each system quiet and beside a busy loop on one core: the slowdown"),
+    "speculative": ("minicb.bench.speculative",
+                    "speculative decoding against none: tokens/s and TPOT by batch size"),
     "disagg": ("minicb.bench.disagg",
                "prefill/decode disaggregation and tensor parallelism on a GPU's cost model"),
 }

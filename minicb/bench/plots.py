@@ -170,3 +170,53 @@ def plot_calibration(payload: dict):
     ax.legend(loc="upper left", fontsize=8)
     fig.tight_layout()
     return fig
+
+
+def plot_speculative(payload: dict):
+    """Speculation's tokens/s ratio against batch size (measured here; predicted for an A100),
+    and how many tokens a request gained per step with each proposer."""
+    fig, (measured, predicted, steps) = plt.subplots(1, 3, figsize=(16, 4.6))
+    styles = {"code": "-", "random": ":"}
+    markers = {"minicb": "o", "vllm": "s"}
+    for s_key in sorted({(s["system"], s["workload"], s["method"]) for s in payload["summary"]}):
+        points = sorted((s for s in payload["summary"]
+                         if (s["system"], s["workload"], s["method"]) == s_key),
+                        key=lambda s: s["batch_size"])
+        system, workload, method = s_key
+        measured.plot([s["batch_size"] for s in points], [s["speedup"] for s in points],
+                      styles.get(workload, "-"), marker=markers.get(system, "x"),
+                      label=f"{system} {method}, {workload}")
+    a100 = payload["predictions"][0]
+    for workload, method in sorted({(r["workload"], r["method"]) for r in a100["rows"]}):
+        points = [r for r in a100["rows"] if (r["workload"], r["method"]) == (workload, method)]
+        predicted.plot([r["batch_size"] for r in points], [r["speedup"] for r in points],
+                       styles.get(workload, "-"), marker="^", label=f"{method}, {workload}")
+    for ax, title in ((measured, f"measured: {describe(payload['machine'])}"),
+                      (predicted, "PREDICTED: A100 cost model (Llama-2-7B), measured acceptance")):
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("batch size (requests at once)")
+        ax.set_ylabel("tokens/s with speculation / without")
+        ax.set_title(title, fontsize=9)
+        ax.legend(fontsize=7)
+    runs = [r for r in payload["runs"] if r["system"] == "minicb" and r["method"] != "none"
+            and r["batch_size"] == min(payload["settings"]["batch_sizes"])]
+    series = sorted({(r["workload"], r["method"]) for r in runs})
+    width = 0.8 / max(len(series), 1)
+    for i, (workload, method) in enumerate(series):
+        hist: dict[int, int] = {}
+        for r in runs:
+            if (r["workload"], r["method"]) == (workload, method):
+                for tokens, count in r["tokens_per_step"].items():
+                    hist[int(tokens)] = hist.get(int(tokens), 0) + count
+        total = sum(hist.values())
+        xs = sorted(hist)
+        steps.bar([x + (i - (len(series) - 1) / 2) * width for x in xs],
+                  [hist[x] / total for x in xs], width, label=f"{method}, {workload}")
+    steps.set_xlabel("tokens a request gained in one step (1 = nothing accepted)")
+    steps.set_ylabel("share of steps")
+    steps.set_title(f"accepted lengths per step, minicb, batch "
+                    f"{min(payload['settings']['batch_sizes'])}", fontsize=9)
+    steps.legend(fontsize=7)
+    fig.tight_layout()
+    return fig

@@ -7,6 +7,9 @@ checkpoint directory, the prompts as token ids, each request's output length and
 settings; RESULT.json receives vLLM's version, the settings it ran with, every request's output
 token ids, the time each request's tokens appeared, the wall time of the run and of the engine's
 start-up, the CPU seconds its processes spent during the run, and the load average around it.
+A request with "runs" (each: prompts, output_lens, max_concurrency) serves them one after
+another through one engine and gives one such result per run under "runs"; with a
+"speculative_config" in the settings, each also carries vLLM's draft and acceptance counts.
 Requests are submitted all at once to vLLM's engine and stepped to completion, so each token's time
 is the time the step that produced it returned, as minicb's engine records it.
 """
@@ -72,26 +75,61 @@ def run(request: dict) -> dict:
     from vllm import LLM, SamplingParams
 
     started = time.perf_counter()
+    if "speculative_config" in settings:      # its acceptance counters need statistics on
+        settings.setdefault("disable_log_stats", False)
     llm = LLM(model=request["model"], tokenizer=request["model"], skip_tokenizer_init=True,
               **settings)
     startup = time.perf_counter() - started
-    engine = llm.llm_engine
     prompts, lengths = request["prompts"], request["output_lens"]
     # warm-up: one short request, so the first timed step does not pay for lazy set-up
     warm = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True, detokenize=False)
     llm.generate([{"prompt_token_ids": prompts[0]}], warm, use_tqdm=False)
 
+    common = {"vllm_version": vllm.__version__, "settings": request["settings"],
+              "engine": engine_settings(llm), "startup_s": startup}
+    if "runs" not in request:
+        return {**common, **serve(llm, prompts, lengths)}
+    # several workloads through one engine (a start-up takes tens of seconds on a CPU)
+    return {**common, "runs": [serve(llm, r["prompts"], r["output_lens"], r["max_concurrency"])
+                               for r in request["runs"]]}
+
+
+def spec_decode_counters(llm) -> dict[str, float]:
+    """vLLM's speculative-decoding counters so far (drafts, draft tokens, accepted tokens), from
+    its metrics; empty when it keeps none (no speculation, or statistics off)."""
+    names = {"vllm:spec_decode_num_drafts": "verify_steps",
+             "vllm:spec_decode_num_draft_tokens": "proposed_tokens",
+             "vllm:spec_decode_num_accepted_tokens": "accepted_tokens"}
+    try:
+        metrics = llm.get_metrics()
+    except Exception:           # an engine built without statistics
+        return {}
+    return {names[m.name]: m.value for m in metrics if m.name in names}
+
+
+def serve(llm, prompts: list, lengths: list, max_concurrency: int | None = None) -> dict:
+    """Step the engine through one workload, at most `max_concurrency` requests at once (a new
+    one added as one finishes), timing every token."""
+    from vllm import SamplingParams
+
+    engine = llm.llm_engine
     load_before = os.getloadavg()
+    counters_before = spec_decode_counters(llm)
     cpu_before = process_cpu_seconds()
     arrival = time.perf_counter()
-    for index, (prompt, length) in enumerate(zip(prompts, lengths)):
-        params = SamplingParams(max_tokens=length, temperature=0.0, ignore_eos=True,
-                                detokenize=False)
-        engine.add_request(str(index), {"prompt_token_ids": prompt}, params)
+    waiting = list(range(len(prompts)))
+    limit = max_concurrency or len(prompts)
+    running = 0
     token_times: list[list[float]] = [[] for _ in prompts]
     outputs: list[list[int] | None] = [None] * len(prompts)
     finished_at: list[float | None] = [None] * len(prompts)
-    while engine.has_unfinished_requests():
+    while waiting or engine.has_unfinished_requests():
+        while waiting and running < limit:
+            index = waiting.pop(0)
+            params = SamplingParams(max_tokens=lengths[index], temperature=0.0, ignore_eos=True,
+                                    detokenize=False)
+            engine.add_request(str(index), {"prompt_token_ids": prompts[index]}, params)
+            running += 1
         step_outputs = engine.step()
         now = time.perf_counter()
         for out in step_outputs:
@@ -101,14 +139,17 @@ def run(request: dict) -> dict:
             if out.finished:
                 outputs[index] = ids
                 finished_at[index] = now
+                running -= 1
     wall = time.perf_counter() - arrival
     cpu_after = process_cpu_seconds()
-    return {"vllm_version": vllm.__version__, "settings": request["settings"],
-            "engine": engine_settings(llm), "startup_s": startup, "wall_s": wall,
-            "arrival": arrival, "outputs": outputs, "token_times": token_times,
-            "finished": finished_at, "cpu_seconds": cpu_seconds_between(cpu_before, cpu_after),
-            "processes": len(cpu_after),
-            "load_average": {"before": list(load_before), "after": list(os.getloadavg())}}
+    after = spec_decode_counters(llm)
+    result = {"wall_s": wall, "arrival": arrival, "outputs": outputs, "token_times": token_times,
+              "finished": finished_at, "cpu_seconds": cpu_seconds_between(cpu_before, cpu_after),
+              "processes": len(cpu_after),
+              "load_average": {"before": list(load_before), "after": list(os.getloadavg())}}
+    if after:
+        result["spec_decode"] = {k: v - counters_before.get(k, 0) for k, v in after.items()}
+    return result
 
 
 def main(argv: list[str]) -> int:

@@ -96,11 +96,9 @@ def parse_result(result: dict, prompts: list[list[int]], output_lens: list[int])
     return SystemRun(outputs, metrics, settings, cpu_seconds=result.get("cpu_seconds", math.nan))
 
 
-def run_vllm(model_path: str, prompts: list[list[int]], output_lens: list[int],
-             max_model_len: int, settings: dict | None = None, timeout: float = 3600) -> SystemRun:
-    """Serve the workload with vLLM in its own environment; return what it produced."""
+def drive(request: dict, timeout: float = 3600) -> dict:
+    """Run the driver on `request` in vLLM's environment; return its result."""
     check_available()
-    request = driver_request(model_path, prompts, output_lens, max_model_len, settings)
     with tempfile.TemporaryDirectory(prefix="minicb-vllm-") as work:
         request_file, result_file = Path(work) / "request.json", Path(work) / "result.json"
         request_file.write_text(json.dumps(request))
@@ -114,10 +112,40 @@ def run_vllm(model_path: str, prompts: list[list[int]], output_lens: list[int],
         if done.returncode != 0 or not result_file.exists():
             tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-15:])
             raise RuntimeError(f"vLLM's run failed (exit {done.returncode}):\n{tail}")
-        result = json.loads(result_file.read_text())
+        return json.loads(result_file.read_text())
+
+
+def run_vllm(model_path: str, prompts: list[list[int]], output_lens: list[int],
+             max_model_len: int, settings: dict | None = None, timeout: float = 3600) -> SystemRun:
+    """Serve the workload with vLLM in its own environment; return what it produced."""
+    request = driver_request(model_path, prompts, output_lens, max_model_len, settings)
     # the CPU time is that of the driver and the processes it started (vLLM's scheduler and model
     # processes), measured by the driver around the timed run
-    return parse_result(result, prompts, output_lens)
+    return parse_result(drive(request, timeout), prompts, output_lens)
+
+
+def run_vllm_runs(model_path: str, runs: list[tuple[list[list[int]], list[int], int]],
+                  settings: dict | None = None, max_model_len: int | None = None,
+                  timeout: float = 3600) -> list[SystemRun]:
+    """Several workloads (prompts, output lengths, requests at once) through ONE vLLM engine, one
+    after another: a SystemRun each, whose settings carry vLLM's `spec_decode` counts (drafts,
+    proposed and accepted tokens) when it speculates."""
+    longest = max(len(p) + n for prompts, lens, _ in runs for p, n in zip(prompts, lens))
+    request = driver_request(model_path, runs[0][0], runs[0][1], max_model_len or longest,
+                             settings)
+    request["runs"] = [{"prompts": [list(map(int, p)) for p in prompts],
+                        "output_lens": [int(n) for n in lens], "max_concurrency": int(at_once)}
+                       for prompts, lens, at_once in runs]
+    result = drive(request, timeout)
+    out = []
+    for (prompts, lens, _), one in zip(runs, result["runs"]):
+        common = {k: result[k] for k in ("vllm_version", "settings", "startup_s", "engine")}
+        run = parse_result({**common, **one}, prompts, lens)
+        run.settings["wall_s"] = one["wall_s"]
+        if "spec_decode" in one:
+            run.settings["spec_decode"] = one["spec_decode"]
+        out.append(run)
+    return out
 
 
 if __name__ == "__main__":

@@ -112,8 +112,11 @@ class ContinuousScheduler(Scheduler):
                 request.max_total_tokens(config.max_model_len) - request.num_tokens - 1)
         if k <= 0:
             return []
-        proposal = propose_ngram(request.all_token_ids, k, config.prompt_lookup_min,
-                                 config.prompt_lookup_max)
+        if config.speculative_method == "ngram":
+            proposal = propose_ngram(request.all_token_ids, k, config.prompt_lookup_min,
+                                     config.prompt_lookup_max)
+        else:   # k placeholders, drafted by the draft model before the target's forward
+            proposal = [0] * k
         while proposal and not self.kv.can_allocate(
                 request, request.num_computed_tokens + 1 + len(proposal)):
             proposal.pop()
