@@ -24,7 +24,7 @@ from test_speculative_engine import blocks_cover_only_computed_tokens, repeating
 import minicb.runner
 from minicb import LLM, SamplingParams
 from minicb.config import EngineConfig
-from minicb.speculative import accept
+from minicb.speculative import _draw, accept, target_probs
 
 DRAFT = dict(speculative_method="draft_model", num_speculative_tokens=3)
 SIGNIFICANCE = 1e-3       # the chi-square test rejects at this p-value (seeded: deterministic)
@@ -155,7 +155,7 @@ def _tiny(path, layers: int, seed: int, context: int = 64) -> str:
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config).eval()
     with torch.no_grad():       # logits far from flat, so a wrong rule moves the counts
-        model.lm_head.weight.mul_(40.0)
+        model.lm_head.weight.mul_(5.0)
     model.save_pretrained(path)
     return str(path)
 
@@ -190,6 +190,10 @@ def _sampled_pairs(target: str, draft: str) -> torch.Tensor:
               for i in range(SAMPLES)]
     outputs = llm.generate([PROMPT] * SAMPLES, params, use_tqdm=False)
     assert sum(o.metrics.num_verify_steps for o in outputs) >= SAMPLES
+    accepted = sum(o.metrics.num_accepted_tokens for o in outputs)
+    assert accepted > 0, "no draft token was accepted"
+    assert accepted < 2 * SAMPLES or accept is not minicb.runner.accept, \
+        "every draft token was accepted: the rule's rejection branch never ran"
     pairs = Counter(o.outputs[0].token_ids[1] * TINY_VOCAB + o.outputs[0].token_ids[2]
                     for o in outputs)
     return torch.tensor([pairs[i] for i in range(TINY_VOCAB ** 2)], dtype=torch.float64)
@@ -198,20 +202,31 @@ def _sampled_pairs(target: str, draft: str) -> torch.Tensor:
 def _p_value(counts: torch.Tensor, exact: torch.Tensor) -> float:
     """Chi-square over the pairs expected at least five times; the rarer ones pooled in one cell."""
     common = exact * SAMPLES >= 5
-    counts = torch.cat([counts[common], counts[~common].sum().reshape(1)])
-    probs = torch.cat([exact[common], exact[~common].sum().reshape(1)])
-    return _chi_square_p_value(counts, probs / probs.sum())
+    if not common.all():
+        counts = torch.cat([counts[common], counts[~common].sum().reshape(1)])
+        exact = torch.cat([exact[common], exact[~common].sum().reshape(1)])
+    return _chi_square_p_value(counts, exact / exact.sum())
 
 
-def _ignoring_q(logits, proposed, params, generator=None, draft_probs=None):
-    return accept(logits, proposed, params, generator)      # as if the proposal were certain
+# Two broken rules the test must catch. (A rule that ignores q, treating a sampled proposal x as
+# certain, is not one: accepting x with probability p(x) and otherwise drawing from p without x
+# still emits exactly p, only less often accepting; so it is no mutant of the distribution.)
+def _resampling_from_p(logits, proposed, params, generator=None, draft_probs=None):
+    """On a rejection, draw from p itself instead of max(0, p - q): the tokens the draft
+    proposes too often come out too often."""
+    p = target_probs(logits, params)
+    for i, token in enumerate(proposed):
+        ratio = float(p[i, token] / draft_probs[i, token])
+        if torch.rand(1, generator=generator, dtype=torch.float64).item() >= ratio:
+            return list(proposed[:i]) + [_draw(p[i], generator)]
+    return list(proposed) + [_draw(p[-1], generator)]
 
 
 def _without_checking(logits, proposed, params, generator=None, draft_probs=None):
     return list(proposed) + accept(logits[-1:], [], params, generator)
 
 
-@pytest.mark.parametrize("rule,passes", [(accept, True), (_ignoring_q, False),
+@pytest.mark.parametrize("rule,passes", [(accept, True), (_resampling_from_p, False),
                                          (_without_checking, False)])
 def test_sampled_tokens_follow_the_target(tiny_vocab_pair, monkeypatch, rule, passes):
     target, draft = tiny_vocab_pair
