@@ -50,9 +50,6 @@ class DraftModelProposer:
     def __init__(self, runner: ModelRunner):
         self.runner = runner
 
-    def kv_cache_bytes(self) -> int:
-        return self.runner.kv_cache_bytes()
-
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         """Copy-on-write in the draft's cache too: a copied block holds both models' KV."""
         self.runner.copy_blocks(pairs)
