@@ -106,6 +106,53 @@ def test_the_target_as_its_own_draft_has_every_proposal_accepted(tiny_llama):
     assert llm.llm_engine.kv.prefix_stats().hit_tokens > 0
 
 
+def test_parallel_samples_copy_the_draft_kv_on_write(tiny_llama):
+    """n = 2 samples share their prompt's blocks and copy the last, partly filled one before
+    writing: the draft's half of that block must be copied too, or the second sample's draft
+    would read zeros there and its proposals would be rejected."""
+    prompts, _, _ = repeating_workload(4, seed=6)
+    # the samples share all but the last prompt token: leave their last shared block partly full
+    prompts = [p[:-2] if (len(p) - 1) % 8 == 0 else p for p in prompts]
+    llm = LLM(tiny_llama, max_num_seqs=8, block_size=8, speculative_model=tiny_llama, **DRAFT)
+    engine = llm.llm_engine
+    params = SamplingParams(n=2, max_tokens=24, temperature=0, ignore_eos=True)
+    samples = [engine.add_request(str(i), p, params) for i, p in enumerate(prompts)]
+    while engine.has_unfinished_requests():
+        engine.step()
+    references = hf_greedy(tiny_llama, prompts, [24] * len(prompts))
+    for reference, pair in zip(references, samples):
+        for sample in pair:
+            assert compare(reference, sample.output_token_ids, None, "sample") == "equal"
+    assert engine.kv.num_free_blocks() == engine.kv.num_blocks
+    for sample in (s for pair in samples for s in pair):      # each sample's own counts
+        assert sample.num_proposed_tokens > 0, sample
+        assert sample.num_accepted_tokens >= 0.95 * sample.num_proposed_tokens, (
+            sample, sample.num_accepted_tokens, sample.num_proposed_tokens)
+
+
+def test_verification_counts_against_the_token_budget(tiny_llama, draft_of):
+    """The k + 1 verification tokens count against max_num_batched_tokens; more running
+    requests than speculative_disable_by_batch_size turn the proposals off."""
+    prompts, _, _ = repeating_workload(6, seed=3)
+    params = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True)
+    llm = LLM(tiny_llama, max_num_seqs=6, max_num_batched_tokens=8,
+              speculative_model=draft_of(tiny_llama), **DRAFT)
+    engine = llm.llm_engine
+    for i, prompt in enumerate(prompts):
+        engine.add_request(str(i), prompt, params)
+    rows = 0
+    while engine.has_unfinished_requests():
+        plan = engine.scheduler.schedule()
+        assert plan.num_tokens <= 8
+        rows += sum(bool(s.proposal) for s in plan.seqs)
+        engine.scheduler.update(plan, engine.runner.execute(plan))
+    assert rows > 0
+    off = LLM(tiny_llama, max_num_seqs=6, speculative_disable_by_batch_size=2,
+              speculative_model=draft_of(tiny_llama), **DRAFT)
+    outputs = off.generate(prompts, params, use_tqdm=False)
+    assert all(o.metrics.num_proposed_tokens == 0 for o in outputs[:-2])
+
+
 def test_default_model_with_the_shipped_draft_equals_transformers():
     """The shipped model and its shipped draft (the default speculative_model) on code prompts,
     with a pool small enough to preempt and prefix caching on."""
