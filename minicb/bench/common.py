@@ -68,6 +68,20 @@ def resolve_model(model: str | None, random_model: str | None, dtype: str) -> tu
     return str(path), path.name if model is not None else "minicb default model"
 
 
+def load_hf_model(path: str, device: str, dtype: str):
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()      # a progress bar per load: noise in logs and notebooks
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype),
+                                                 attn_implementation="sdpa")
+    model = model.to(device).eval()
+    ids = torch.tensor([[5, 6, 7]], device=device)   # warm-up
+    model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=2, do_sample=False,
+                   pad_token_id=model.generation_config.pad_token_id or 0)
+    return model
+
+
 def display_path(path: str | Path) -> str:
     """A model path fit for a committed record: relative to the package for the shipped model,
     the temporary directory's name for a random one, else as given."""
@@ -253,3 +267,19 @@ def copy_bandwidth_gbps(device: str, timer) -> float:
     dst = torch.empty_like(src)
     ms = timer(lambda: dst.copy_(src))
     return 2 * src.numel() * src.element_size() / ms / 1e6
+
+
+def log_model_steps(engine) -> list[tuple[float, int, int]]:
+    """From now on, note every model step's CPU seconds, prefill tokens and rows."""
+    log: list[tuple[float, int, int]] = []
+    execute = engine.runner.execute
+
+    def timed(plan):
+        start = time.process_time()
+        try:
+            return execute(plan)
+        finally:
+            log.append((time.process_time() - start, plan.num_prefill_tokens, len(plan.seqs)))
+
+    engine.runner.execute = timed
+    return log

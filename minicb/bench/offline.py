@@ -35,7 +35,9 @@ from minicb.bench.common import (
     display_path,
     fit_to_context,
     format_table,
+    load_hf_model,
     load_workload,
+    log_model_steps,
     resolve_model,
     workload_facts,
     write_results,
@@ -125,22 +127,6 @@ def run_minicb(name: str, model_path: str, args, prompts, output_lens, progress:
                      settings, cpu_seconds)
 
 
-def log_model_steps(engine) -> list[tuple[float, int, int]]:
-    """From now on, note every model step's CPU seconds, prefill tokens and rows."""
-    log: list[tuple[float, int, int]] = []
-    execute = engine.runner.execute
-
-    def timed(plan):
-        start = time.process_time()
-        try:
-            return execute(plan)
-        finally:
-            log.append((time.process_time() - start, plan.num_prefill_tokens, len(plan.seqs)))
-
-    engine.runner.execute = timed
-    return log
-
-
 def time_split(steps: list[tuple[float, int, int]], cpu_seconds: float) -> dict:
     """Where the CPU time went: steps with prompt tokens, pure decode steps, and the engine
     around them."""
@@ -181,20 +167,6 @@ def run_system(name: str, model_path: str, hf_model, args, prompts: list[list[in
             run = hf_continuous(hf_model, prompts, output_lens, pad, args.max_num_seqs,
                                 args.hf_max_batch_tokens, kv_tokens, args.hf_page_size, bar.update)
     return run, probe.peak_bytes
-
-
-def load_hf_model(path: str, device: str, dtype: str):
-    from transformers import AutoModelForCausalLM
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()      # a progress bar per load: noise in logs and notebooks
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype),
-                                                 attn_implementation="sdpa")
-    model = model.to(device).eval()
-    ids = torch.tensor([[5, 6, 7]], device=device)   # warm-up
-    model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=2, do_sample=False,
-                   pad_token_id=model.generation_config.pad_token_id or 0)
-    return model
 
 
 def summarize_run(name: str, run: SystemRun, peak_bytes: int) -> dict:

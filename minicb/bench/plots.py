@@ -189,10 +189,14 @@ def plot_speculative(payload: dict):
     a100 = payload["predictions"][0]
     for workload, method in sorted({(r["workload"], r["method"]) for r in a100["rows"]}):
         points = [r for r in a100["rows"] if (r["workload"], r["method"]) == (workload, method)]
-        predicted.plot([r["batch_size"] for r in points], [r["speedup"] for r in points],
-                       styles.get(workload, "-"), marker="^", label=f"{method}, {workload}")
+        line, = predicted.plot([r["batch_size"] for r in points], [r["speedup"] for r in points],
+                               styles.get(workload, "-"), marker="^", label=f"{method}, {workload}")
+        far = [r for r in points if r["extrapolated"]]      # hollow: the largest batch's rates
+        predicted.plot([r["batch_size"] for r in far], [r["speedup"] for r in far], "^",
+                       color="white", markeredgecolor=line.get_color())
     for ax, title in ((measured, f"measured: {describe(payload['machine'])}"),
-                      (predicted, "PREDICTED: A100 cost model (Llama-2-7B), measured acceptance")):
+                      (predicted, "PREDICTED: A100 cost model (Llama-2-7B), measured acceptance\n"
+                                  "(hollow: past the largest batch measured, its rates)")):
         ax.axhline(1.0, color="black", linewidth=0.8)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("batch size (requests at once)")

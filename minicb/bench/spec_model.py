@@ -140,3 +140,47 @@ def predictions(rows: list[dict], k: int, contexts: dict[str, float],
                     "draft_weight_share": draft_share, "context_tokens": contexts,
                     "rows": points, "break_even": break_even(points)})
     return out
+
+
+def _median_of(rows: list[dict], key: str, **match) -> float:
+    values = [r[key] for r in rows if all(r[k] == v for k, v in match.items())]
+    return statistics.median(values) if values else float("nan")
+
+
+def markdown_tables(payload: dict) -> str:
+    """The page's tables, generated from the benchmark's JSON: measured ratios, then the
+    predictions (benchmarks/speculative.md embeds this text; `--table FILE` prints it)."""
+    runs = payload["runs"]
+    lines = ["| system | workload | method | B | tok/s without | tok/s with | with / without "
+             "(median; each repeat) | TPOT p50 ms without → with | accepted | tokens / verify "
+             "| greedy = without | = transformers |", "|---|---|---|---:|---:|---:|---|---|---:|"
+             "---:|---|---|"]
+    for s in payload["summary"]:
+        key = dict(system=s["system"], workload=s["workload"], batch_size=s["batch_size"])
+        mine = [r for r in runs if r["method"] == s["method"] and all(r[k] == v for k, v in
+                                                                      key.items())]
+        ref = [r.get("differs_from_transformers") for r in mine]
+        checked = "–" if None in ref else ("yes" if not any(ref) else f"NO ({max(ref)})")
+        accepted = "–" if s["acceptance_rate"] is None else f"{s['acceptance_rate']:.0%}"
+        length = "–" if s["mean_accepted_length"] is None else f"{s['mean_accepted_length']:.2f}"
+        lines.append(
+            f"| {s['system']} | {s['workload']} | {s['method']} | {s['batch_size']} | "
+            f"{_median_of(runs, 'output_throughput', method='none', **key):,.0f} | "
+            f"{_median_of(mine, 'output_throughput'):,.0f} | **{s['speedup']:.2f}×** ("
+            + ", ".join(f"{x:.2f}" for x in s["speedups"]) + ") | "
+            f"{_median_of(runs, 'tpot_p50_ms', method='none', **key):.1f} → "
+            f"{_median_of(mine, 'tpot_p50_ms'):.1f} | {accepted} | {length} | "
+            f"{'yes' if s['greedy_equal'] else 'NO'} | {checked} |")
+    for prediction in payload["predictions"]:
+        sizes = sorted({r["batch_size"] for r in prediction["rows"]})
+        lines += ["", f"{prediction['label']}:", "",
+                  "| workload | method | " + " | ".join(f"B={b}" for b in sizes) + " |",
+                  "|---|---|" + "---:|" * len(sizes)]
+        for workload, method in sorted({(r["workload"], r["method"])
+                                        for r in prediction["rows"]}):
+            cells = {r["batch_size"]: r for r in prediction["rows"]
+                     if (r["workload"], r["method"]) == (workload, method)}
+            lines.append(f"| {workload} | {method} | " + " | ".join(
+                "–" if b not in cells else f"{cells[b]['speedup']:.2f}"
+                + ("*" if cells[b]["extrapolated"] else "") for b in sizes) + " |")
+    return "\n".join(lines) + "\n"

@@ -45,10 +45,16 @@ from collections import Counter
 from pathlib import Path
 
 from minicb.bench.agreement import compare_outputs
-from minicb.bench.common import RESULTS_DIR, display_path, format_table, write_results
+from minicb.bench.common import (
+    RESULTS_DIR,
+    display_path,
+    format_table,
+    load_hf_model,
+    log_model_steps,
+    write_results,
+)
 from minicb.bench.machine import describe, machine_info
-from minicb.bench.offline import log_model_steps
-from minicb.bench.spec_model import break_even, predictions, summarize_runs
+from minicb.bench.spec_model import break_even, markdown_tables, predictions, summarize_runs
 from minicb.config import SPECULATIVE_METHODS
 from minicb.workload import code_completion, fixed
 
@@ -78,6 +84,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="one repeat, shorter answers")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out-dir", default=str(RESULTS_DIR))
+    p.add_argument("--table", metavar="JSON", default=None,
+                   help="run nothing: print the markdown tables of an earlier run's JSON")
     args = p.parse_args(argv)
     args.repeats = args.repeats or (1 if args.quick else 3)
     args.output_len = args.output_len or (64 if args.quick else 128)
@@ -152,30 +160,35 @@ def tokens_per_step(metrics: list) -> dict[str, int]:
     return {str(k): counts[k] for k in sorted(counts)}
 
 
-def run_minicb(args, model_path: str, prompts: dict, methods: list[str], reference: dict) -> list:
+def start_minicb(args, model_path: str, prompts: dict, methods: list[str]) -> dict:
+    """One warmed-up engine per method, with its model steps logged: {method: (llm, log)}."""
     from minicb import LLM, SamplingParams
 
-    llms = {}
+    engines = {}
     # warm-up: a few steps of each kind (prefill, decode, verification) before anything is timed
     warm = [p[i] for p in prompts.values() for i in range(2)]
     for method in methods:
-        llms[method] = LLM(model_path, **engine_knobs(method, args))
-        llms[method].generate(warm, SamplingParams(max_tokens=16, temperature=0), use_tqdm=False)
-    step_logs = {m: log_model_steps(llm.llm_engine) for m, llm in llms.items()}
+        llm = LLM(model_path, **engine_knobs(method, args))
+        llm.generate(warm, SamplingParams(max_tokens=16, temperature=0), use_tqdm=False)
+        engines[method] = (llm, log_model_steps(llm.llm_engine))
+    return engines
+
+
+def run_minicb(args, engines: dict, prompts: dict, repeat: int, reference: dict) -> list:
+    """One repeat: every workload and batch size, the methods in an order rotated by repeat."""
+    methods = list(engines)
+    order = methods[repeat % len(methods):] + methods[:repeat % len(methods)]
     rows = []
-    for repeat in range(args.repeats):
-        order = methods[repeat % len(methods):] + methods[:repeat % len(methods)]
-        for workload in args.workloads:
-            for batch_size in args.batch_sizes:
-                chosen = prompts[workload][:requests_at(batch_size, args.min_requests)]
-                outs = {}
-                for method in order:
-                    outs[method], row = serve(llms[method], step_logs[method], chosen,
-                                              args.output_len, batch_size)
-                    rows.append(dict(system="minicb", workload=workload, method=method,
-                                     batch_size=batch_size, repeat=repeat, **row))
-                    print(progress_line(rows[-1]), flush=True)
-                add_agreement(rows[-len(order):], outs, reference.get(workload))
+    for workload in args.workloads:
+        for batch_size in args.batch_sizes:
+            chosen = prompts[workload][:requests_at(batch_size, args.min_requests)]
+            outs = {}
+            for method in order:
+                outs[method], row = serve(*engines[method], chosen, args.output_len, batch_size)
+                rows.append(dict(system="minicb", workload=workload, method=method,
+                                 batch_size=batch_size, repeat=repeat, **row))
+                print(progress_line(rows[-1]), flush=True)
+            add_agreement(rows[-len(order):], outs, reference.get(workload))
     return rows
 
 
@@ -195,7 +208,6 @@ def transformers_reference(model_path: str, prompts: dict, n: int, output_len: i
     """transformers' greedy `generate`, one request at a time, on the first n prompts."""
     if n <= 0:
         return {}
-    from minicb.bench.offline import load_hf_model
     from minicb.bench.peers import hf_one_at_a_time
 
     model = load_hf_model(model_path, "cpu", "float32")
@@ -204,43 +216,42 @@ def transformers_reference(model_path: str, prompts: dict, n: int, output_len: i
             for w, p in prompts.items()}
 
 
-def run_vllm(args, model_path: str, prompts: dict, reference: dict) -> list:
-    """vLLM's CPU build, one engine without and one with n-gram speculation, each serving every
-    workload at every batch size (one start-up each: it takes tens of seconds)."""
+def run_vllm(args, model_path: str, prompts: dict, repeat: int, reference: dict) -> list:
+    """vLLM's CPU build, one engine without and one with n-gram speculation (in an order that
+    alternates by repeat), each serving every workload at every batch size (one start-up each:
+    it takes tens of seconds)."""
     from minicb.bench.vllm_peer import run_vllm_runs
 
     rows = []
-    for repeat in range(args.repeats if not args.quick else 1):
-        jobs = [(w, b, prompts[w][:requests_at(b, args.min_requests)])
-                for w in args.workloads for b in args.batch_sizes]
-        outs: dict = {}
-        for method in (("none", "ngram") if repeat % 2 == 0 else ("ngram", "none")):
-            settings = {"max_num_seqs": max(args.batch_sizes)}
-            if method == "ngram":
-                settings["speculative_config"] = dict(
-                    VLLM_NGRAM, num_speculative_tokens=args.num_speculative_tokens)
-            runs = run_vllm_runs(model_path, [(p, [args.output_len] * len(p), b)
-                                              for _, b, p in jobs], settings)
-            for (workload, batch_size, _), run in zip(jobs, runs):
-                row = dict(system="vllm", workload=workload, method=method,
-                           batch_size=batch_size, repeat=repeat,
-                           **measurements(run.metrics, run.settings["wall_s"]),
-                           load_average=run.settings["load_average"]["before"])
-                spec = run.settings.get("spec_decode")
-                if spec:            # vLLM's own counts: drafts, tokens proposed and accepted
-                    row.update(spec)
-                    row["acceptance_rate"] = spec["accepted_tokens"] / max(
-                        spec["proposed_tokens"], 1)
-                    row["mean_accepted_length"] = ((spec["accepted_tokens"] + spec["verify_steps"])
-                                                   / max(spec["verify_steps"], 1))
-                rows.append(row)
-                outs[workload, batch_size, method] = run.outputs
-                print(progress_line(row), flush=True)
-        for workload, batch_size, _ in jobs:
-            pair = [r for r in rows[-2 * len(jobs):]
-                    if (r["workload"], r["batch_size"]) == (workload, batch_size)]
-            add_agreement(pair, {m: outs[workload, batch_size, m] for m in ("none", "ngram")},
-                          reference.get(workload))
+    jobs = [(w, b, prompts[w][:requests_at(b, args.min_requests)])
+            for w in args.workloads for b in args.batch_sizes]
+    outs: dict = {}
+    for method in (("none", "ngram") if repeat % 2 == 0 else ("ngram", "none")):
+        settings = {"max_num_seqs": max(args.batch_sizes)}
+        if method == "ngram":
+            settings["speculative_config"] = dict(
+                VLLM_NGRAM, num_speculative_tokens=args.num_speculative_tokens)
+        runs = run_vllm_runs(model_path, [(p, [args.output_len] * len(p), b)
+                                          for _, b, p in jobs], settings)
+        for (workload, batch_size, _), run in zip(jobs, runs):
+            row = dict(system="vllm", workload=workload, method=method,
+                       batch_size=batch_size, repeat=repeat,
+                       **measurements(run.metrics, run.settings["wall_s"]),
+                       load_average=run.settings["load_average"]["before"])
+            spec = run.settings.get("spec_decode")
+            if spec:            # vLLM's own counts: drafts, tokens proposed and accepted
+                row.update(spec)
+                row["acceptance_rate"] = spec["accepted_tokens"] / max(
+                    spec["proposed_tokens"], 1)
+                row["mean_accepted_length"] = ((spec["accepted_tokens"] + spec["verify_steps"])
+                                               / max(spec["verify_steps"], 1))
+            rows.append(row)
+            outs[workload, batch_size, method] = run.outputs
+            print(progress_line(row), flush=True)
+    for workload, batch_size, _ in jobs:
+        pair = [r for r in rows if (r["workload"], r["batch_size"]) == (workload, batch_size)]
+        add_agreement(pair, {m: outs[workload, batch_size, m] for m in ("none", "ngram")},
+                      reference.get(workload))
     return rows
 
 
@@ -254,6 +265,9 @@ def progress_line(row: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv or [])
+    if args.table:
+        print(markdown_tables(json.loads(Path(args.table).read_text())), end="")
+        return 0
     if args.peers:
         from minicb.bench.vllm_peer import check_available
 
@@ -276,9 +290,12 @@ def main(argv: list[str] | None = None) -> int:
           + (f" (not in this engine: {skipped})" if skipped else ""))
     reference = transformers_reference(str(model_path), prompts, args.reference_prompts,
                                        args.output_len)
-    rows = run_minicb(args, str(model_path), prompts, methods, reference)
-    if args.peers:
-        rows += run_vllm(args, str(model_path), prompts, reference)
+    engines = start_minicb(args, str(model_path), prompts, methods)
+    rows = []
+    for repeat in range(args.repeats):        # the systems take turns, repeat by repeat
+        rows += run_minicb(args, engines, prompts, repeat, reference)
+        if args.peers:
+            rows += run_vllm(args, str(model_path), prompts, repeat, reference)
     summary = summarize_runs(rows)
     # a request's mean context while it decodes: its prompt and half its answer
     contexts = {w: statistics.fmean(map(len, p)) + args.output_len / 2

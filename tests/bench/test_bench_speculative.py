@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import statistics
+import sys
+import types
 
 import pytest
 
@@ -18,9 +20,11 @@ from minicb.bench import main as bench_main
 from minicb.bench import vllm_peer
 from minicb.bench.spec_model import break_even, predicted_speedup, summarize_runs
 from minicb.bench.speculative import add_agreement, requests_at, tokens_per_step
+from minicb.bench.vllm_peer import driver_request
 from minicb.config import SPECULATIVE_METHODS
 from minicb.metrics import RequestMetrics
 from minicb.sim import CostModel
+from tests.bench.test_vllm_peer import FakeEngine, fake_config, load_driver
 
 BATCHES = [1, 2]
 
@@ -125,6 +129,58 @@ def test_prediction_prices_verification_rows_as_prompt_tokens():
     assert predicted_speedup(cost, 4, 10, rate) == pytest.approx(2 * 1.2 / 2.1)
     # a draft: 4 steps at a quarter of the target's step each add 1.2 to the step with it
     assert predicted_speedup(cost, 4, 10, rate, 4, 0.25) == pytest.approx(2 * 1.2 / 3.3)
+
+
+class CountingEngine(FakeEngine):
+    """The fake vLLM engine, noting the most requests it ever held unfinished at a step."""
+
+    most = 0
+
+    def step(self):
+        unfinished = sum(len(done) < wanted for _, wanted, done in self.requests.values())
+        CountingEngine.most = max(CountingEngine.most, unfinished)
+        return super().step()
+
+
+def test_driver_serves_several_runs_through_one_engine_with_their_concurrency(monkeypatch):
+    fake = types.ModuleType("vllm")
+    fake.__version__ = "fake"
+    fake.SamplingParams = lambda **kw: types.SimpleNamespace(**kw)
+    counters = {"vllm:spec_decode_num_drafts": 0, "vllm:spec_decode_num_draft_tokens": 0,
+                "vllm:spec_decode_num_accepted_tokens": 0}
+    started = []
+
+    class LLM:
+        def __init__(self, **kwargs):
+            started.append(kwargs)
+            self.llm_engine = CountingEngine()
+            self.llm_engine.vllm_config = fake_config(kwargs)
+
+        def generate(self, prompts, params, use_tqdm=False):
+            return []
+
+        def get_metrics(self):      # counters that grow as the engine steps
+            for name in counters:
+                counters[name] += 2
+            return [types.SimpleNamespace(name=n, value=v) for n, v in counters.items()]
+
+    fake.LLM = LLM
+    monkeypatch.setitem(sys.modules, "vllm", fake)
+    driver = load_driver()
+    request = driver_request("/m", [[10]], [1], 64, {"max_num_seqs": 8,
+                                                     "speculative_config": {"method": "ngram"}})
+    request["runs"] = [{"prompts": [[10], [20], [30], [40], [50]], "output_lens": [3] * 5,
+                        "max_concurrency": 2},
+                       {"prompts": [[60]], "output_lens": [2], "max_concurrency": 1}]
+    result = driver.run(request)
+    assert len(started) == 1 and started[0]["disable_log_stats"] is False
+    first, second = result["runs"]
+    assert first["outputs"] == [[p, p + 1, p + 2] for p in (10, 20, 30, 40, 50)]
+    assert second["outputs"] == [[60, 61]]
+    assert CountingEngine.most == 2                 # never more than max_concurrency at once
+    # each run's counts are the growth of vLLM's counters across it
+    assert first["spec_decode"] == {"verify_steps": 2, "proposed_tokens": 2,
+                                    "accepted_tokens": 2}
 
 
 needs_vllm = pytest.mark.skipif(not (vllm_peer.venv_dir() / ".installed").exists(),
