@@ -18,7 +18,9 @@ The JSON (`benchmarks/results/speculative.json`; `--quick` adds `-quick` to the 
 - `runs`: one row per system x workload x method x batch size x repeat: `system` ("minicb" |
   "vllm"), `workload` ("code" | "random"), `method` ("none" | "ngram" | "draft_model"),
   `batch_size`, `repeat`, `requests`, `output_tokens`, `duration_s`, `output_throughput`
-  (tokens/s), `tpot_p50_ms`, `tpot_mean_ms`, `steps` (minicb: model steps), `proposed_tokens`,
+  (tokens/s), `tpot_p50_ms`, `tpot_mean_ms`, `steps` (minicb: model steps, of which
+  `decode_steps` held decodes only and `other_steps` prompt or verification tokens, with the
+  median CPU ms of each, `decode_step_ms` and `other_step_ms`), `proposed_tokens`,
   `accepted_tokens`, `verify_steps`, `acceptance_rate`, `mean_accepted_length` (tokens a
   verification step emitted, the target's own included), `tokens_per_step` (minicb: {tokens a
   request gained in one step: how often}, its first token left out), `load_average` (1, 5, 15
@@ -129,8 +131,14 @@ def serve(llm, steps: list, prompts: list[list[int]], output_len: int, batch_siz
     duration = time.perf_counter() - start
     metrics = [r.metrics for r in results]
     row = measurements(metrics, duration)
-    row.update(steps=len(steps), load_average=[float(x) for x in load],
-               tokens_per_step=tokens_per_step(metrics))
+    # a step of decodes only runs the fused C decode layer on a CPU; a step with prompt or
+    # verification tokens runs the torch modules: their CPU times, apart
+    decode = [cpu for cpu, tokens, _ in steps if tokens == 0]
+    other = [cpu for cpu, tokens, _ in steps if tokens > 0]
+    row.update(steps=len(steps), decode_steps=len(decode), other_steps=len(other),
+               decode_step_ms=statistics.median(decode) * 1e3 if decode else None,
+               other_step_ms=statistics.median(other) * 1e3 if other else None,
+               load_average=[float(x) for x in load], tokens_per_step=tokens_per_step(metrics))
     return [r.outputs[0].token_ids for r in results], row
 
 

@@ -13,12 +13,18 @@ import json
 import statistics
 import sys
 import types
+from pathlib import Path
 
 import pytest
 
 from minicb.bench import main as bench_main
 from minicb.bench import vllm_peer
-from minicb.bench.spec_model import break_even, predicted_speedup, summarize_runs
+from minicb.bench.spec_model import (
+    break_even,
+    markdown_tables,
+    predicted_speedup,
+    summarize_runs,
+)
 from minicb.bench.speculative import add_agreement, requests_at, tokens_per_step
 from minicb.bench.vllm_peer import driver_request
 from minicb.config import SPECULATIVE_METHODS
@@ -54,6 +60,7 @@ def test_every_run_is_there_and_does_the_same_work(payload):
         hist = {int(t): c for t, c in r["tokens_per_step"].items()}
         assert sum(t * c for t, c in hist.items()) == r["output_tokens"] - r["requests"]
         assert max(hist) <= 1 + payload["settings"]["num_speculative_tokens"]
+        assert r["decode_steps"] + r["other_steps"] == r["steps"]
         if r["method"] == "none":
             assert r["proposed_tokens"] == 0 and set(hist) == {1}
         else:
@@ -89,6 +96,21 @@ def test_summary_ratios_come_from_paired_runs(payload):
         assert b["paid_at"] == [size for size in sorted(curve) if curve[size] >= 1]
     labels = [p["label"] for p in payload["predictions"]]
     assert labels[0].startswith("PREDICTION for an A100")
+
+
+def test_the_committed_run_is_exact_and_the_page_shows_it():
+    """benchmarks/results/speculative.json: every proposer's greedy tokens equal the run without
+    speculation and transformers', its summary is the one its runs give, and the page's tables
+    are generated from it (`python -m minicb bench speculative --table ...`)."""
+    root = Path(__file__).resolve().parents[2]
+    payload = json.loads((root / "benchmarks/results/speculative.json").read_text())
+    assert {s["method"] for s in payload["summary"] if s["system"] == "minicb"} == {
+        "ngram", "draft_model"}
+    assert {s["batch_size"] for s in payload["summary"]} == {1, 4, 16, 64}
+    assert all(r["differs_from_transformers"] == 0 for r in payload["runs"])
+    assert all(s["greedy_equal"] for s in payload["summary"])
+    assert summarize_runs(payload["runs"]) == payload["summary"]
+    assert markdown_tables(payload) in (root / "benchmarks/speculative.md").read_text()
 
 
 def metrics_with_steps(token_steps: list[int]) -> RequestMetrics:
