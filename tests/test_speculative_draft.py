@@ -11,6 +11,7 @@ ignoring q, or accepting without checking, fails); bad settings are refused.
 
 from __future__ import annotations
 
+import argparse
 import json
 import shutil
 from collections import Counter
@@ -291,6 +292,14 @@ def test_sampled_tokens_follow_the_target(tiny_vocab_pair, monkeypatch, rule, pa
 def test_bad_draft_settings_are_refused(knobs, words):
     with pytest.raises(ValueError, match=words):
         EngineConfig(**knobs)
+
+
+def test_the_draft_flags_come_from_the_config():
+    parser = argparse.ArgumentParser()
+    EngineConfig.add_cli_args(parser)
+    args = parser.parse_args(["--speculative-method", "draft_model", "--speculative-model", "d"])
+    config = EngineConfig(**EngineConfig.knobs_from_cli(args))
+    assert (config.speculative_method, config.speculative_model) == ("draft_model", "d")
 
 
 def test_a_random_model_needs_its_draft_named(tiny_llama):
