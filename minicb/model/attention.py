@@ -9,6 +9,7 @@ table. "auto" (the default) picks "cpu" where that kernel can run, otherwise "to
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 import torch
@@ -226,11 +227,23 @@ def paged_attention_cpu(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
     return out
 
 
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
 def resolve_backend(attention: str, device: str, dtype: str) -> str:
-    """"auto" → "cpu" where the C kernel serves (float32 on a CPU, and it compiles), else "torch".
+    """"auto" → "cpu" where the C kernel serves (float32 on a CPU, and it compiles), else "torch";
+    "triton" on a CPU only under Triton's interpreter.
 
     An explicit "cpu" that cannot run raises, naming why and the alternative.
     """
+    if attention == "triton" and torch.device(device).type == "cpu" and not _interpreting():
+        # compiled Triton kernels read GPU memory: handed CPU tensors they fail at launch
+        raise ValueError("attention='triton' compiles its kernels for a GPU and cannot read "
+                         "tensors on device='cpu'. Use device='cuda', or on a CPU "
+                         "attention='cpu' or 'torch' (Triton's interpreter runs the kernels on "
+                         "a CPU only with TRITON_INTERPRET=1 set before Python starts: slow, "
+                         "for tests).")
     if attention not in ("auto", "cpu"):
         return attention
     fits = torch.device(device).type == "cpu" and dtype == "float32"
