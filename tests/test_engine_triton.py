@@ -56,3 +56,19 @@ def test_cuda_engine_equals_transformers_on_the_parity_workload(tiny_llama, atte
     verdicts = [compare(r, o.outputs[0].token_ids, o.outputs[0].logprobs, f"request {i}")
                 for i, (r, o) in enumerate(zip(references, outputs))]
     assert verdicts.count("equal") >= len(prompts) - 2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_torch_backend_on_a_gpu_leaves_cudnn_attention_out(tiny_llama):
+    """cuDNN's SDPA plans every new shape (about a millisecond of CPU a call in bfloat16), and a
+    serving step's shapes change every step: the torch backend must not reach it."""
+    from torch.profiler import ProfilerActivity, profile
+
+    llm = LLM(tiny_llama, device="cuda", dtype="bfloat16", attention="torch", max_num_seqs=4)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        llm.generate([[5] * 20, [7] * 9], SamplingParams(max_tokens=4, temperature=0),
+                     use_tqdm=False)
+    names = {event.key for event in prof.key_averages()}
+    assert "aten::scaled_dot_product_attention" in names      # the backend did run SDPA
+    assert not [name for name in names if "cudnn_attention" in name], sorted(names)
