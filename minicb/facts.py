@@ -305,3 +305,20 @@ FACTS.update({
     "deepseek_v2_rope_key_dim": Fact(64, "elements", _DEEPSEEK_V2_CONFIG + ": qk_rope_head_dim, the "
                                      "decoupled rotary key cached beside the latent"),
 })
+
+# --- vLLM's router (vllm-router 0.1.17, the Rust router chapter 09 runs): its defaults ---
+_VLLM_ROUTER_HELP = "vllm-router 0.1.17 (PyPI), `vllm-router --help`"
+FACTS.update({
+    "vllm_router_cache_threshold": Fact(0.3, "fraction", _VLLM_ROUTER_HELP + ": --cache-threshold, "
+                                        "the share of a request's text a replica's tree must "
+                                        "match for cache_aware to send it there"),
+    "vllm_router_balance_abs_threshold": Fact(64, "requests", _VLLM_ROUTER_HELP + ": "
+                                              "--balance-abs-threshold, how many more requests "
+                                              "the busiest replica must hold than the idlest "
+                                              "before cache_aware balances load instead"),
+    "vllm_router_balance_rel_threshold": Fact(1.5, "x", _VLLM_ROUTER_HELP + ": "
+                                              "--balance-rel-threshold, and how many times as "
+                                              "many"),
+    "vllm_router_health_check_interval": Fact(60, "s", _VLLM_ROUTER_HELP + ": "
+                                              "--health-check-interval-secs"),
+})
