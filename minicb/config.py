@@ -19,9 +19,12 @@ from minicb.registry import ATTENTION_BACKENDS, KV_CACHES, SCHEDULERS
 DTYPES = ("float32", "float16", "bfloat16")
 POLICIES = ("fcfs", "priority", "shortest_prompt_first")
 STEP_ORDERS = ("decode_first", "prefill_first")
-SPECULATIVE_METHODS = ("ngram",)
+SPECULATIVE_METHODS = ("ngram", "draft_model")
 SPECULATIVE_KNOBS = ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max",
-                     "speculative_disable_by_batch_size")
+                     "speculative_disable_by_batch_size", "speculative_model")
+# the knobs only one proposer reads
+PROPOSER_KNOBS = {"ngram": ("speculative_model",),
+                  "draft_model": ("prompt_lookup_min", "prompt_lookup_max")}
 # the continuous scheduler's policy knobs, and every knob only it uses (another scheduler refuses
 # them set away from their defaults: naive and static batches admit in order, allocate a request's
 # blocks whole and never claim a cached prefix)
@@ -116,8 +119,11 @@ class EngineConfig:
     # speculative decoding (minicb/speculative.py), named as vLLM's speculative_config names them
     speculative_method: str | None = knob(
         None, "propose tokens and verify them in one step: 'ngram' (prompt lookup: the tokens "
-        "that followed the last match of the sequence's final n-gram); default: off",
-        SPECULATIVE_METHODS)
+        "that followed the last match of the sequence's final n-gram) or 'draft_model' (a "
+        "smaller model with the same tokenizer drafts them); default: off", SPECULATIVE_METHODS)
+    speculative_model: str | None = knob(
+        None, "the draft checkpoint of speculative_method='draft_model' (default: the shipped "
+        "draft, when the model is the shipped default model)")
     num_speculative_tokens: int = knob(4, "k: tokens proposed per request and step (speculation "
                                        "only)")
     prompt_lookup_min: int = knob(2, "shortest n-gram the prompt-lookup proposer matches")
@@ -231,8 +237,15 @@ class EngineConfig:
             changed = [f"{name}={getattr(self, name)!r}" for name in SPECULATIVE_KNOBS
                        if getattr(self, name) != defaults[name]]
             _check(not changed, f"{', '.join(changed)} only apply with speculative_method set; "
-                   "set speculative_method='ngram' or leave them at their defaults.")
+                   "set speculative_method='ngram' or 'draft_model', or leave them at their "
+                   "defaults.")
             return
+        defaults = {f.name: f.default for f in fields(self)}
+        other = [f"{name}={getattr(self, name)!r}" for name in
+                 PROPOSER_KNOBS[self.speculative_method] if getattr(self, name) != defaults[name]]
+        _check(not other, f"{', '.join(other)} do not apply to speculative_method="
+               f"{self.speculative_method!r}; leave them at their defaults or pick the proposer "
+               "that reads them.")
         _check(self.scheduler == "continuous" and self.kv_cache == "paged",
                f"speculative_method={self.speculative_method!r} needs scheduler='continuous' and "
                f"kv_cache='paged' (got scheduler={self.scheduler!r}, kv_cache={self.kv_cache!r}): "

@@ -50,14 +50,21 @@ class LLMEngine:
         self.threads = (ThreadPolicy(config.cpu_threads) if config.device == "cpu" else None)
         config = self.config = config.resolve(self.model.args.max_position_embeddings, attention,
                                                dtype)
-        check_kv_fits(config, self.model.args)
+        pad = self.tokenizer.pad_token_id if self.tokenizer is not None else None
+        draft = proposer = None
+        if config.speculative_method == "draft_model":
+            from minicb.draft_model import DraftModelProposer, load_draft
+
+            draft = load_draft(config, path, self.model.args, self.tokenizer)
+        check_kv_fits(config, self.model.args, *([draft.args] if draft is not None else []))
+        if draft is not None:     # its KV cache: one block for each of the pool's blocks
+            proposer = DraftModelProposer(ModelRunner(draft, config, pad_token_id=pad or 0))
         self.vocab_size = self.model.args.vocab_size
         self.eos_token_ids = _eos_ids(path, self.tokenizer)
         self.kv = make_kv_manager(config.kv_cache, config.num_kv_blocks, config.block_size,
                                   config.max_model_len, config.enable_prefix_caching)
         self.scheduler = make_scheduler(config, self.kv, time.perf_counter, self.eos_token_ids)
-        pad = self.tokenizer.pad_token_id if self.tokenizer is not None else None
-        self.runner = ModelRunner(self.model, config, pad_token_id=pad or 0)
+        self.runner = ModelRunner(self.model, config, pad_token_id=pad or 0, proposer=proposer)
         # True: every output carries the text its step added (the async engine streams it)
         self.stream_text = False
         # per sample that has stop strings (or streams text): its incremental detokenizer

@@ -31,12 +31,12 @@ def free_memory(device: torch.device) -> int:
     return psutil.virtual_memory().available
 
 
-def check_kv_fits(config: ResolvedConfig, args) -> None:
+def check_kv_fits(config: ResolvedConfig, *models_args) -> None:
     """Refuse, before anything is allocated, a KV pool the machine cannot hold, naming the knobs
-    behind it."""
+    behind it. Each block holds every model's KV (the target's, and a draft model's)."""
     device = torch.device(config.device)
-    per_token = (2 * args.num_layers * args.num_kv_heads * args.head_dim
-                 * DTYPES[config.dtype].itemsize)
+    per_token = sum(2 * args.num_layers * args.num_kv_heads * args.head_dim
+                    * DTYPES[config.dtype].itemsize for args in models_args)
     kv_bytes = per_token * config.num_kv_blocks * config.block_size
     available = free_memory(device)
     if kv_bytes <= 0.9 * available:
@@ -51,8 +51,12 @@ def check_kv_fits(config: ResolvedConfig, args) -> None:
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaForCausalLM, config: ResolvedConfig, pad_token_id: int = 0):
+    def __init__(self, model: LlamaForCausalLM, config: ResolvedConfig, pad_token_id: int = 0,
+                 proposer=None):
+        """`proposer`: a draft model's (minicb.draft_model.DraftModelProposer), which drafts the
+        verification rows' tokens before each forward; None for no draft model."""
         self.model = model
+        self.proposer = proposer
         self.config = config
         self.device = torch.device(config.device)
         self.pad_token_id = pad_token_id
@@ -65,7 +69,9 @@ class ModelRunner:
                           for _ in range(args.num_layers)]
 
     def kv_cache_bytes(self) -> int:
-        return sum(k.numel() * k.element_size() * 2 for k, _ in self.kv_caches)
+        """The pool's bytes: the model's caches and, with a draft model, the draft's."""
+        own = sum(k.numel() * k.element_size() * 2 for k, _ in self.kv_caches)
+        return own + (self.proposer.runner.kv_cache_bytes() if self.proposer is not None else 0)
 
     def prepare(self, output: SchedulerOutput) -> tuple[torch.Tensor, torch.Tensor,
                                                         AttentionMetadata, torch.Tensor]:
@@ -165,6 +171,9 @@ class ModelRunner:
 
     def execute(self, output: SchedulerOutput) -> SamplerOutput:
         self.copy_blocks(output.block_copies)      # before the forward writes into the copies
+        if self.proposer is not None:
+            self.proposer.copy_blocks(output.block_copies)
+            self.proposer.propose(output)          # the draft's tokens, before the target's pass
         input_ids, positions, meta, logits_indices = self.prepare(output)
         rows = [s for s in output.seqs if s.needs_logits]
         logits = self.model(input_ids, positions, self.kv_caches, meta, logits_indices)
@@ -199,17 +208,23 @@ class ModelRunner:
             for j, i in enumerate(plain):
                 tokens[i], logprobs[i] = sampled.token_ids[j], sampled.logprobs[j]
                 errors[i] = sampled_errors[j]
+        all_accepted = []
         for i, seq in enumerate(rows):
             if seq.proposal:
                 try:
                     row_logits = logits[firsts[i]:firsts[i + 1]]
-                    kept = accept(row_logits, seq.proposal, seq.params, seq.generator)
+                    kept = accept(row_logits, seq.proposal, seq.params, seq.generator,
+                                  seq.draft_probs)
+                    if len(kept) > len(seq.proposal):
+                        all_accepted.append(seq)
                     # logprobs of each kept token from its own position's logits
                     logprobs[i] = Sampler._logprobs(row_logits[:len(kept)].float(),
                                                     torch.tensor(kept), [seq.params] * len(kept))
                     tokens[i] = kept
                 except Exception as error:
                     errors[i] = f"verification failed: {type(error).__name__}: {error}"
+        if self.proposer is not None:
+            self.proposer.catch_up(all_accepted)
         return SamplerOutput(tokens, logprobs, errors)
 
     def _sample_rows_apart(self, logits, params, generators) -> SamplerOutput:

@@ -153,12 +153,13 @@ class Sampler:
         return SamplerOutput(token_ids, self._logprobs(logits, tokens, params))
 
     @staticmethod
-    def _sample(logits: torch.Tensor, params: list[SamplingParams],
-                generators: list[torch.Generator]) -> torch.Tensor:
+    def probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+        """Each row's distribution to draw from: temperature, then top-k and top-p (a greedy
+        row gets temperature 1; the caller takes its argmax instead)."""
         device, vocab = logits.device, logits.shape[-1]
         temperature = torch.tensor([p.temperature if not p.greedy else 1.0 for p in params],
                                    device=device)
-        probs = (logits / temperature[:, None]).softmax(dim=-1)
+        probs = (logits.float() / temperature[:, None]).softmax(dim=-1)
         restricted = [row for row, p in enumerate(params) if p.top_k > 0 or p.top_p < 1]
         if restricted:
             rows = torch.tensor(restricted, device=device)
@@ -168,11 +169,21 @@ class Sampler:
             top_p = torch.tensor([params[r].top_p for r in restricted], device=device,
                                  dtype=torch.float64)
             probs[rows] = Sampler._keep_top_k_top_p(probs[rows], top_k, top_p)
+        return probs
+
+    @staticmethod
+    def draw(probs: torch.Tensor, generators: list[torch.Generator]) -> torch.Tensor:
+        """One token per row by inverse CDF, one uniform from each row's own generator."""
         cdf = probs.cumsum(dim=-1)
-        uniforms = torch.cat([torch.rand(1, generator=g) for g in generators]).to(device)
+        uniforms = torch.cat([torch.rand(1, generator=g) for g in generators]).to(probs.device)
         # the first token whose cumulative mass exceeds u * total: a token of mass 0 is never it
         choice = torch.searchsorted(cdf, (uniforms * cdf[:, -1])[:, None], right=True)
-        return choice.clamp(max=vocab - 1).squeeze(1)
+        return choice.clamp(max=probs.shape[-1] - 1).squeeze(1)
+
+    @staticmethod
+    def _sample(logits: torch.Tensor, params: list[SamplingParams],
+                generators: list[torch.Generator]) -> torch.Tensor:
+        return Sampler.draw(Sampler.probs(logits, params), generators)
 
     @staticmethod
     def _keep_top_k_top_p(probs: torch.Tensor, top_k: torch.Tensor,

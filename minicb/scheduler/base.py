@@ -40,6 +40,11 @@ class ScheduledSeq:
     # speculative decoding: the proposed tokens this row verifies. The row feeds the request's
     # last token and then these, and needs logits at every one of its 1 + len(proposal) positions
     proposal: list[int] = field(default_factory=list)
+    # the proposer's distribution q for each proposed token ([k, vocab]) when it sampled them
+    # (a draft model, for a sampled request); None for a deterministic proposer or a greedy one.
+    # A draft model's row is planned with k placeholder proposals: minicb.draft_model fills in
+    # them and this before the target's forward
+    draft_probs: torch.Tensor | None = None
 
     @property
     def num_logits(self) -> int:
