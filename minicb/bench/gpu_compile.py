@@ -39,7 +39,13 @@ RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "gpu-
 PAGE = RESULTS.parents[1] / "gpu-targets.md"   # its table is rewritten from the results
 TABLE_START, TABLE_END = "<!-- table: python -m minicb bench gpu-compile -->", "<!-- end table -->"
 DTYPES = ("float32", "float16", "bfloat16")
-HEAD_DIMS = (64, 128)           # the loader's common sizes; others pad to the next power of two
+# Head sizes: the kernels pad one to DIM_PAD (the next power of two, at least 16), which sizes
+# every tile, so a size stands for its power of two. The loader accepts any: 64 and 128 are what
+# Llama, Qwen2 and Qwen3 checkpoints use; 256 is the largest that still fits every device (in
+# smaller tiles on the 64 KiB parts); below 64 the tiles are those of 64 with a narrower DIM_PAD,
+# so no larger. Past 256 a 64 KiB part holds no tile in float32, and attention_launch refuses it
+# naming the device.
+HEAD_DIMS = (64, 128, 256)
 GROUPS = (1, 2, 4, 8)           # query heads per KV head
 QUERY_LENGTHS = (1, 2, 4, 8, 16, 32, 64, 128)  # max_seqlen_q: a decode step up to long chunks
 KV_HEADS = (1, 8, 32)           # the write kernel holds all KV heads of one token
@@ -311,7 +317,7 @@ def compile_all(launches: list[Launch], jobs: int = 1, progress=None) -> list[Re
 
 def row_of(result: Result) -> dict:
     """One result as a flat, JSON-ready row with the device's limits and the occupancy."""
-    from minicb.kernels.targets import TARGETS, occupancy
+    from minicb.kernels.targets import TARGETS, DoesNotFit, check_fits, occupancy
 
     launch, limits = result.launch, TARGETS[result.launch.target]
     row = {"target": launch.target, "device": limits.name, "kernel": launch.kernel,
@@ -321,8 +327,15 @@ def row_of(result: Result) -> dict:
            "shared": result.shared, "shared_limit": limits.shared_per_block,
            "shared_estimate": launch.shared_estimate, "registers": result.registers,
            "spill_bytes": result.spill_bytes, "seconds": round(result.seconds, 2), **result.extra}
-    row["fits"] = result.compiled and result.shared <= limits.shared_per_block \
-        and result.registers <= limits.max_registers_per_thread
+    # the device's refusal, worded as it names the device and the limit (targets.check_fits)
+    row["refused"] = ""
+    if result.compiled:
+        try:
+            check_fits(limits, f"{launch.kernel} ({launch.dtype})", result.shared,
+                       result.registers, launch.num_warps)
+        except DoesNotFit as refusal:
+            row["refused"] = str(refusal)
+    row["fits"] = result.compiled and not row["refused"]
     if result.compiled:
         row.update(occupancy(limits, result.shared, result.registers, launch.num_warps))
     return row
@@ -336,7 +349,7 @@ def problems(rows: list[dict]) -> list[str]:
         if not row["compiled"]:
             found.append(f"did not compile: {where}")
         elif not row["fits"]:
-            found.append(f"over a limit: {where}")
+            found.append(f"{row['refused']} {where}")
         elif row.get("shared_estimate") is not None and row["shared"] > row["shared_estimate"]:
             found.append(f"shared memory {row['shared']} above the tile choice's estimate "
                          f"{row['shared_estimate']}: {where}")
