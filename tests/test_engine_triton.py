@@ -39,6 +39,24 @@ def test_compiled_triton_on_a_cpu_device_is_refused_with_the_way_out(tiny_qwen2,
         LLM(tiny_qwen2, attention="triton", device="cpu")
 
 
+def test_triton_attention_on_qwen3_and_biased_llama(tiny_variant):
+    """The Triton kernels under Qwen3's per-head q/k norms and Llama's attention and MLP biases:
+    the same greedy tokens and logprobs as the torch backend, itself held to transformers
+    (test_engine_parity.py)."""
+    rng = random.Random(7)
+    prompts = [[rng.randrange(3, 512) for _ in range(n)] for n in (1, 9, 33, 50)]
+    params = SamplingParams(max_tokens=5, temperature=0, ignore_eos=True, logprobs=1)
+    knobs = dict(max_num_seqs=4, max_num_batched_tokens=40, max_model_len=128, device=DEVICE)
+    expected = LLM(tiny_variant, attention="torch", **knobs).generate(prompts, params,
+                                                                     use_tqdm=False)
+    got = LLM(tiny_variant, attention="triton", **knobs).generate(prompts, params, use_tqdm=False)
+    for have, want in zip(got, expected):
+        assert have.outputs[0].token_ids == want.outputs[0].token_ids
+        for top_have, top_want in zip(have.outputs[0].logprobs, want.outputs[0].logprobs):
+            assert top_have.keys() == top_want.keys()
+            assert max(abs(top_have[t] - top_want[t]) for t in top_have) < 1e-3
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(
     not torch.cuda.is_available() or INTERPRETING,
