@@ -55,6 +55,7 @@ def lean_subset() -> list:
     return picked
 
 
+@pytest.mark.slow   # compiles for seven GPUs: make test runs it, make test-fast does not
 def test_every_target_compiles_and_fits():
     """A kernel change that breaks a GPU target (does not compile, or needs more shared memory
     than the device has, or more than the tile choice expects) fails here."""
@@ -71,6 +72,7 @@ def test_every_target_compiles_and_fits():
             assert row["shared"] > 0 and row["registers"] > 0, row
 
 
+@pytest.mark.slow
 def test_a_tile_too_big_for_a_t4_is_refused_naming_the_device_and_limit():
     """A planted configuration: 128 keys per step of float32 with head_dim 128 needs more than
     a T4's 64 KiB of shared memory per block."""
