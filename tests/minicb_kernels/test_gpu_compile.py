@@ -112,6 +112,19 @@ def test_tile_choice_stays_within_every_device():
     assert t4["BLOCK_N"] < a100["BLOCK_N"]
 
 
+def test_the_estimate_counts_the_accumulator_tensor_cores_pass_through_shared_memory():
+    """float16 with head size 256 and 64 query rows: Triton allocated 98,304 bytes on sm_75 (the
+    float32 accumulator converted beside the query tile), where the tiles alone come to 54,272.
+    The estimate must cover it, so the T4 gets a smaller tile that fits."""
+    from minicb.kernels.paged_attention import shared_estimate
+
+    assert shared_estimate(64, 32, 256, 2, 1) >= 98_304
+    assert shared_estimate(64, 32, 256, 2, 1, nvidia=False) < 98_304   # AMD took 32,768
+    t4 = attention_launch(torch.float16, 256, 8, 128, 16, False, T4)
+    assert t4["BLOCK_M"] * t4["GROUP_PAD"] < 64
+    assert t4["shared_estimate"] <= T4.shared_per_block
+
+
 def test_head_sizes_below_64_get_the_tiles_of_64():
     """Why the matrix compiles 64 for every smaller head size: the same tiles, over a narrower
     DIM_PAD, so no more shared memory or registers than 64's."""
