@@ -12,8 +12,9 @@ into DIR/src (the configuration stays in book/):
                             JupyterLab (`jupyter.source_hidden`) shows only its output;
 * docs/ARCHITECTURE.md, exercises/README.md, benchmarks/*.md with benchmarks/results/;
 * facts.md                  the cited facts table, rendered from minicb/facts.py;
-* source/...                one page per source file of minicb/ and kernels/, each line with an
-                            anchor (#L12), which the "Read the real thing" headings link to.
+* source/...                one page per source file of minicb/ and kernels/ (Python, and the C
+                            kernels with their header), each line with an anchor (#L12), which
+                            the "Read the real thing" headings link to.
 
 Then `sphinx-build -W --keep-going` writes DIR/html (open DIR/html/index.html). Any warning
 fails the build: a broken link or cross-reference, a missing image, bad MyST.
@@ -36,6 +37,7 @@ BOOK = ROOT / "book"
 NOTEBOOKS = ROOT / "notebooks"
 DEFAULT_OUT = ROOT / "build" / "book"
 SOURCE_PACKAGES = ("minicb", "kernels")
+C_SOURCES = ("*.c", "*.h")              # the CPU kernels, in kernels/
 NBVAL_MARKER = re.compile(r"^# NBVAL_\w+\n?")
 
 
@@ -126,8 +128,16 @@ def results_index() -> str:
 
 
 def source_files() -> list[Path]:
-    return sorted(p for package in SOURCE_PACKAGES for p in (ROOT / package).rglob("*.py")
-                  if "__pycache__" not in p.parts)
+    python = [p for package in SOURCE_PACKAGES for p in (ROOT / package).rglob("*.py")
+              if "__pycache__" not in p.parts]
+    return sorted(python + [p for pattern in C_SOURCES for p in (ROOT / "kernels").glob(pattern)])
+
+
+def source_docname(relative: str) -> str:
+    """The site's page of a source file: `source/minicb/kv/blocks` for a Python file, the name
+    with its suffix for a C file (`source/kernels/cpu_linear.c`: `cpu.py` and a `cpu.c` could
+    otherwise share a page)."""
+    return "source/" + relative.removesuffix(".py")
 
 
 def source_page(path: Path) -> str:
@@ -135,11 +145,12 @@ def source_page(path: Path) -> str:
     are highlighted by book/_static/source-lines.js from the link's #L12-L30)."""
     from pygments import highlight
     from pygments.formatters import HtmlFormatter
-    from pygments.lexers import PythonLexer
+    from pygments.lexers import CLexer, PythonLexer
 
     relative = path.relative_to(ROOT).as_posix()
     code = path.read_text(encoding="utf-8")
-    body = highlight(code, PythonLexer(), HtmlFormatter(linenos="inline", linespans="L",
+    lexer = PythonLexer() if path.suffix == ".py" else CLexer()
+    body = highlight(code, lexer, HtmlFormatter(linenos="inline", linespans="L",
                                                         cssclass="highlight minicb-source"))
     body = re.sub(r'<span id="L-(\d+)">', r'<span id="L\1">', body)
     lines = code.count("\n") + (not code.endswith("\n"))
@@ -152,9 +163,8 @@ def source_page(path: Path) -> str:
 def source_index(files: list[Path]) -> str:
     lines = []
     for path in files:
-        relative = path.relative_to(ROOT)
-        page = "source/" + relative.with_suffix("").as_posix()
-        lines.append(f"* {{doc}}`{relative.as_posix()} <{page}>`")
+        relative = path.relative_to(ROOT).as_posix()
+        lines.append(f"* {{doc}}`{relative} <{source_docname(relative)}>`")
     return ("# Source code\n\nEvery file of the `minicb` package and its kernels, as the site was "
             "built, with line numbers: the chapters link each listing they show to its lines "
             "here.\n\n" + "\n".join(lines) + "\n")
@@ -198,7 +208,8 @@ def stage(src: Path) -> None:
     write(src / "facts.md", facts_page())
     files = source_files()
     for path in files:
-        write(src / "source" / path.relative_to(ROOT).with_suffix(".md"), source_page(path))
+        page = source_docname(path.relative_to(ROOT).as_posix())
+        write(src / f"{page}.md", source_page(path))
     write(src / "source.md", source_index(files))
 
 

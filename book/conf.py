@@ -8,7 +8,9 @@ to this book: the "Read the real thing" headings become links to the source page
 
 from __future__ import annotations
 
+import importlib.util
 import re
+from pathlib import Path
 
 from docutils import nodes
 from sphinx.util import logging
@@ -49,16 +51,30 @@ html_context = {"default_mode": "light"}
 html_last_updated_fmt = None
 html_show_sourcelink = False
 
-SHOWN_SOURCE = re.compile(r"((?:minicb|kernels)/[\w/.-]+\.py), lines (\d+)-(\d+)")
+SHOWN_SOURCE = re.compile(r"((?:minicb|kernels)/[\w/.-]+\.(?:py|c|h)), lines (\d+)-(\d+)")
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 WIDGET_NOTE = ("Interactive in the notebook: this cell shows a widget in JupyterLab (download the "
                "notebook above); the static picture or list that follows shows the same.")
 logger = logging.getLogger(__name__)
 
 
+def _book_build():
+    """book/build.py, which names the source pages (loaded by path: `build` is also the name of
+    a packaging tool's module)."""
+    spec = importlib.util.spec_from_file_location("minicb_book_build",
+                                                  Path(__file__).with_name("build.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+source_docname = _book_build().source_docname
+
+
 def link_shown_source(app, doctree, docname) -> None:
     """`minicb/kv/blocks.py, lines 6-43` (the bold heading `minicb.viz.show_source` prints above
-    a listing) becomes a link to that file's source page at those lines."""
+    a listing, and `show_file` above a C kernel's) becomes a link to that file's source page at
+    those lines."""
     for strong in list(doctree.findall(nodes.strong)):
         if len(strong.children) != 1 or not isinstance(strong.children[0], nodes.literal):
             continue
@@ -66,7 +82,7 @@ def link_shown_source(app, doctree, docname) -> None:
         if not match:
             continue
         path, first, last = match.groups()
-        target = "source/" + path.removesuffix(".py")
+        target = source_docname(path)
         if target not in app.env.all_docs:
             logger.warning(f"{docname}: no source page for {path} (shown as {strong.astext()!r})",
                            location=docname)

@@ -174,7 +174,8 @@ def _query_tile(group_pad: int, max_seqlen_q: int, max_rows: int = PREFILL_ROWS)
     return max(smallest, min(largest, triton.next_power_of_2(max_seqlen_q)))
 
 
-def shared_estimate(rows: int, block_n: int, dim_pad: int, itemsize: int, stages: int) -> int:
+def shared_estimate(rows: int, block_n: int, dim_pad: int, itemsize: int, stages: int,
+                    nvidia: bool = True) -> int:
     """Bytes of shared memory the kernel needs, at most: ``tl.dot`` stages its operands there,
     so the query tile (rows x dim), the probabilities (rows x keys) and the K/V tiles (keys x
     dim): with one stage K and V take turns in one buffer; pipelined, each has one per stage::
@@ -183,10 +184,17 @@ def shared_estimate(rows: int, block_n: int, dim_pad: int, itemsize: int, stages
             4 B x (64x128 + 64x64 + 64x128) = 81,920 B   > a T4's 65,536
         float16, head_dim 128, 64 rows, 64 keys, 2 stages:
             2 B x (64x128 + 64x64 + 4 x 64x128) = 90,112 B   > a T4's, < an A100's 166,912
+
+    With 2-byte inputs on NVIDIA, ``tl.dot`` runs on tensor cores, and the compiler may pass the
+    float32 accumulator (rows x dim) through shared memory to change its layout while the query
+    tile is still held there: on a T4, float16 with head_dim 256 and 64 rows took 64 x 256 x
+    (2 + 4) = 98,304 B where the tiles alone come to 54,272. So such a tile needs at least that
+    much (AMD's compiler allocated 32,768 B for the same tile).
     """
     kv_buffers = 1 if stages == 1 else 2 * stages
-    return itemsize * (rows * dim_pad + rows * block_n + kv_buffers * block_n * dim_pad) \
-        + SHARED_SLACK
+    tiles = itemsize * (rows * dim_pad + rows * block_n + kv_buffers * block_n * dim_pad)
+    accumulator = (itemsize + 4) * rows * dim_pad if nvidia and itemsize <= 2 else 0
+    return max(tiles, accumulator) + SHARED_SLACK
 
 
 def attention_launch(dtype: torch.dtype, head_dim: int, group: int, max_seqlen_q: int,
@@ -218,7 +226,8 @@ def attention_launch(dtype: torch.dtype, head_dim: int, group: int, max_seqlen_q
         block_m = _query_tile(group_pad, max_seqlen_q, max_rows)
         for stages in range(wanted_stages, 0, -1):
             for block_n in KEY_TILES:
-                need = shared_estimate(block_m * group_pad, block_n, dim_pad, itemsize, stages)
+                need = shared_estimate(block_m * group_pad, block_n, dim_pad, itemsize, stages,
+                                       nvidia=not hip)
                 if budget is None or need <= budget:
                     return dict(
                         GROUP=group, GROUP_PAD=group_pad, BLOCK_M=block_m, BLOCK_N=block_n,

@@ -95,10 +95,10 @@ class Instance:
         return self.scheduler.has_unfinished() or bool(self.arrived)
 
     def add(self, request: Request) -> None:
-        if not self.kv.can_ever_fit(request.max_total_tokens(self.config.max_model_len)):
-            raise ValueError(f"request {request.request_id} ({request.num_prompt_tokens} + "
-                             f"{request.params.max_tokens} tokens) can never fit {self.name}'s KV "
-                             "pool; raise num_kv_blocks.")
+        try:   # the engine's own admission rule on lengths, not a copy of it
+            self.scheduler.check_fits(request.num_prompt_tokens, request.params.max_tokens)
+        except ValueError as error:
+            raise ValueError(f"request {request.request_id} on {self.name}: {error}") from None
         self.assigned += 1
         if self.role == "decode":
             self.arrived.append(request)

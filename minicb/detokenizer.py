@@ -29,8 +29,10 @@ class IncrementalDetokenizer:
     back. When a stop string appears, `stop` names it and `text` ends just before it.
     """
 
-    def __init__(self, tokenizer, stop: list[str] | None = None):
+    def __init__(self, tokenizer, stop: list[str] | None = None,
+                 skip_special_tokens: bool = True):
         self.tokenizer = tokenizer
+        self.skip_special_tokens = skip_special_tokens
         self.stops = list(stop or [])
         self.token_ids: list[int] = []
         self.prefix_offset = 0   # the window to decode starts here
@@ -41,7 +43,7 @@ class IncrementalDetokenizer:
         self.stop: str | None = None   # the stop string found, if any
 
     def _decode(self, token_ids: list[int]) -> str:
-        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
+        return self.tokenizer.decode(token_ids, skip_special_tokens=self.skip_special_tokens)
 
     def add(self, new_token_ids: list[int]) -> str:
         """Append tokens; return the text that became final and safe to send."""

@@ -149,7 +149,8 @@ class LLMEngine:
             self._arrivals += 1
             self.requests[sample_id] = request
             if (params.stop or self.stream_text) and self.tokenizer is not None:
-                self._detokenizers[sample_id] = IncrementalDetokenizer(self.tokenizer, params.stop)
+                self._detokenizers[sample_id] = IncrementalDetokenizer(
+                    self.tokenizer, params.stop, params.skip_special_tokens)
             first = requests[0] if requests and self.kv.supports_sharing else None
             self.scheduler.add_request(request, fork_of=first)
             requests.append(request)
@@ -264,7 +265,8 @@ class LLMEngine:
             return ""
         if request.stop_reason is not None and isinstance(request.stop_reason, str):
             return request.output_text
-        return self.tokenizer.decode(request.output_token_ids, skip_special_tokens=True)
+        return self.tokenizer.decode(request.output_token_ids,
+                                     skip_special_tokens=request.params.skip_special_tokens)
 
     def _output(self, request: Request, new_text: str = "") -> RequestOutput:
         """What one step tells about a request: its new tokens (and new text when streaming);

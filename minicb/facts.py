@@ -276,27 +276,13 @@ FACTS.update({
                                "num_attention_heads 32"),
 })
 
-# --- the interview's cheat sheet: the papers' headline numbers, and the shapes its examples use ---
+# --- the interview's cheat sheet: DeepSeek-V2's headline number, and the shapes its examples use ---
 _DEEPSEEK_V2 = ("DeepSeek-AI, DeepSeek-V2: A Strong, Economical, and Efficient Mixture-of-Experts "
                 "Language Model, 2024, https://arxiv.org/abs/2405.04434")
 _DEEPSEEK_V2_CONFIG = "deepseek-ai/DeepSeek-V2 config.json"
 FACTS.update({
     "h100_nvlink_bandwidth": Fact(900, "GB/s", _H100_SHEET + ": NVLink 900 GB/s (both directions "
                                   "together)"),
-    "sarathi_capacity_gain": Fact(2.6, "x", "Agrawal et al., Taming Throughput-Latency Tradeoff in "
-                                  "LLM Inference with Sarathi-Serve, OSDI 2024, abstract: serving "
-                                  "capacity against vLLM, Mistral-7B on one A100, "
-                                  "https://arxiv.org/abs/2403.02310"),
-    "speculative_t5_gain_low": Fact(2, "x", "Leviathan, Kalman, Matias, Fast Inference from "
-                                    "Transformers via Speculative Decoding, ICML 2023, abstract: "
-                                    "2x-3x on T5-XXL against the standard T5X implementation, "
-                                    "https://arxiv.org/abs/2211.17192"),
-    "speculative_t5_gain_high": Fact(3, "x", "the same paper and claim, highest"),
-    "speculative_chinchilla_gain_low": Fact(2, "x", "Chen et al., Accelerating Large Language "
-                                            "Model Decoding with Speculative Sampling, 2023, "
-                                            "abstract: 2-2.5x decoding speed-up on Chinchilla 70B, "
-                                            "https://arxiv.org/abs/2302.01318"),
-    "speculative_chinchilla_gain_high": Fact(2.5, "x", "the same paper and claim, highest"),
     "deepseek_v2_kv_reduction": Fact(93.3, "%", _DEEPSEEK_V2 + ", abstract: KV cache against "
                                      "DeepSeek 67B"),
     "deepseek_v2_layers": Fact(60, "layers", _DEEPSEEK_V2_CONFIG + ": num_hidden_layers"),
@@ -328,4 +314,21 @@ FACTS.update({
                              "Hugging Face text-generation-inference documentation, Speculation, "
                              "https://huggingface.co/docs/text-generation-inference/conceptual/"
                              "speculation"),
+})
+
+# --- vLLM's router (vllm-router 0.1.17, the Rust router chapter 09 runs): its defaults ---
+_VLLM_ROUTER_HELP = "vllm-router 0.1.17 (PyPI), `vllm-router --help`"
+FACTS.update({
+    "vllm_router_cache_threshold": Fact(0.3, "fraction", _VLLM_ROUTER_HELP + ": --cache-threshold, "
+                                        "the share of a request's text a replica's tree must "
+                                        "match for cache_aware to send it there"),
+    "vllm_router_balance_abs_threshold": Fact(64, "requests", _VLLM_ROUTER_HELP + ": "
+                                              "--balance-abs-threshold, how many more requests "
+                                              "the busiest replica must hold than the idlest "
+                                              "before cache_aware balances load instead"),
+    "vllm_router_balance_rel_threshold": Fact(1.5, "x", _VLLM_ROUTER_HELP + ": "
+                                              "--balance-rel-threshold, and how many times as "
+                                              "many"),
+    "vllm_router_health_check_interval": Fact(60, "s", _VLLM_ROUTER_HELP + ": "
+                                              "--health-check-interval-secs"),
 })

@@ -70,6 +70,11 @@ def test_every_source_file_gets_a_page_with_an_anchor_per_line():
     files = book_build.source_files()
     assert ROOT / "minicb" / "kv" / "blocks.py" in files
     assert ROOT / "kernels" / "paged_attention.py" in files
+    assert ROOT / "kernels" / "cpu_decode_layer.c" in files       # the appendix shows the C kernels
+    assert book_build.source_docname("kernels/cpu.py") == "source/kernels/cpu"
+    assert book_build.source_docname("kernels/cpu_linear.c") == "source/kernels/cpu_linear.c"
+    c_page = book_build.source_page(ROOT / "kernels" / "cpu_linear.c")
+    assert '<span id="L1">' in c_page and "minicb_linear_rows" in c_page
     page = book_build.source_page(ROOT / "minicb" / "kv" / "blocks.py")
     lines = (ROOT / "minicb" / "kv" / "blocks.py").read_text().count("\n")
     assert f'<span id="L{lines}">' in page and f'<span id="L{lines + 1}">' not in page

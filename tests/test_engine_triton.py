@@ -1,4 +1,5 @@
-"""The engine with attention="triton" (the Triton interpreter on a CPU) equals attention="torch"."""
+"""The engine with attention="triton" equals attention="torch": through Triton's interpreter on a
+CPU (make test), with compiled kernels on a GPU (make test-gpu)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from minicb import LLM, SamplingParams
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1",
     reason="without CUDA, Triton runs only with TRITON_INTERPRET=1 (make test sets it)")
+INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
+DEVICE = "cpu" if INTERPRETING else "cuda"   # compiled kernels read only GPU memory
 
 
 @pytest.mark.parametrize("scheduler", ["static", "continuous"])
@@ -22,15 +25,41 @@ def test_triton_attention_gives_the_same_greedy_tokens(tiny_qwen2, scheduler):
     # prompt
     prompts = [[rng.randrange(3, 512) for _ in range(n)] for n in (1, 15, 16, 17, 70)]
     params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in (6, 3, 8, 5, 4)]
-    knobs = dict(scheduler=scheduler, max_num_seqs=4, max_num_batched_tokens=40, max_model_len=128)
+    knobs = dict(scheduler=scheduler, max_num_seqs=4, max_num_batched_tokens=40, max_model_len=128,
+                 device=DEVICE)
     expected = LLM(tiny_qwen2, attention="torch", **knobs).generate(prompts, params, use_tqdm=False)
     got = LLM(tiny_qwen2, attention="triton", **knobs).generate(prompts, params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in expected]
 
 
+def test_compiled_triton_on_a_cpu_device_is_refused_with_the_way_out(tiny_qwen2, monkeypatch):
+    """Compiled kernels cannot read CPU tensors: the engine says so before loading anything."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(ValueError, match="device='cuda'.*TRITON_INTERPRET=1"):
+        LLM(tiny_qwen2, attention="triton", device="cpu")
+
+
+def test_triton_attention_on_qwen3_and_biased_llama(tiny_variant):
+    """The Triton kernels under Qwen3's per-head q/k norms and Llama's attention and MLP biases:
+    the same greedy tokens and logprobs as the torch backend, itself held to transformers
+    (test_engine_parity.py)."""
+    rng = random.Random(7)
+    prompts = [[rng.randrange(3, 512) for _ in range(n)] for n in (1, 9, 33, 50)]
+    params = SamplingParams(max_tokens=5, temperature=0, ignore_eos=True, logprobs=1)
+    knobs = dict(max_num_seqs=4, max_num_batched_tokens=40, max_model_len=128, device=DEVICE)
+    expected = LLM(tiny_variant, attention="torch", **knobs).generate(prompts, params,
+                                                                     use_tqdm=False)
+    got = LLM(tiny_variant, attention="triton", **knobs).generate(prompts, params, use_tqdm=False)
+    for have, want in zip(got, expected):
+        assert have.outputs[0].token_ids == want.outputs[0].token_ids
+        for top_have, top_want in zip(have.outputs[0].logprobs, want.outputs[0].logprobs):
+            assert top_have.keys() == top_want.keys()
+            assert max(abs(top_have[t] - top_want[t]) for t in top_have) < 1e-3
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(
-    not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1",
+    not torch.cuda.is_available() or INTERPRETING,
     reason="needs CUDA with compiled Triton (run: pytest -m gpu without TRITON_INTERPRET)")
 @pytest.mark.parametrize("attention", ["torch", "triton"])
 def test_cuda_engine_equals_transformers_on_the_parity_workload(tiny_llama, attention):
@@ -45,3 +74,19 @@ def test_cuda_engine_equals_transformers_on_the_parity_workload(tiny_llama, atte
     verdicts = [compare(r, o.outputs[0].token_ids, o.outputs[0].logprobs, f"request {i}")
                 for i, (r, o) in enumerate(zip(references, outputs))]
     assert verdicts.count("equal") >= len(prompts) - 2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_torch_backend_on_a_gpu_leaves_cudnn_attention_out(tiny_llama):
+    """cuDNN's SDPA plans every new shape (about a millisecond of CPU a call in bfloat16), and a
+    serving step's shapes change every step: the torch backend must not reach it."""
+    from torch.profiler import ProfilerActivity, profile
+
+    llm = LLM(tiny_llama, device="cuda", dtype="bfloat16", attention="torch", max_num_seqs=4)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        llm.generate([[5] * 20, [7] * 9], SamplingParams(max_tokens=4, temperature=0),
+                     use_tqdm=False)
+    names = {event.key for event in prof.key_averages()}
+    assert "aten::scaled_dot_product_attention" in names      # the backend did run SDPA
+    assert not [name for name in names if "cudnn_attention" in name], sorted(names)

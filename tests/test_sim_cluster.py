@@ -286,3 +286,19 @@ def test_the_benchmarks_runs_grow_by_adding_later_requests():
     for name, (gpus, cluster) in systems("pcie").items():
         pools = [cluster[k] for k in ("colocated", "prefill", "decode") if k in cluster]
         assert gpus == sum(pool.count * pool.gpus for pool in pools), name
+
+
+def test_an_instance_admits_by_the_engines_own_length_rule():
+    """A request that can never fit an instance's KV pool is refused with the scheduler's
+    message (Scheduler.check_fits), named for the instance."""
+    from minicb.cluster_sim import Instance
+    from minicb.request import Request
+    from minicb.sampling import SamplingParams
+
+    instance = Instance("decode-0", "decode", Pool(1, UNIT, dict(num_kv_blocks=2, block_size=4)),
+                        max_model_len=64)
+    instance.add(Request("fits", [1] * 4, SamplingParams(max_tokens=4)))
+    with pytest.raises(ValueError, match=r"request big on decode-0: this request may reach 20 "
+                                         r"tokens but the whole KV pool holds 8; raise "
+                                         r"num_kv_blocks"):
+        instance.add(Request("big", [1] * 12, SamplingParams(max_tokens=8)))

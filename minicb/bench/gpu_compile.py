@@ -39,7 +39,14 @@ RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "gpu-
 PAGE = RESULTS.parents[1] / "gpu-targets.md"   # its table is rewritten from the results
 TABLE_START, TABLE_END = "<!-- table: python -m minicb bench gpu-compile -->", "<!-- end table -->"
 DTYPES = ("float32", "float16", "bfloat16")
-HEAD_DIMS = (64, 128)           # the loader's common sizes; others pad to the next power of two
+# Head sizes: the kernels pad one to DIM_PAD (the next power of two, at least 16), which sizes
+# every tile, so a size stands for its power of two. The loader accepts any: 64 and 128 are what
+# Llama, Qwen2 and Qwen3 checkpoints use, compiled in full; 256 bounds the tiles above them
+# (smaller ones on the 64 KiB parts) and is compiled at the corners of every other dimension;
+# below 64 the tiles are those of 64 over a narrower DIM_PAD, so no larger. Past 256 a 64 KiB part
+# holds no float32 tile, and attention_launch refuses it naming the device.
+HEAD_DIMS = (64, 128)
+CORNER_HEAD_DIMS = (256,)
 GROUPS = (1, 2, 4, 8)           # query heads per KV head
 QUERY_LENGTHS = (1, 2, 4, 8, 16, 32, 64, 128)  # max_seqlen_q: a decode step up to long chunks
 KV_HEADS = (1, 8, 32)           # the write kernel holds all KV heads of one token
@@ -96,7 +103,8 @@ def launches_for(limits, quick: bool = False, corners: bool = False) -> list[Lau
 
     ``corners``: the extremes of each dimension only (GQA groups 1 and 8, a decode step, a
     split decode and the longest prefill chunk, 2 and 64 splits, 1 and 32 KV heads), every
-    dtype and head size: the tiles between them lie between them in shared memory. ``quick``:
+    dtype and head size: the tiles between them lie between them in shared memory (head size
+    256 is always compiled so). ``quick``:
     the largest tiles and one of each other kernel, for ``make test``."""
     import torch
 
@@ -110,13 +118,14 @@ def launches_for(limits, quick: bool = False, corners: bool = False) -> list[Lau
         found.setdefault(launch.key(), launch)
 
     dtypes = ("float32", "bfloat16") if quick else DTYPES
-    head_dims = (128,) if quick else HEAD_DIMS
-    groups = (8,) if quick else (GROUPS[0], GROUPS[-1]) if corners else GROUPS
-    lengths = (1, QUERY_LENGTHS[-1]) if quick or corners else QUERY_LENGTHS
-    kv_heads = (KV_HEADS[-1],) if quick else (KV_HEADS[0], KV_HEADS[-1]) if corners else KV_HEADS
     for asked in dtypes:
         dtype = _engine_dtype(asked, limits)
-        for head_dim in head_dims:
+        for head_dim in (128,) if quick else HEAD_DIMS + CORNER_HEAD_DIMS:
+            edges = corners or head_dim in CORNER_HEAD_DIMS
+            groups = (8,) if quick else (GROUPS[0], GROUPS[-1]) if edges else GROUPS
+            lengths = (1, QUERY_LENGTHS[-1]) if quick or edges else QUERY_LENGTHS
+            kv_heads = (KV_HEADS[-1],) if quick else (KV_HEADS[0], KV_HEADS[-1]) if edges \
+                else KV_HEADS
             for group in groups:
                 for max_seqlen_q in lengths:
                     # A decode step may be split across programs (split-KV); a chunk never is.
@@ -131,7 +140,7 @@ def launches_for(limits, quick: bool = False, corners: bool = False) -> list[Lau
                                    dict(head_dim=head_dim, group=group, tile=tile, rows=rows,
                                         keys=opts["BLOCK_N"], split=split),
                                    opts, warps, stages, estimate))
-            splits = (2, MAX_SPLITS) if quick or corners else (2, 8, MAX_SPLITS)
+            splits = (2, MAX_SPLITS) if quick or edges else (2, 8, MAX_SPLITS)
             for num_splits in splits:
                 opts = merge_launch(head_dim, num_splits)
                 warps = opts.pop("num_warps")
@@ -311,7 +320,7 @@ def compile_all(launches: list[Launch], jobs: int = 1, progress=None) -> list[Re
 
 def row_of(result: Result) -> dict:
     """One result as a flat, JSON-ready row with the device's limits and the occupancy."""
-    from minicb.kernels.targets import TARGETS, occupancy
+    from minicb.kernels.targets import TARGETS, DoesNotFit, check_fits, occupancy
 
     launch, limits = result.launch, TARGETS[result.launch.target]
     row = {"target": launch.target, "device": limits.name, "kernel": launch.kernel,
@@ -321,8 +330,15 @@ def row_of(result: Result) -> dict:
            "shared": result.shared, "shared_limit": limits.shared_per_block,
            "shared_estimate": launch.shared_estimate, "registers": result.registers,
            "spill_bytes": result.spill_bytes, "seconds": round(result.seconds, 2), **result.extra}
-    row["fits"] = result.compiled and result.shared <= limits.shared_per_block \
-        and result.registers <= limits.max_registers_per_thread
+    # the device's refusal, worded as it names the device and the limit (targets.check_fits)
+    row["refused"] = ""
+    if result.compiled:
+        try:
+            check_fits(limits, f"{launch.kernel} ({launch.dtype})", result.shared,
+                       result.registers, launch.num_warps)
+        except DoesNotFit as refusal:
+            row["refused"] = str(refusal)
+    row["fits"] = result.compiled and not row["refused"]
     if result.compiled:
         row.update(occupancy(limits, result.shared, result.registers, launch.num_warps))
     return row
@@ -336,7 +352,7 @@ def problems(rows: list[dict]) -> list[str]:
         if not row["compiled"]:
             found.append(f"did not compile: {where}")
         elif not row["fits"]:
-            found.append(f"over a limit: {where}")
+            found.append(f"{row['refused']} {where}")
         elif row.get("shared_estimate") is not None and row["shared"] > row["shared_estimate"]:
             found.append(f"shared memory {row['shared']} above the tile choice's estimate "
                          f"{row['shared_estimate']}: {where}")

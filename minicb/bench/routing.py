@@ -3,6 +3,7 @@ traffic, and a replica killed mid-run.
 
     python -m minicb bench routing              # all three studies, about 10 minutes on 2 cores
     python -m minicb bench routing --study policies --num-prompts 64
+    python -m minicb bench routing --study trace    # one seeded trace, one request at a time
 
 Every run starts a fresh cluster (`minicb.serving.cluster`: replicas pinned to their own cores,
 prefix caching on, vllm-router in front), drives it through the router's one URL with the load
@@ -14,6 +15,10 @@ benchmarks/results/ (routing-*.json), read by benchmarks/cluster.md.
 The failure drill sends the workload at a steady rate through two replicas, SIGKILLs one halfway,
 and records every request's outcome against its send time: how many failed, what the clients
 saw, and how long until every request succeeded again.
+
+The trace study (`minicb.bench.routing_trace`) sends a small seeded trace one request at a time
+through each policy, so its answers and hit rates are deterministic: chapter 09's proxy is
+compared with it.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
+from minicb.bench import routing_trace
 from minicb.bench.machine import machine_line
 from minicb.serving.cluster import Cluster, scrape
 from minicb.serving.loadgen import BenchConfig, benchmark
@@ -200,7 +206,8 @@ def plot_drill(drill: dict, path: Path | None = None):
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m minicb bench routing",
                                      description=__doc__.split("\n\n")[0])
-    parser.add_argument("--study", choices=["all", "scale", "policies", "failure"], default="all")
+    parser.add_argument("--study", choices=["all", "scale", "policies", "failure", "trace"],
+                        default="all")
     parser.add_argument("--num-prompts", type=int, default=RoutingConfig.num_prompts)
     parser.add_argument("--request-rate", type=float, default=RoutingConfig.request_rate)
     parser.add_argument("--max-num-seqs", type=int, default=RoutingConfig.max_num_seqs)
@@ -237,4 +244,7 @@ def main(argv: list[str] | None = None) -> int:
         plot_drill(drill, out / "routing-failure.png")
         print(json.dumps({k: drill[k] for k in ("failed", "completed", "killed_at_s",
                                                 "recovered_after_s", "errors")}), flush=True)
+    if args.study in ("all", "trace"):
+        trace = routing_trace.record(routing_trace.TraceConfig(), out / "routing-trace.json")
+        print(json.dumps({run["policy"]: run["hit_rate"] for run in trace["runs"]}), flush=True)
     return 0

@@ -9,6 +9,8 @@ table. "auto" (the default) picks "cpu" where that kernel can run, otherwise "to
 
 from __future__ import annotations
 
+import contextlib
+import os
 from dataclasses import dataclass, field
 
 import torch
@@ -182,15 +184,28 @@ def paged_attention_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
     """
     out = torch.empty_like(q)
     plan = meta.torch_plan(k_cache.shape[1])
-    if plan.decode is not None:
-        d = plan.decode
-        keys = gather_keys(k_cache, d.blocks, d.num_keys).transpose(1, 2)
-        values = gather_keys(v_cache, d.blocks, d.num_keys).transpose(1, 2)
-        out[d.tokens] = F.scaled_dot_product_attention(
-            q[d.tokens][:, :, None, :], keys, values, attn_mask=d.visible, scale=scale,
-            enable_gqa=q.shape[1] != k_cache.shape[2])[:, :, 0, :]
-    attend_prefills_torch(q, k_cache, v_cache, plan, scale, out)
+    with _sdpa_without_cudnn(q):
+        if plan.decode is not None:
+            d = plan.decode
+            keys = gather_keys(k_cache, d.blocks, d.num_keys).transpose(1, 2)
+            values = gather_keys(v_cache, d.blocks, d.num_keys).transpose(1, 2)
+            out[d.tokens] = F.scaled_dot_product_attention(
+                q[d.tokens][:, :, None, :], keys, values, attn_mask=d.visible, scale=scale,
+                enable_gqa=q.shape[1] != k_cache.shape[2])[:, :, 0, :]
+        attend_prefills_torch(q, k_cache, v_cache, plan, scale, out)
     return out
+
+
+def _sdpa_without_cudnn(q: torch.Tensor):
+    """On a GPU, SDPA may pick cuDNN for half precision, which builds an execution plan for every
+    new shape: about a millisecond of CPU per call, measured on an H200 in bfloat16. A serving
+    step's shapes change every step, so the torch backend leaves cuDNN out there."""
+    if not q.is_cuda:
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                        SDPBackend.MATH])
 
 
 def attend_prefills_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -226,13 +241,34 @@ def paged_attention_cpu(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
     return out
 
 
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _triton_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("triton") is not None
+
+
 def resolve_backend(attention: str, device: str, dtype: str) -> str:
-    """"auto" → "cpu" where the C kernel serves (float32 on a CPU, and it compiles), else "torch".
+    """"auto" → "triton" on a GPU where Triton is installed (faster than the torch backend there:
+    benchmarks/gpu.md), "cpu" where the C kernel serves (float32 on a CPU, and it compiles), else
+    "torch". "triton" on a CPU runs only under Triton's interpreter.
 
     An explicit "cpu" that cannot run raises, naming why and the alternative.
     """
+    if attention == "triton" and torch.device(device).type == "cpu" and not _interpreting():
+        # compiled Triton kernels read GPU memory: handed CPU tensors they fail at launch
+        raise ValueError("attention='triton' compiles its kernels for a GPU and cannot read "
+                         "tensors on device='cpu'. Use device='cuda', or on a CPU "
+                         "attention='cpu' or 'torch' (Triton's interpreter runs the kernels on "
+                         "a CPU only with TRITON_INTERPRET=1 set before Python starts: slow, "
+                         "for tests).")
     if attention not in ("auto", "cpu"):
         return attention
+    if attention == "auto" and torch.device(device).type == "cuda":
+        return "triton" if _triton_installed() else "torch"
     fits = torch.device(device).type == "cpu" and dtype == "float32"
     if attention == "auto" and not fits:
         return "torch"

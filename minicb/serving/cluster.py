@@ -108,10 +108,15 @@ class Cluster:
     pin: bool = True                      # pin each replica to its own cores
     log_dir: Path | None = None           # each process's output, else discarded
     startup_timeout: float = 300.0
+    # replicas already running elsewhere (their URLs): the router alone is started, in front of
+    # them, and `replicas` is their number
+    worker_urls: list[str] | None = None
     processes: list[Process] = field(default_factory=list, init=False)
     router_process: Process | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
+        if self.worker_urls is not None:
+            self.replicas = len(self.worker_urls)
         if self.replicas < 1:
             raise ValueError(f"replicas must be at least 1 (got {self.replicas}).")
         if self.router_kind not in ROUTERS:
@@ -128,7 +133,8 @@ class Cluster:
 
     @property
     def replica_urls(self) -> list[str]:
-        return [p.url for p in self.processes]
+        return list(self.worker_urls) if self.worker_urls is not None else \
+            [p.url for p in self.processes]
 
     def _spawn(self, name: str, command: list[str], url: str, cores: list[int] | None = None,
                env: dict | None = None) -> Process:
@@ -159,7 +165,8 @@ class Cluster:
                                f"{ROUTER_SPEC} into {venv}; ROUTER=sglang for sglang-router), "
                                "or set MINICB_ROUTER to its executable.")
         try:
-            self._start_replicas()
+            if self.worker_urls is None:
+                self._start_replicas()
             self._start_router(router)
         except BaseException:
             self.stop()

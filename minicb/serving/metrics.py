@@ -2,8 +2,9 @@
 
 Gauges say what is happening now (requests running and waiting, KV blocks used and free);
 counters only grow (tokens, finished requests, prefix-cache lookups); histograms count latencies
-into buckets, from which a dashboard computes percentiles over any time window. Names follow
-vLLM's, with a `minicb_` prefix, so a dashboard built for one reads the other.
+into buckets, from which a dashboard computes percentiles over any time window. Where vLLM
+exports the same quantity, the name is vLLM's with `minicb_` for its `vllm:` prefix, so a
+vLLM dashboard's queries carry over once the prefix is changed.
 
 A request with n parallel samples counts its prompt tokens once; each sample counts as a
 finished request (with its own finish reason and latencies) and its tokens as generated.

@@ -149,7 +149,9 @@ def _sampling(body: dict, max_model_len: int,
             top_k=-1 if values["top_k"] is None else values["top_k"], seed=values["seed"],
             max_tokens=default_max_tokens if max_tokens is None else max_tokens, stop=stop,
             stop_token_ids=stop_token_ids or [],
-            ignore_eos=_field(body, "ignore_eos", (bool,), "true or false", False))
+            ignore_eos=_field(body, "ignore_eos", (bool,), "true or false", False),
+            skip_special_tokens=_field(body, "skip_special_tokens", (bool,), "true or false",
+                                       True))
     except ValueError as error:
         raise APIError(str(error), param=param_named_in(str(error))) from None
     return params, max_tokens is not None
@@ -174,14 +176,13 @@ def _check_model(body: dict, model_name: str) -> None:
 # vLLM's server does), so a client written for a richer server still gets its answer.
 _IMPLEMENTED = {"model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature",
                 "top_p", "top_k", "seed", "n", "stop", "stop_token_ids", "stream", "stream_options",
-                "ignore_eos", "priority", "return_token_ids", "user", "echo"}
+                "ignore_eos", "skip_special_tokens", "priority", "return_token_ids", "user",
+                "echo"}
 _NO_EFFECT = {"presence_penalty": (0,), "frequency_penalty": (0,), "repetition_penalty": (1,),
               "logit_bias": ({},), "logprobs": (False, 0), "top_logprobs": (0,), "best_of": (1,),
               "suffix": ("",), "tools": ([],), "tool_choice": ("none", "auto"),
               "response_format": ({"type": "text"},), "store": (False,), "metadata": ({},),
               "service_tier": ("auto", "default"), "min_tokens": (0,),
-              # this server always drops special tokens from the text it returns
-              "skip_special_tokens": (True,),
               # routers' extension fields (vLLM's router, SGLang's router)
               "no_stop_trim": (False,), "return_hidden_states": (False,),
               "continue_final_message": (False,)}
@@ -191,9 +192,7 @@ _NO_EFFECT = {"presence_penalty": (0,), "frequency_penalty": (0,), "repetition_p
 _ANY_BOOLEAN = {"include_reasoning", "separate_reasoning", "stream_reasoning",
                 "parallel_tool_calls"}
 # how to get what a refused value asks for, where there is a way
-_FIXES = {"skip_special_tokens": "ask for \"return_token_ids\": true to see every token id, "
-                                 "special ones included",
-          "logprobs": "this server returns no log-probabilities",
+_FIXES = {"logprobs": "this server returns no log-probabilities",
           "top_logprobs": "this server returns no log-probabilities",
           "tools": "this model has no tool-calling format", "response_format":
           "this server has no constrained (JSON) decoding", "return_hidden_states":
@@ -404,7 +403,8 @@ def request_schemas(max_model_len: int, vocab_size: int, priority: bool) -> tupl
         "stream_options": {"type": "object", "additionalProperties": False,
                            "properties": {"include_usage": _nullable(boolean),
                                           "continuous_usage_stats": _nullable(boolean)}},
-        "ignore_eos": boolean, "return_token_ids": boolean, "user": {"type": "string"},
+        "ignore_eos": boolean, "skip_special_tokens": boolean, "return_token_ids": boolean,
+        "user": {"type": "string"},
         "priority": ({"type": "integer", "minimum": -2**31, "maximum": 2**31 - 1} if priority
                      else _const(0)),
         **{name: boolean for name in sorted(_ANY_BOOLEAN)},

@@ -314,7 +314,8 @@ def _echoed(engine: AsyncLLMEngine, parsed: ParsedRequest) -> str:
         raise APIError("'echo' of a token-id prompt needs the model's tokenizer, and this "
                        "checkpoint has none; send the prompt as text, or leave echo out.",
                        param="echo")
-    return engine.tokenizer.decode(parsed.prompt, skip_special_tokens=True)
+    return engine.tokenizer.decode(parsed.prompt,
+                                   skip_special_tokens=parsed.params.skip_special_tokens)
 
 
 def _sse(data: dict | str) -> str:

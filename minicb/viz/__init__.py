@@ -11,6 +11,7 @@ Measurements: request_timelines, tradeoff_curve, line_plot, bar_chart, roofline,
 Knobs: knob_sweep (numbers), knob_view (the picture for one setting), knob_widget (sliders).
 Memory: block_map, block_reuse, free_blocks_timeline. Kernels: paged_lookup. Steps: step_costs.
 Speculative decoding: verify_steps (what each step kept), accepted_lengths (tokens per step).
+A router's choices over a trace: routing_strips.
 Several GPUs (minicb.cluster_sim, bench disagg): cluster_timeline, slo_attainment_curves,
 goodput_bars, slo_scale_plot, tp_parts, tp_tpot.
 The interview quiz: quiz_widget, interview_markdown. The engine's own code: show_source
@@ -55,7 +56,7 @@ from minicb.viz.schedule import (
            slot_grid,
            slot_timeline,
 )
-from minicb.viz.serving import load_study_plot, rate_label, step_costs
+from minicb.viz.serving import load_study_plot, rate_label, routing_strips, step_costs
 from minicb.viz.source import show_file, show_source
 from minicb.viz.speculative import accepted_lengths, verify_steps
 
@@ -66,6 +67,7 @@ __all__ = ["PALETTE", "format_table", "new_figure", "request_colour", "attention
            "block_map", "block_owners", "block_reuse", "free_blocks_timeline", "book_interview",
            "interview_markdown", "quiz_card", "quiz_widget", "compare_timelines", "draw_slots",
            "kv_usage", "kv_usage_timeline", "slot_grid", "slot_timeline", "step_costs",
+           "routing_strips",
            "show_source", "show_file", "load_study_plot", "rate_label", "decode_grid_picture",
            "decode_programs", "split_kv_picture", "split_ranges", "length_spread",
            "cluster_timeline", "goodput_bars", "slo_attainment_curves", "slo_scale_plot",

@@ -1,12 +1,13 @@
-"""A picture of how long each step of a simulated run took and what it carried."""
+"""A picture of how long each step of a simulated run took and what it carried, and one of where a
+router sent each request of a trace."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 from matplotlib.figure import Figure
-from matplotlib.patches import Patch
+from matplotlib.patches import Patch, Rectangle
 
 from minicb.sim import SimResult
 from minicb.viz.base import PALETTE, new_figure
@@ -65,4 +66,25 @@ def load_study_plot(rows: list[dict], title: str | None = None) -> Figure:
                          title=title or "each line a scheduler; each point an offered load")
     ax = fig.axes[0]
     ax.set_xlim(0, 1.25 * max(r["output_throughput"] for r in rows))
+    return fig
+
+
+def routing_strips(choices: Mapping[str, Sequence[int]], groups: Sequence[int],
+                   replicas: int = 2, width: float = 9.0) -> Figure:
+    """Where a router sent each request of a trace: one panel per policy, one lane per replica,
+    a square per request at its place in the trace, coloured by its group (its chat). A policy
+    with prefix affinity keeps each colour on one lane, so a chat's next turn finds its history
+    cached; round robin scatters every colour over both lanes."""
+    fig, axes = new_figure(width, 0.5 + (0.35 * replicas + 0.45) * len(choices),
+                           rows=len(choices), sharex=True)
+    for ax, (label, chosen) in zip(axes, choices.items()):
+        for position, (replica, group) in enumerate(zip(chosen, groups)):
+            ax.add_patch(Rectangle((position, replicas - 1 - replica - 0.4), 0.9, 0.8,
+                                   facecolor=PALETTE[group % len(PALETTE)], edgecolor="none"))
+        ax.set_xlim(-0.5, len(groups) + 0.5)
+        ax.set_ylim(-0.6, replicas - 0.4)
+        ax.set_yticks(range(replicas), [f"replica {replicas - 1 - r}" for r in range(replicas)],
+                      fontsize=8)
+        ax.set_title(label, fontsize=9, loc="left")
+    axes[-1].set_xlabel("request, in the order sent (colour: its chat)")
     return fig

@@ -195,8 +195,8 @@ def test_read_the_real_thing_links_land_on_the_lines_they_show(site, console_bro
                   _shown_first_line(a)) for a in
                  console_browser.find_elements(By.CSS_SELECTOR, "a.minicb-source-link")]
         for href, text, (number, code) in links:
-            path, first, last = re.fullmatch(r"(\S+\.py), lines (\d+)-(\d+)", text).groups()
-            assert href.endswith(f"source/{path[:-3]}.html#L{first}-L{last}")
+            path, first, last = re.fullmatch(r"(\S+\.(?:py|c|h)), lines (\d+)-(\d+)", text).groups()
+            assert href.endswith(f"{book_build.source_docname(path)}.html#L{first}-L{last}")
             assert int(first) == number
             console_browser.get(href)
             wait_for(lambda: console_browser.find_elements(By.CSS_SELECTOR, ".minicb-shown"), 10,
@@ -210,6 +210,7 @@ def test_read_the_real_thing_links_land_on_the_lines_they_show(site, console_bro
             assert line == code, f"{notebook.name}: {text} shows {code!r}, the page has {line!r}"
             checked.append(text)
     assert len(checked) >= 10, checked
+    assert any(".c, lines" in text for text in checked), "no C kernel listing was linked"
 
 
 def test_each_chapter_links_its_notebook_for_download_and_says_how_to_open_it(

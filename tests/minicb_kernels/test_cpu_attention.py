@@ -102,6 +102,17 @@ def test_auto_picks_the_kernel_where_it_runs():
         resolve_backend("cpu", "cpu", "float16")
 
 
+def test_auto_picks_triton_on_a_gpu_where_triton_is_installed(monkeypatch):
+    """Decided from the device's type and Triton's presence, so it is checked without a GPU."""
+    from minicb.model import attention
+
+    assert resolve_backend("auto", "cuda", "bfloat16") == "triton"
+    assert resolve_backend("auto", "cuda:1", "float32") == "triton"
+    assert resolve_backend("torch", "cuda", "bfloat16") == "torch"
+    monkeypatch.setattr(attention, "_triton_installed", lambda: False)
+    assert resolve_backend("auto", "cuda", "bfloat16") == "torch"
+
+
 def test_without_a_compiler_auto_falls_back_and_cpu_says_why(
     monkeypatch, tmp_path, reload_cpu_kernel):
     monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))

@@ -188,7 +188,8 @@ def test_write_then_attend_matches_dense_causal_attention():
     v_all = [torch.randn(n, num_kv_heads, head_dim, generator=gen) for n in total]
     q_all = [torch.randn(n, num_kv_heads * group, head_dim, generator=gen) for n in total]
     num_blocks = 8
-    k_cache = torch.full((num_blocks, block_size, num_kv_heads, head_dim), float("nan"))
+    k_cache = torch.full((num_blocks, block_size, num_kv_heads, head_dim), float("nan"),
+                         device=DEVICE)
     v_cache = k_cache.clone()
     tables = torch.tensor([[5, 0, 6], [2, 7, 0]], dtype=torch.int32)  # request 1 uses 2 blocks
     done = [0, 0]
@@ -198,11 +199,13 @@ def test_write_then_attend_matches_dense_causal_attention():
                  for i, r in enumerate(rows) for p in r]
         k, v, q = (torch.cat([xs[i][r.start : r.stop] for i, r in enumerate(rows)])
                    for xs in (k_all, v_all, q_all))
-        write_kv(k, v, k_cache, v_cache, torch.tensor(slots))
+        k, v, q = k.to(DEVICE), v.to(DEVICE), q.to(DEVICE)
+        write_kv(k, v, k_cache, v_cache, torch.tensor(slots, device=DEVICE))
         done = [d + n for d, n in zip(done, step)]
         cu = torch.tensor([0, step[0], sum(step)], dtype=torch.int32)
-        out = paged_attention(q, k_cache, v_cache, cu, torch.tensor(done, dtype=torch.int32),
-                              tables, head_dim**-0.5, max(step), max(done))
+        out = paged_attention(q, k_cache, v_cache, cu.to(DEVICE),
+                              torch.tensor(done, dtype=torch.int32, device=DEVICE),
+                              tables.to(DEVICE), head_dim**-0.5, max(step), max(done)).cpu()
         for i, r in enumerate(rows):
             # Dense attention over everything up to this step, keeping this step's query rows.
             qi = q_all[i][: r.stop].transpose(0, 1)
@@ -248,11 +251,12 @@ def test_write_kv_matches_reference_and_skips_padding(config):
     k = torch.randn(num_tokens, num_kv_heads, head_dim, generator=gen)
     v = torch.randn(num_tokens, num_kv_heads, head_dim, generator=gen)
     poisoned = torch.full((num_blocks, block_size, num_kv_heads, head_dim), float("nan"))
-    k_cache, v_cache = poisoned.clone(), poisoned.clone()
+    k_cache, v_cache = poisoned.clone().to(DEVICE), poisoned.clone().to(DEVICE)
     k_want, v_want = poisoned.clone(), poisoned.clone()
 
-    write_kv(k, v, k_cache, v_cache, slots)
+    write_kv(k.to(DEVICE), v.to(DEVICE), k_cache, v_cache, slots.to(DEVICE))
     write_kv_reference(k, v, k_want, v_want, slots)
+    k_cache, v_cache = k_cache.cpu(), v_cache.cpu()
 
     torch.testing.assert_close(k_cache, k_want, atol=0, rtol=0, equal_nan=True)
     torch.testing.assert_close(v_cache, v_want, atol=0, rtol=0, equal_nan=True)

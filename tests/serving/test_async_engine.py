@@ -306,6 +306,14 @@ def test_detokenizer_streams_exactly_the_decoded_text(tokenizer, text):
     assert not any("\ufffd" in piece for piece in pieces)
 
 
+def test_detokenizer_keeps_special_tokens_only_when_asked(tokenizer):
+    ids = tokenizer.encode("def add", add_special_tokens=False) + [tokenizer.eos_token_id]
+    kept = IncrementalDetokenizer(tokenizer, skip_special_tokens=False)
+    dropped = IncrementalDetokenizer(tokenizer)
+    assert "".join(kept.add([t]) for t in ids) == "def add" + tokenizer.eos_token
+    assert "".join(dropped.add([t]) for t in ids) == "def add"
+
+
 def test_detokenizer_never_sends_text_a_stop_string_will_cut(tokenizer):
     ids = tokenizer.encode("abc STOP def", add_special_tokens=False)
     detokenizer = IncrementalDetokenizer(tokenizer, stop=["STOP"])

@@ -8,6 +8,7 @@ setup installs it with pip if it is missing (about 40 s on 2 cores, once), so th
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -19,6 +20,7 @@ import httpx
 import openai
 import pytest
 
+from minicb.bench.routing_trace import TraceConfig, through_router
 from minicb.serving import cluster as cluster_module
 from minicb.serving.cluster import ROUTER_SPEC, Cluster, core_sets, scrape
 
@@ -213,3 +215,21 @@ def test_the_prefix_heavy_workload_repeats_each_chats_last_turn_and_is_seeded():
         assert systems.setdefault(system, head) == head      # one system prompt per system
         last[chat] = (turn, prompt)
     assert len(systems) == 2 and len(last) == 8
+
+
+def test_vllm_routers_trace_matches_the_record_chapter_09_reads(router):
+    """Chapter 09 proves its proxy against vLLM's router through a committed record of the same
+    trace (benchmarks/results/routing-trace.json); here the router runs that trace live: the same
+    answers, the same hit rates, and cache_aware above round_robin."""
+    recorded = json.loads((REPO / "benchmarks/results/routing-trace.json").read_text())
+    config = TraceConfig(**recorded["config"])
+    assert config == TraceConfig(), "the record is of another trace: python -m minicb bench " \
+        "routing --study trace"
+    expected = {run["policy"]: run for run in recorded["runs"]}
+    live = {policy: through_router(config, policy, router)
+            for policy in ("round_robin", "cache_aware")}
+    for policy, run in live.items():
+        assert run["answers"] == expected[policy]["answers"], policy
+        assert run["hit_rate"] == pytest.approx(expected[policy]["hit_rate"]), policy
+        assert sum(r["served"] for r in run["per_replica"]) == len(run["answers"])
+    assert live["cache_aware"]["hit_rate"] > live["round_robin"]["hit_rate"]

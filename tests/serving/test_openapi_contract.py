@@ -81,7 +81,7 @@ def _valid_bodies(schema: dict) -> st.SearchStrategy:
         "stop_token_ids": st.lists(st.integers(0, 5000), max_size=3),
         "stream": st.booleans(), "ignore_eos": st.booleans(), "echo": st.booleans(),
         "user": st.text(max_size=5), "logprobs": st.sampled_from([False, 0]),
-        "skip_special_tokens": st.just(True), "include_reasoning": st.booleans(),
+        "skip_special_tokens": st.booleans(), "include_reasoning": st.booleans(),
         "no_stop_trim": st.just(False), "return_hidden_states": st.just(False),
     }
     prompt = st.one_of(st.text(min_size=1, max_size=30),
@@ -100,7 +100,7 @@ BROKEN = [("temperature", 100.5), ("temperature", -1), ("top_p", 0), ("top_k", 0
           ("stop", ""), ("stop", [""]), ("n", 0), ("max_tokens", 0),
           ("max_tokens", MAX_MODEL_LEN), ("max_completion_tokens", MAX_MODEL_LEN),
           ("seed", -1), ("seed", 2**53), ("stream", "yes"), ("logprobs", True),
-          ("return_hidden_states", True), ("skip_special_tokens", False), ("tools", [{}]),
+          ("return_hidden_states", True), ("skip_special_tokens", "no"), ("tools", [{}]),
           ("response_format", {"type": "json_object"}), ("stream_options", False),
           ("user", 5), ("model", 5), ("stop", ["x"] * 33), ("include_reasoning", "yes")]
 

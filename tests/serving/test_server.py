@@ -324,7 +324,7 @@ BAD_REQUESTS = [
     ({"model": "tiny", "prompt": "hi", "response_format": {"type": "json_object"}},
      "response_format"),
     ({"model": "tiny", "prompt": "hi", "return_hidden_states": True}, "return_hidden_states"),
-    ({"model": "tiny", "prompt": "hi", "skip_special_tokens": False}, "skip_special_tokens"),
+    ({"model": "tiny", "prompt": "hi", "skip_special_tokens": "no"}, "skip_special_tokens"),
     ({"model": "tiny", "prompt": "hi", "no_stop_trim": True}, "no_stop_trim"),
     ({"model": "tiny", "prompt": "hi", "include_reasoning": "yes"}, "include_reasoning"),
     ({"model": "tiny", "prompt": "hi", "max_completion_tokens": 10_000}, "max_completion_tokens"),
@@ -883,6 +883,27 @@ def test_echo_puts_the_prompt_in_front_streamed_or_not(server):
                      json=body | {"prompt": [5, 6, 7], "echo": True}).json()["choices"][0]["text"]
     prompt_text = engine_of(server).tokenizer.decode([5, 6, 7], skip_special_tokens=True)
     assert ids.startswith(prompt_text)
+
+
+def test_skip_special_tokens_false_keeps_them_in_the_text_echoed_generated_and_streamed(server):
+    tokenizer = engine_of(server).tokenizer
+    eos = tokenizer.eos_token_id
+    body = {"model": "tiny", "prompt": [5, eos, 6], "max_tokens": 8, "temperature": 0,
+            "ignore_eos": True, "echo": True, "return_token_ids": True}
+    kept = httpx.post(server.url + "/v1/completions", timeout=60,
+                      json=body | {"skip_special_tokens": False}).json()["choices"][0]
+    dropped = httpx.post(server.url + "/v1/completions", timeout=60,
+                         json=body).json()["choices"][0]
+    marker = tokenizer.decode([eos])
+    assert marker and marker in kept["text"] and marker not in dropped["text"]
+    assert kept["token_ids"] == dropped["token_ids"]             # the same tokens, other text
+    assert kept["text"] == tokenizer.decode([5, eos, 6], skip_special_tokens=False) \
+        + tokenizer.decode(kept["token_ids"], skip_special_tokens=False)
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="none")
+    chunks = client.completions.create(**{k: v for k, v in body.items() if k in (
+        "model", "prompt", "max_tokens", "temperature", "echo")}, stream=True,
+        extra_body={"ignore_eos": True, "skip_special_tokens": False})
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == kept["text"]
 
 
 def test_the_routers_probes_are_answered(server):

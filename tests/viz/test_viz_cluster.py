@@ -71,3 +71,20 @@ def test_tp_parts_stack_to_the_step_and_unfitting_groups_are_left_out_of_tpot():
     (line,) = viz.tp_tpot(rows).axes[0].get_lines()
     assert line.get_xdata().tolist() == [1, 2]
     assert line.get_ydata().tolist() == pytest.approx([r["tpot_p50"] * 1e3 for r in rows[:2]])
+
+
+def test_routing_strips_puts_each_request_on_its_replicas_lane_in_its_chats_colour():
+    choices = {"one way": [0, 1, 1], "another": [1, 1, 0]}
+    groups = [0, 0, 2]
+    fig = viz.routing_strips(choices, groups)
+    assert len(fig.axes) == 2
+    for ax, chosen in zip(fig.axes, choices.values()):
+        squares = sorted((p for p in ax.patches if isinstance(p, Rectangle)),
+                         key=lambda p: p.get_x())
+        assert len(squares) == len(chosen)
+        for square, replica, group in zip(squares, chosen, groups):
+            lane = 1 - replica                        # replica 0's lane on top
+            assert square.get_y() + square.get_height() / 2 == pytest.approx(lane)
+            assert mcolors.same_color(square.get_facecolor(), viz.PALETTE[group])
+        labels = {tick.get_text(): y for tick, y in zip(ax.get_yticklabels(), ax.get_yticks())}
+        assert labels == {"replica 0": 1, "replica 1": 0}
