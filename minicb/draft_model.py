@@ -50,17 +50,16 @@ class DraftModelProposer:
     def __init__(self, runner: ModelRunner):
         self.runner = runner
 
-    def kv_cache_bytes(self) -> int:
-        return self.runner.kv_cache_bytes()
-
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         """Copy-on-write in the draft's cache too: a copied block holds both models' KV."""
         self.runner.copy_blocks(pairs)
 
-    def _forward(self, output: SchedulerOutput, with_logits: bool = True) -> torch.Tensor:
+    def _forward(self, output: SchedulerOutput, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """The draft's forward over a plan; logits for `rows` (indices among the rows the packing
+        returns logits for), every such row when None."""
         input_ids, positions, meta, logits_indices = self.runner.prepare(output)
-        if not with_logits:
-            logits_indices = logits_indices[:0]
+        if rows is not None:
+            logits_indices = logits_indices[rows]
         return self.runner.model(input_ids, positions, self.runner.kv_caches, meta, logits_indices)
 
     def propose(self, output: SchedulerOutput) -> None:
@@ -68,16 +67,16 @@ class DraftModelProposer:
         for sampled requests, its draft probabilities; write the draft's KV for the whole step."""
         drafting = [i for i, s in enumerate(output.seqs) if s.proposal]
         # the first pass: the step's rows, a verification row cut to its last accepted token.
-        # Logits for verification rows and decode rows alike, so both of the runner's packing
-        # paths return one row of logits per row marked needs_logits, in order
+        # Decode rows are marked needs_logits like verification rows, so both of the runner's
+        # packing paths list one logits position per marked row, in order; the head then runs
+        # only on the verification rows' positions
         first = [replace(s, num_tokens=1, token_ids=s.token_ids[:1], proposal=[],
                          needs_logits=True, is_decode=True)
                  if s.proposal else replace(s, needs_logits=s.is_decode) for s in output.seqs]
-        logits = self._forward(SchedulerOutput(output.step, first), with_logits=bool(drafting))
+        marked = torch.tensor([s.needs_logits for s in first]).cumsum(0) - 1
+        logits = self._forward(SchedulerOutput(output.step, first), marked[drafting])
         if not drafting:
             return
-        logit_row = torch.tensor([s.needs_logits for s in first]).cumsum(0) - 1
-        logits = logits[logit_row[drafting]]
         seqs = [output.seqs[i] for i in drafting]
         drafted: list[list[int]] = [[] for _ in seqs]
         probs: list[list[torch.Tensor]] = [[] for _ in seqs]
@@ -124,7 +123,7 @@ class DraftModelProposer:
             return
         rows = [ScheduledSeq(s.request, 1, s.start + len(s.proposal), s.proposal[-1:],
                              s.block_table, s.params, s.generator, is_decode=True) for s in seqs]
-        self._forward(SchedulerOutput(0, rows), with_logits=False)
+        self._forward(SchedulerOutput(0, rows), torch.zeros(0, dtype=torch.long))
 
 
 def draft_path(config: ResolvedConfig, target_path: Path) -> Path:

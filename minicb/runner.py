@@ -69,7 +69,9 @@ class ModelRunner:
                           for _ in range(args.num_layers)]
 
     def kv_cache_bytes(self) -> int:
-        return sum(k.numel() * k.element_size() * 2 for k, _ in self.kv_caches)
+        """The pool's bytes: the model's caches and, with a draft model, the draft's."""
+        own = sum(k.numel() * k.element_size() * 2 for k, _ in self.kv_caches)
+        return own + (self.proposer.runner.kv_cache_bytes() if self.proposer is not None else 0)
 
     def prepare(self, output: SchedulerOutput) -> tuple[torch.Tensor, torch.Tensor,
                                                         AttentionMetadata, torch.Tensor]:

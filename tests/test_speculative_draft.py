@@ -11,6 +11,7 @@ ignoring q, or accepting without checking, fails); bad settings are refused.
 
 from __future__ import annotations
 
+import argparse
 import json
 import shutil
 from collections import Counter
@@ -24,7 +25,7 @@ from test_speculative_engine import blocks_cover_only_computed_tokens, repeating
 import minicb.runner
 from minicb import LLM, SamplingParams
 from minicb.config import EngineConfig
-from minicb.speculative import accept
+from minicb.speculative import _draw, accept, target_probs
 
 DRAFT = dict(speculative_method="draft_model", num_speculative_tokens=3)
 SIGNIFICANCE = 1e-3       # the chi-square test rejects at this p-value (seeded: deterministic)
@@ -106,6 +107,53 @@ def test_the_target_as_its_own_draft_has_every_proposal_accepted(tiny_llama):
     assert llm.llm_engine.kv.prefix_stats().hit_tokens > 0
 
 
+def test_parallel_samples_copy_the_draft_kv_on_write(tiny_llama):
+    """n = 2 samples share their prompt's blocks and copy the last, partly filled one before
+    writing: the draft's half of that block must be copied too, or the second sample's draft
+    would read zeros there and its proposals would be rejected."""
+    prompts, _, _ = repeating_workload(4, seed=6)
+    # the samples share all but the last prompt token: leave their last shared block partly full
+    prompts = [p[:-2] if (len(p) - 1) % 8 == 0 else p for p in prompts]
+    llm = LLM(tiny_llama, max_num_seqs=8, block_size=8, speculative_model=tiny_llama, **DRAFT)
+    engine = llm.llm_engine
+    params = SamplingParams(n=2, max_tokens=24, temperature=0, ignore_eos=True)
+    samples = [engine.add_request(str(i), p, params) for i, p in enumerate(prompts)]
+    while engine.has_unfinished_requests():
+        engine.step()
+    references = hf_greedy(tiny_llama, prompts, [24] * len(prompts))
+    for reference, pair in zip(references, samples):
+        for sample in pair:
+            assert compare(reference, sample.output_token_ids, None, "sample") == "equal"
+    assert engine.kv.num_free_blocks() == engine.kv.num_blocks
+    for sample in (s for pair in samples for s in pair):      # each sample's own counts
+        assert sample.num_proposed_tokens > 0, sample
+        assert sample.num_accepted_tokens >= 0.95 * sample.num_proposed_tokens, (
+            sample, sample.num_accepted_tokens, sample.num_proposed_tokens)
+
+
+def test_verification_counts_against_the_token_budget(tiny_llama, draft_of):
+    """The k + 1 verification tokens count against max_num_batched_tokens; more running
+    requests than speculative_disable_by_batch_size turn the proposals off."""
+    prompts, _, _ = repeating_workload(6, seed=3)
+    params = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True)
+    llm = LLM(tiny_llama, max_num_seqs=6, max_num_batched_tokens=8,
+              speculative_model=draft_of(tiny_llama), **DRAFT)
+    engine = llm.llm_engine
+    for i, prompt in enumerate(prompts):
+        engine.add_request(str(i), prompt, params)
+    rows = 0
+    while engine.has_unfinished_requests():
+        plan = engine.scheduler.schedule()
+        assert plan.num_tokens <= 8
+        rows += sum(bool(s.proposal) for s in plan.seqs)
+        engine.scheduler.update(plan, engine.runner.execute(plan))
+    assert rows > 0
+    off = LLM(tiny_llama, max_num_seqs=6, speculative_disable_by_batch_size=2,
+              speculative_model=draft_of(tiny_llama), **DRAFT)
+    outputs = off.generate(prompts, params, use_tqdm=False)
+    assert all(o.metrics.num_proposed_tokens == 0 for o in outputs[:-2])
+
+
 def test_default_model_with_the_shipped_draft_equals_transformers():
     """The shipped model and its shipped draft (the default speculative_model) on code prompts,
     with a pool small enough to preempt and prefix caching on."""
@@ -155,7 +203,7 @@ def _tiny(path, layers: int, seed: int, context: int = 64) -> str:
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config).eval()
     with torch.no_grad():       # logits far from flat, so a wrong rule moves the counts
-        model.lm_head.weight.mul_(40.0)
+        model.lm_head.weight.mul_(5.0)
     model.save_pretrained(path)
     return str(path)
 
@@ -190,6 +238,10 @@ def _sampled_pairs(target: str, draft: str) -> torch.Tensor:
               for i in range(SAMPLES)]
     outputs = llm.generate([PROMPT] * SAMPLES, params, use_tqdm=False)
     assert sum(o.metrics.num_verify_steps for o in outputs) >= SAMPLES
+    accepted = sum(o.metrics.num_accepted_tokens for o in outputs)
+    assert accepted > 0, "no draft token was accepted"
+    assert accepted < 2 * SAMPLES or accept is not minicb.runner.accept, \
+        "every draft token was accepted: the rule's rejection branch never ran"
     pairs = Counter(o.outputs[0].token_ids[1] * TINY_VOCAB + o.outputs[0].token_ids[2]
                     for o in outputs)
     return torch.tensor([pairs[i] for i in range(TINY_VOCAB ** 2)], dtype=torch.float64)
@@ -198,20 +250,31 @@ def _sampled_pairs(target: str, draft: str) -> torch.Tensor:
 def _p_value(counts: torch.Tensor, exact: torch.Tensor) -> float:
     """Chi-square over the pairs expected at least five times; the rarer ones pooled in one cell."""
     common = exact * SAMPLES >= 5
-    counts = torch.cat([counts[common], counts[~common].sum().reshape(1)])
-    probs = torch.cat([exact[common], exact[~common].sum().reshape(1)])
-    return _chi_square_p_value(counts, probs / probs.sum())
+    if not common.all():
+        counts = torch.cat([counts[common], counts[~common].sum().reshape(1)])
+        exact = torch.cat([exact[common], exact[~common].sum().reshape(1)])
+    return _chi_square_p_value(counts, exact / exact.sum())
 
 
-def _ignoring_q(logits, proposed, params, generator=None, draft_probs=None):
-    return accept(logits, proposed, params, generator)      # as if the proposal were certain
+# Two broken rules the test must catch. (A rule that ignores q, treating a sampled proposal x as
+# certain, is not one: accepting x with probability p(x) and otherwise drawing from p without x
+# still emits exactly p, only less often accepting; so it is no mutant of the distribution.)
+def _resampling_from_p(logits, proposed, params, generator=None, draft_probs=None):
+    """On a rejection, draw from p itself instead of max(0, p - q): the tokens the draft
+    proposes too often come out too often."""
+    p = target_probs(logits, params)
+    for i, token in enumerate(proposed):
+        ratio = float(p[i, token] / draft_probs[i, token])
+        if torch.rand(1, generator=generator, dtype=torch.float64).item() >= ratio:
+            return list(proposed[:i]) + [_draw(p[i], generator)]
+    return list(proposed) + [_draw(p[-1], generator)]
 
 
 def _without_checking(logits, proposed, params, generator=None, draft_probs=None):
     return list(proposed) + accept(logits[-1:], [], params, generator)
 
 
-@pytest.mark.parametrize("rule,passes", [(accept, True), (_ignoring_q, False),
+@pytest.mark.parametrize("rule,passes", [(accept, True), (_resampling_from_p, False),
                                          (_without_checking, False)])
 def test_sampled_tokens_follow_the_target(tiny_vocab_pair, monkeypatch, rule, passes):
     target, draft = tiny_vocab_pair
@@ -229,6 +292,14 @@ def test_sampled_tokens_follow_the_target(tiny_vocab_pair, monkeypatch, rule, pa
 def test_bad_draft_settings_are_refused(knobs, words):
     with pytest.raises(ValueError, match=words):
         EngineConfig(**knobs)
+
+
+def test_the_draft_flags_come_from_the_config():
+    parser = argparse.ArgumentParser()
+    EngineConfig.add_cli_args(parser)
+    args = parser.parse_args(["--speculative-method", "draft_model", "--speculative-model", "d"])
+    config = EngineConfig(**EngineConfig.knobs_from_cli(args))
+    assert (config.speculative_method, config.speculative_model) == ("draft_model", "d")
 
 
 def test_a_random_model_needs_its_draft_named(tiny_llama):

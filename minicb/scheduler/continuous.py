@@ -94,12 +94,12 @@ class ContinuousScheduler(Scheduler):
                 self._take(output, request, num_tokens, budget)
 
     # --- speculative decoding ------------------------------------------------------------------
-    # How many tokens a running decode may propose (k), lowered to zero as the batch grows:
+    # How many tokens a running decode may propose (k; a draft model's are drafted later, in the
+    # runner, into k placeholders), lowered to zero as the batch grows:
     # - off while more requests run than speculative_disable_by_batch_size;
     # - at most what the step's token budget leaves once every running request not yet planned
     #   has its one token (so speculation never pushes a decode out of the step);
-    # - at most the request's remaining length (max_tokens, max_model_len) less the one token
-    #   the target always adds;
+    # - at most the request's remaining length (max_tokens, max_model_len) less the target's own;
     # - at most what the KV pool holds without preempting anyone: speculation never evicts;
     # - none for a request with stop strings: they are found in the text after the step, and
     #   the tokens a step accepted past a stop string could not be taken back from its output.
@@ -112,11 +112,8 @@ class ContinuousScheduler(Scheduler):
                 request.max_total_tokens(config.max_model_len) - request.num_tokens - 1)
         if k <= 0:
             return []
-        if config.speculative_method == "ngram":
-            proposal = propose_ngram(request.all_token_ids, k, config.prompt_lookup_min,
-                                     config.prompt_lookup_max)
-        else:   # k placeholders, drafted by the draft model before the target's forward
-            proposal = [0] * k
+        proposal = [0] * k if config.speculative_method == "draft_model" else propose_ngram(
+            request.all_token_ids, k, config.prompt_lookup_min, config.prompt_lookup_max)
         while proposal and not self.kv.can_allocate(
                 request, request.num_computed_tokens + 1 + len(proposal)):
             proposal.pop()
