@@ -9,6 +9,7 @@ the summary's ratios, break-even points and acceptance figures come from the run
 
 from __future__ import annotations
 
+import ast
 import json
 import statistics
 import sys
@@ -30,6 +31,7 @@ from minicb.bench.vllm_peer import driver_request
 from minicb.config import SPECULATIVE_METHODS
 from minicb.metrics import RequestMetrics
 from minicb.sim import CostModel
+from minicb.workload import code_completion
 from tests.bench.test_vllm_peer import FakeEngine, fake_config, load_driver
 
 BATCHES = [1, 2]
@@ -111,6 +113,18 @@ def test_the_committed_run_is_exact_and_the_page_shows_it():
     assert all(s["greedy_equal"] for s in payload["summary"])
     assert summarize_runs(payload["runs"]) == payload["summary"]
     assert markdown_tables(payload) in (root / "benchmarks/speculative.md").read_text()
+
+
+def test_code_prompts_are_seeded_functions_cut_after_their_docstring():
+    first, again, other = (code_completion(6, seed=s) for s in (1, 1, 2))
+    assert first.extra["texts"] == again.extra["texts"] != other.extra["texts"]
+    assert first.output_lens == [128] * 6
+    for text in first.extra["texts"]:
+        last = text.rstrip("\n").splitlines()[-1]
+        body = last[:len(last) - len(last.lstrip())] + "pass\n"    # the docstring's indent
+        (function,) = ast.parse(text + body).body
+        assert isinstance(function, ast.FunctionDef) and ast.get_docstring(function)
+        assert len(function.body) == 2                    # the docstring, then only our `pass`
 
 
 def metrics_with_steps(token_steps: list[int]) -> RequestMetrics:
