@@ -20,7 +20,11 @@ import pytest
 import torch
 from reference import compare, hf_greedy, run_with_arrivals
 from test_speculative import _chi_square_p_value
-from test_speculative_engine import blocks_cover_only_computed_tokens, repeating_workload
+from test_speculative_engine import (
+    blocks_cover_only_computed_tokens,
+    check_budget_and_batch_size,
+    repeating_workload,
+)
 
 import minicb.runner
 from minicb import LLM, SamplingParams
@@ -134,24 +138,7 @@ def test_parallel_samples_copy_the_draft_kv_on_write(tiny_llama):
 def test_verification_counts_against_the_token_budget(tiny_llama, draft_of):
     """The k + 1 verification tokens count against max_num_batched_tokens; more running
     requests than speculative_disable_by_batch_size turn the proposals off."""
-    prompts, _, _ = repeating_workload(6, seed=3)
-    params = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True)
-    llm = LLM(tiny_llama, max_num_seqs=6, max_num_batched_tokens=8,
-              speculative_model=draft_of(tiny_llama), **DRAFT)
-    engine = llm.llm_engine
-    for i, prompt in enumerate(prompts):
-        engine.add_request(str(i), prompt, params)
-    rows = 0
-    while engine.has_unfinished_requests():
-        plan = engine.scheduler.schedule()
-        assert plan.num_tokens <= 8
-        rows += sum(bool(s.proposal) for s in plan.seqs)
-        engine.scheduler.update(plan, engine.runner.execute(plan))
-    assert rows > 0
-    off = LLM(tiny_llama, max_num_seqs=6, speculative_disable_by_batch_size=2,
-              speculative_model=draft_of(tiny_llama), **DRAFT)
-    outputs = off.generate(prompts, params, use_tqdm=False)
-    assert all(o.metrics.num_proposed_tokens == 0 for o in outputs[:-2])
+    check_budget_and_batch_size(tiny_llama, dict(speculative_model=draft_of(tiny_llama), **DRAFT))
 
 
 def test_default_model_with_the_shipped_draft_equals_transformers():

@@ -115,9 +115,15 @@ def test_seeded_sampled_requests_reproduce(tiny_llama):
 def test_budget_and_batch_size_lower_k(tiny_llama):
     """Verification rows count against max_num_batched_tokens, and speculation is off while more
     requests run than speculative_disable_by_batch_size."""
+    check_budget_and_batch_size(tiny_llama, SPEC)
+
+
+def check_budget_and_batch_size(model: str, knobs: dict) -> None:
+    """Steps stay within a budget of 8 tokens yet still verify; with
+    speculative_disable_by_batch_size=2 no request proposes until at most 2 run."""
     prompts, _, _ = repeating_workload(6, seed=3)
     params = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True)
-    llm = LLM(tiny_llama, max_num_seqs=6, max_num_batched_tokens=8, **SPEC)
+    llm = LLM(model, max_num_seqs=6, max_num_batched_tokens=8, **knobs)
     engine = llm.llm_engine
     for i, prompt in enumerate(prompts):
         engine.add_request(str(i), prompt, params)
@@ -129,8 +135,8 @@ def test_budget_and_batch_size_lower_k(tiny_llama):
         engine.scheduler.update(plan, engine.runner.execute(plan))
     assert rows > 0
 
-    off = LLM(tiny_llama, max_num_seqs=6, max_num_batched_tokens=128,
-              speculative_disable_by_batch_size=2, **SPEC)
+    off = LLM(model, max_num_seqs=6, max_num_batched_tokens=128,
+              speculative_disable_by_batch_size=2, **knobs)
     outputs = off.generate(prompts, params, use_tqdm=False)
     assert all(o.metrics.num_proposed_tokens == 0 for o in outputs[:-2]), \
         "requests proposed while more than 2 were running"
