@@ -62,8 +62,9 @@ def summarize_runs(rows: list[dict]) -> list[dict]:
 
 
 def break_even(summary: list[dict]) -> list[dict]:
-    """Per system x workload x method: the smallest batch size at which speculation no longer
-    pays (speedup < 1); 0 if it paid at none, None if it paid at every batch size measured."""
+    """Per system x workload x method: the batch size from which speculation no longer pays
+    (speedup < 1 there and at every larger size measured); 0 if it paid at none, None if it
+    still paid at the largest batch size measured."""
     curves: dict[tuple, list[dict]] = defaultdict(list)
     for s in summary:
         curves[s["system"], s["workload"], s["method"]].append(s)
@@ -71,8 +72,8 @@ def break_even(summary: list[dict]) -> list[dict]:
     for (system, workload, method), points in curves.items():
         points.sort(key=lambda s: s["batch_size"])
         paid = [s["batch_size"] for s in points if s["speedup"] >= 1]
-        losing = [s["batch_size"] for s in points if s["speedup"] < 1]
-        stops = 0 if not paid else next((b for b in losing if b > min(paid)), None)
+        after = [s["batch_size"] for s in points if paid and s["batch_size"] > max(paid)]
+        stops = 0 if not paid else (after[0] if after else None)
         out.append({"system": system, "workload": workload, "method": method,
                     "stops_paying_at": stops, "paid_at": paid})
     return out

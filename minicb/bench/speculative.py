@@ -29,8 +29,9 @@ The JSON (`benchmarks/results/speculative.json`; `--quick` adds `-quick` to the 
 - `summary`: per system x workload x method (not none) x batch size: `speedup` (median over
   repeats of tokens/s with / without, each ratio within one repeat), `speedups`, `tpot_ratio`,
   `acceptance_rate`, `mean_accepted_length`, `greedy_equal` (no request differed, any repeat);
-- `break_even`: per system x workload x method, `stops_paying_at`: the smallest batch size whose
-  speedup is below 1 (0 when it never paid; null when it paid at every size measured);
+- `break_even`: per system x workload x method, `stops_paying_at`: the batch size from which the
+  speedup stays below 1 (0 when it never paid; null when it still paid at the largest size
+  measured), and `paid_at`: the sizes where it paid;
 - `predictions`: a list, the A100 first, then this book's reference CPU: `label` (starts with
   "PREDICTION"), `cost_model`, `terms`, `draft_weight_share`, `context_tokens`, `rows`
   (workload, method, batch_size, speedup, `extrapolated`, and the measured rates priced:

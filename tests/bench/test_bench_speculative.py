@@ -157,6 +157,18 @@ def test_a_differing_output_is_flagged_and_the_curve_crosses_one():
     assert break_even(summary)[0]["stops_paying_at"] == 4
 
 
+@pytest.mark.parametrize("speedups, stops", [
+    ({1: 1.2, 4: 0.9, 16: 0.8}, 4),
+    ({1: 0.9, 4: 0.8, 16: 1.1}, None),          # it paid only at the largest size: still paying
+    ({1: 1.2, 4: 0.9, 16: 1.1, 64: 0.8}, 64),    # lost at 4, paid again at 16: it stops at 64
+    ({1: 0.9, 4: 0.8}, 0),
+])
+def test_break_even_is_where_speculation_stops_paying_for_good(speedups, stops):
+    summary = [{"system": "minicb", "workload": "code", "method": "ngram", "batch_size": b,
+                "speedup": x} for b, x in speedups.items()]
+    assert break_even(summary)[0]["stops_paying_at"] == stops
+
+
 def test_prediction_prices_verification_rows_as_prompt_tokens():
     cost = CostModel(step_overhead=1.0, prefill_token=0.1, decode_seq=0.05, context_token=0.0)
     rate = {"tokens_per_step": 2.0, "verify_share": 0.5, "proposed_per_verify": 4.0}
