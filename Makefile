@@ -157,7 +157,7 @@ peer-vllm: setup
 # package index, in its own environment (it pins its own fastapi and uvicorn). About a minute, once.
 # ROUTER=sglang installs sglang-router instead (python -m minicb cluster --router-kind sglang).
 ROUTER      ?= vllm
-ROUTER_SPEC ?= $(if $(filter sglang,$(ROUTER)),sglang-router==0.3.2,vllm-router==0.1.17)
+ROUTER_SPEC ?= $(shell sed -n 's/.*"$(ROUTER)": "\([^"]*\)".*/\1/p' minicb/serving/cluster.py)
 ROUTER_ENV  := $(if $(filter sglang,$(ROUTER)),.venv-router-sglang,.venv-router)
 router-setup:
 	@test -x $(ROUTER_ENV)/bin/$(ROUTER)-router || { echo "setup: $(ROUTER_SPEC) in $(ROUTER_ENV)"; \

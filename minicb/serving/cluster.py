@@ -40,7 +40,10 @@ from pathlib import Path
 
 import httpx
 
-ROUTER_SPEC = "vllm-router==0.1.17"
+# the routers' pinned releases (`make router-setup` reads them from here: one place to bump)
+ROUTER_SPECS = {"vllm": "vllm-router==0.1.17",
+                "sglang": "sglang-router==0.3.2"}
+ROUTER_SPEC = ROUTER_SPECS["vllm"]
 ROUTER_VENV = ".venv-router"
 # the routers this launcher can start: executable, its subcommand, its name for "warning", and
 # where `make router-setup` (ROUTER=sglang) installs it
@@ -161,9 +164,10 @@ class Cluster:
         router = self.router or router_executable(self.router_kind)
         if router is None:
             name, _, _, venv = ROUTERS[self.router_kind]
-            raise RuntimeError(f"{name} is not installed: run `make router-setup` (it installs "
-                               f"{ROUTER_SPEC} into {venv}; ROUTER=sglang for sglang-router), "
-                               "or set MINICB_ROUTER to its executable.")
+            make = "make router-setup" + (" ROUTER=sglang" if self.router_kind == "sglang" else "")
+            raise RuntimeError(f"{name} is not installed: run `{make}` (it installs "
+                               f"{ROUTER_SPECS[self.router_kind]} into {venv}), or set "
+                               "MINICB_ROUTER to its executable.")
         try:
             if self.worker_urls is None:
                 self._start_replicas()

@@ -233,3 +233,14 @@ def test_vllm_routers_trace_matches_the_record_chapter_09_reads(router):
         assert run["hit_rate"] == pytest.approx(expected[policy]["hit_rate"]), policy
         assert sum(r["served"] for r in run["per_replica"]) == len(run["answers"])
     assert live["cache_aware"]["hit_rate"] > live["round_robin"]["hit_rate"]
+
+
+@pytest.mark.parametrize("kind", ["vllm", "sglang"])
+def test_make_router_setup_installs_the_release_the_launcher_names(kind):
+    """The routers' pins live in cluster.py alone; the Makefile reads them from there."""
+    from minicb.serving.cluster import ROUTER_SPECS, ROUTERS
+
+    dry_run = subprocess.run(["make", "-n", "router-setup", f"ROUTER={kind}"],
+                             cwd=cluster_module.REPO, capture_output=True, text=True, check=True)
+    assert f"pip install --quiet {ROUTER_SPECS[kind]}" in dry_run.stdout, dry_run.stdout
+    assert ROUTERS[kind][3] in dry_run.stdout
