@@ -151,7 +151,8 @@ class Scheduler:
         self.waiting.append(request)
 
     def has_unfinished(self) -> bool:
-        return bool(self.waiting) or self.num_running > 0
+        # asked before every step: stop at the first running request that has not finished
+        return bool(self.waiting) or any(not request.finished for request in self.running)
 
     @property
     def num_running(self) -> int:
