@@ -48,7 +48,7 @@ class LLMEngine:
         pad = self.tokenizer.pad_token_id if self.tokenizer is not None else None
         draft = proposer = None
         if config.speculative_method == "draft_model":
-            from minicb.draft_model import DraftModelProposer, load_draft
+            from minicb.spec.draft_model import DraftModelProposer, load_draft
 
             draft = load_draft(config, path, self.model.args, self.tokenizer)
         check_kv_fits(config, self.model.args, *([draft.args] if draft is not None else []))
