@@ -150,8 +150,7 @@ class Scheduler:
             self.fork_parents[request.request_id] = fork_of
         self.waiting.append(request)
 
-    def has_unfinished(self) -> bool:
-        # asked before every step: stop at the first running request that has not finished
+    def has_unfinished(self) -> bool:   # asked before every step: stops at the first found
         return bool(self.waiting) or any(not request.finished for request in self.running)
 
     @property
