@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import statistics
 import subprocess
 import sys
@@ -27,6 +28,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import IO
 
 import httpx
 
@@ -70,6 +72,7 @@ class Server:
     port: int
     env: dict[str, str] = field(default_factory=lambda: dict(os.environ))
     process: subprocess.Popen | None = None
+    log: IO[str] | None = None
 
     @property
     def url(self) -> str:
@@ -103,8 +106,12 @@ def server_for(name: str, port: int, config: PeerConfig) -> Server:
 
 def start(server: Server, cpus: tuple[int, ...], log_dir: Path, timeout: float = 600) -> None:
     """Start the server pinned to `cpus` and wait until it lists its model."""
-    log = open(log_dir / f"{server.name}.log", "w")
-    server.process = subprocess.Popen(server.argv, env=server.env, stdout=log,
+    with socket.socket() as probe:   # another server on the port would answer in its place
+        if probe.connect_ex(("127.0.0.1", server.port)) == 0:
+            raise RuntimeError(f"port {server.port} is already in use; pick free ones with "
+                               "--base-port.")
+    server.log = open(log_dir / f"{server.name}.log", "w")
+    server.process = subprocess.Popen(server.argv, env=server.env, stdout=server.log,
                                       stderr=subprocess.STDOUT,
                                       preexec_fn=lambda: os.sched_setaffinity(0, cpus))
     deadline = time.monotonic() + timeout
@@ -132,6 +139,8 @@ def stop(server: Server) -> None:
         except subprocess.TimeoutExpired:
             server.process.kill()
             server.process.wait()
+    if server.log is not None:
+        server.log.close()
 
 
 def measure(server: Server, rate: float, config: PeerConfig) -> dict:
