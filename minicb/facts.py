@@ -371,3 +371,25 @@ FACTS.update({
     "vllm_router_health_check_interval": Fact(60, "s", _VLLM_ROUTER_HELP + ": "
                                               "--health-check-interval-secs"),
 })
+
+# --- quantisation, offload and preemption (chapter 07), experts and pipelines (chapter 09) ---
+FACTS.update({
+    "h100_sxm_fp8_tflops": Fact(1979, "TFLOP/s", _H100_SHEET + ": FP8 Tensor Core 3,958 TFLOP/s "
+                                "with sparsity; dense is half of that"),
+    "h100_pcie_bandwidth": Fact(128, "GB/s", _H100_SHEET + ": interconnect PCIe Gen5 128 GB/s "
+                                "(both directions together)"),
+    "vllm_preemption_mode": Fact("recomputed", "mode", "vLLM documentation, Optimization and "
+                                 "Tuning, Preemption (vLLM V1): preempted requests are recomputed "
+                                 "when KV cache space is available again, https://docs.vllm.ai/en/"
+                                 "latest/configuration/optimization/"),
+    "deepseek_v2_total_params": Fact(236e9, "parameters", _DEEPSEEK_V2 + ", abstract: 236B total "
+                                     "parameters"),
+    "deepseek_v2_active_params": Fact(21e9, "parameters", _DEEPSEEK_V2 + ", abstract: 21B "
+                                      "activated for each token"),
+})
+FACTS.update({
+    "deepseek_v2_routed_experts": Fact(160, "experts", _DEEPSEEK_V2_CONFIG + ": n_routed_experts"),
+    "deepseek_v2_experts_per_token": Fact(6, "experts", _DEEPSEEK_V2_CONFIG + ": "
+                                          "num_experts_per_tok, the routed experts each token uses "
+                                          "(beside n_shared_experts 2 that every token uses)"),
+})
