@@ -393,3 +393,6 @@ FACTS.update({
                                           "num_experts_per_tok, the routed experts each token uses "
                                           "(beside n_shared_experts 2 that every token uses)"),
 })
+FACTS.update({
+    "deepseek_v2_attention_heads": Fact(128, "heads", _DEEPSEEK_V2_CONFIG + ": num_attention_heads"),
+})
