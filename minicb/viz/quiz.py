@@ -67,11 +67,12 @@ def worked_question(question: str, answer_markdown: str,
     """A worked answer as displayed ("**Answer.** ... *A common wrong answer:* ...", the bold
     lead-in optional) as a quiz question."""
     body = re.sub(r"^\s*\*\*Answer[^*]*\*\*\s*", "", answer_markdown)
+    # each paragraph on one line, paragraphs kept apart
+    body = "\n\n".join(" ".join(p.split()) for p in re.split(r"\n\s*\n", body) if p.strip())
     if WRONG_ANSWER not in body:
         raise ValueError(f"the worked answer to {question!r} has no '{WRONG_ANSWER}' part.")
     answer, wrong = body.split(WRONG_ANSWER, 1)
-    return InterviewQuestion(chapter, question.strip(), " ".join(answer.split()),
-                             " ".join(wrong.split()))
+    return InterviewQuestion(chapter, question.strip(), answer.strip(), wrong.strip())
 
 
 def _markdown_cells(path: Path) -> list[str]:

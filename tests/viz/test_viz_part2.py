@@ -254,3 +254,10 @@ def test_a_worked_answer_becomes_a_quiz_question():
                                   "Capacity is memory left over KV per token.", '"one request".')
     with pytest.raises(ValueError, match="no '\\*A common wrong answer:\\*' part"):
         worked_question("Why?", "**Answer.** Because.")
+
+
+def test_a_worked_answer_may_break_its_wrong_answer_line():
+    from minicb.viz.quiz import worked_question
+
+    q = worked_question("Why?", "**Answer.** Because. *A common wrong\nanswer:* \"no\".")
+    assert (q.answer, q.wrong_answer) == ("Because.", '"no".')
