@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from minicb.facts import KIB, fact
-from minicb.sim import CostModel
+from minicb.sim.cost_model import CostModel
 
 
 @dataclass(frozen=True)
