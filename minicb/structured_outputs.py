@@ -195,14 +195,6 @@ class StructuredOutputMatcher:
         only if the grammar did, so False means the mask was not applied)."""
         return self.matcher.accept_token(token_id)
 
-    def rollback(self, num_tokens: int) -> None:
-        """Forget the last `num_tokens` accepted tokens (speculative rejection)."""
-        self.matcher.rollback(num_tokens)
-
-    @property
-    def is_terminated(self) -> bool:
-        return self.matcher.is_terminated()
-
 
 def allocate_bitmask(rows: int, vocab_size: int) -> torch.Tensor:
     """An all-allowed bitmask: -1 is every bit set."""

@@ -176,3 +176,51 @@ def test_settings_that_conflict_with_a_grammar_are_refused():
 
 def test_openai_style_logit_bias_keys_are_token_ids():
     assert SamplingParams(logit_bias={"50": -100}).logit_bias == {50: -100.0}
+
+
+def hf_generate(model_dir: str, prompt: list[int], max_tokens: int, **kwargs) -> list[int]:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens,
+                             do_sample=False, pad_token_id=0, **kwargs)
+    return out[0, len(prompt):].tolist()
+
+
+def test_the_engine_decodes_as_transformers_with_the_same_processors(tiny_llama):
+    """Greedy through the engine with repetition_penalty, min_tokens and logit_bias equals
+    transformers' generate with repetition_penalty, min_new_tokens and sequence_bias."""
+    from minicb import LLM
+
+    llm = LLM(tiny_llama, max_model_len=128)
+    prompts = [[5, 9, 9, 40, 41, 5], [100, 101, 102], [7] * 6, [300, 2, 301]]
+    bias = {17: 4.0, 2: 8.0}           # EOS pushed up: min_tokens holds it back
+    params = SamplingParams(max_tokens=12, temperature=0, repetition_penalty=1.4, min_tokens=6,
+                            logit_bias=bias)
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    for prompt, output in zip(prompts, outputs):
+        want = hf_generate(tiny_llama, prompt, 12, repetition_penalty=1.4, min_new_tokens=6,
+                           sequence_bias={(t,): b for t, b in bias.items()}, eos_token_id=2)
+        assert output.outputs[0].token_ids == want, prompt
+    assert [len(o.outputs[0].token_ids) for o in outputs] == [7] * 4, "EOS right after min_tokens"
+
+
+def test_a_logit_bias_outside_the_vocabulary_is_refused(tiny_llama):
+    from minicb import LLM
+
+    llm = LLM(tiny_llama, max_model_len=128)
+    with pytest.raises(ValueError, match=r"logit_bias names token ids \[512\] outside the "):
+        llm.llm_engine.add_request("bad", [5, 6], SamplingParams(logit_bias={512: 1.0}))
+    assert not llm.llm_engine.has_request("bad")
+
+
+def test_sampled_rows_draw_only_what_min_p_and_the_bias_leave():
+    """Through the sampler, sampled: min_p removes the unlikely tokens, a -100 bias bans one."""
+    logits = torch.tensor([2.0, 1.5, 1.0, 0.5, 0.0, -0.5, -1.0, -3.0])
+    params = [SamplingParams(temperature=1.0, min_p=0.3, logit_bias={0: -100.0})] * 2000
+    generators = [torch.Generator().manual_seed(i) for i in range(2000)]
+    drawn = set(Sampler()(logits.expand(2000, -1).clone(), params, generators).token_ids)
+    probs = (logits.index_put((torch.tensor([0]),), torch.tensor(-98.0))).softmax(-1)
+    assert drawn == set((probs >= 0.3 * probs.max()).nonzero().flatten().tolist()) == {1, 2, 3}
