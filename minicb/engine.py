@@ -125,7 +125,8 @@ class LLMEngine:
             raise ValueError(f"logit_bias names token ids {bad[:5]} outside the vocabulary [0, "
                              f"{self.vocab_size}); use the model's token ids.")
         if params.structured_outputs is not None:      # compiled now (and cached): a bad one
-            self.structured.compile(params.structured_outputs)   # is refused before it queues
+            # is refused before it queues
+            self._structured_manager(tokenizer).compile(params.structured_outputs)
         self.scheduler.check_fits(len(token_ids), params.max_tokens)
         return token_ids
 
@@ -177,9 +178,14 @@ class LLMEngine:
     @property
     def structured(self) -> StructuredOutputManager:
         """The grammar compiler over this model's tokenizer (ValueError without xgrammar)."""
+        return self._structured_manager(self.tokenizer)
+
+    def _structured_manager(self, tokenizer) -> StructuredOutputManager:
+        """Built once, reading the vocabulary through `tokenizer`: the calling thread's own (a
+        tokenizer must never be used by two threads at once)."""
         with self._structured_lock:
             if self._structured is None:
-                self._structured = StructuredOutputManager(self.tokenizer, self.vocab_size,
+                self._structured = StructuredOutputManager(tokenizer, self.vocab_size,
                                                            sorted(self.eos_token_ids))
             return self._structured
 
