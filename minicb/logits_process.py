@@ -132,23 +132,28 @@ def _apply_logit_bias(logits: torch.Tensor, rows: list[tuple[int, dict[int, floa
 def _apply_penalties(logits: torch.Tensor, rows: list[int], params: list[SamplingParams],
                      states: Sequence[LogitsState | None]) -> None:
     """repetition_penalty over prompt + output tokens, then frequency and presence over output
-    tokens (vLLM's apply_penalties), on the rows' stacked counts."""
+    tokens (vLLM's apply_penalties), on the rows' stacked counts; a penalty no row asks for
+    costs nothing (each is a few full passes over [rows, vocab])."""
     if not rows:
         return
     device, vocab = logits.device, logits.shape[1]
     index = torch.tensor(rows, device=device)
     counts = torch.stack([states[r].output_counts for r in rows]).to(device)
     in_output = counts > 0
-    no_prompt = torch.zeros(vocab, dtype=torch.bool)
-    seen = torch.stack([states[r].prompt_mask if states[r].prompt_mask is not None else no_prompt
-                        for r in rows]).to(device) | in_output
-    repetition = torch.tensor([params[r].repetition_penalty for r in rows], device=device)
-    frequency = torch.tensor([params[r].frequency_penalty for r in rows], device=device)
-    presence = torch.tensor([params[r].presence_penalty for r in rows], device=device)
     sub = logits[index]
-    factor = torch.where(seen, repetition[:, None], torch.ones_like(sub))
-    sub = torch.where(sub > 0, sub / factor, sub * factor)
-    sub = sub - frequency[:, None] * counts - presence[:, None] * in_output
+    if any(params[r].repetition_penalty != 1.0 for r in rows):
+        no_prompt = torch.zeros(vocab, dtype=torch.bool)
+        seen = torch.stack([states[r].prompt_mask if states[r].prompt_mask is not None
+                            else no_prompt for r in rows]).to(device) | in_output
+        repetition = torch.tensor([params[r].repetition_penalty for r in rows], device=device)
+        factor = torch.where(seen, repetition[:, None], 1.0)
+        sub = torch.where(sub > 0, sub / factor, sub * factor)
+    if any(params[r].frequency_penalty for r in rows):
+        frequency = torch.tensor([params[r].frequency_penalty for r in rows], device=device)
+        sub = sub - frequency[:, None] * counts
+    if any(params[r].presence_penalty for r in rows):
+        presence = torch.tensor([params[r].presence_penalty for r in rows], device=device)
+        sub = sub - presence[:, None] * in_output
     logits[index] = sub
 
 
