@@ -208,15 +208,20 @@ class MLP(nn.Module):
 def fuse_linears(parts: list[nn.Linear]) -> Linear:
     """One Linear whose output is the parts' outputs side by side, and each part's weight (and
     bias) turned into a view of the fused one: no memory is duplicated, and code that calls a
-    part (or loads weights into it by name) still works on the same numbers."""
+    part (or loads weights into it by name) still works on the same numbers.
+
+    The parts keep their parameters, under the checkpoint's names; the fused weight and bias are
+    buffers outside the state dict. So `parameters()` and `state_dict()` list every number once,
+    as the checkpoint does: were the fused tensors parameters too, each q, k, v, gate and up
+    weight would be counted twice."""
     weight = torch.cat([p.weight.detach() for p in parts])
     has_bias = parts[0].bias is not None
-    fused = Linear(weight.shape[1], weight.shape[0], bias=has_bias, device=weight.device,
-                   dtype=weight.dtype)
-    fused.weight = nn.Parameter(weight, requires_grad=False)
-    if has_bias:
-        fused.bias = nn.Parameter(torch.cat([p.bias.detach() for p in parts]),
-                                  requires_grad=False)
+    with torch.device("meta"):      # its own weight and bias are replaced just below
+        fused = Linear(weight.shape[1], weight.shape[0], bias=has_bias)
+    del fused.weight, fused.bias
+    fused.register_buffer("weight", weight, persistent=False)
+    fused.register_buffer("bias", torch.cat([p.bias.detach() for p in parts])
+                          if has_bias else None, persistent=False)
     start = 0
     for part in parts:
         rows = part.weight.shape[0]
