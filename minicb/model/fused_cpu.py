@@ -133,7 +133,6 @@ class FusedCpuDecoder:
                              f"{num_tokens} tokens: a decode row has exactly one.")
         return True
 
-    @torch.inference_mode()
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor,
                  kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata,
                  logits_indices: torch.Tensor) -> torch.Tensor:
@@ -143,13 +142,14 @@ class FusedCpuDecoder:
 
         inner = self.model.model
         attn, rows = inner.layers[0].self_attn, input_ids.shape[0]
-        x = inner.embed_tokens(input_ids).contiguous()
-        cos, sin = inner.rotary_emb(positions, x.dtype)
-        step = cpu.decode_step_cpu(x, cos.reshape(rows, -1), sin.reshape(rows, -1),
-                                   meta.slot_mapping, meta.seq_lens, meta.block_tables,
-                                   attn.num_heads, attn.num_kv_heads, attn.head_dim,
-                                   inner.layers[0].mlp.down_proj.in_features, inner.norm.eps,
-                                   attn.scale)
-        for weights, (k_cache, v_cache) in zip(self.layers, kv_caches):
-            cpu.decode_layer_cpu(x, weights, k_cache, v_cache, step)
-        return self.model.lm_head(inner.norm(x)[logits_indices]).float()
+        with torch.inference_mode():
+            x = inner.embed_tokens(input_ids).contiguous()
+            cos, sin = inner.rotary_emb(positions, x.dtype)
+            step = cpu.decode_step_cpu(x, cos.reshape(rows, -1), sin.reshape(rows, -1),
+                                       meta.slot_mapping, meta.seq_lens, meta.block_tables,
+                                       attn.num_heads, attn.num_kv_heads, attn.head_dim,
+                                       inner.layers[0].mlp.down_proj.in_features,
+                                       inner.norm.eps, attn.scale)
+            for weights, (k_cache, v_cache) in zip(self.layers, kv_caches):
+                cpu.decode_layer_cpu(x, weights, k_cache, v_cache, step)
+            return self.model.lm_head(inner.norm(x)[logits_indices]).float()
