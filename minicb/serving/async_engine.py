@@ -46,6 +46,7 @@ from minicb.metrics import RequestMetrics
 from minicb.outputs import RequestOutput
 from minicb.sampling import SamplingParams
 from minicb.serving.metrics import ServingStats
+from minicb.serving.openai_logprobs import token_texts
 
 
 class QueueFullError(RuntimeError):
@@ -71,6 +72,12 @@ class StreamDelta:
     metrics: RequestMetrics | None = None  # on the finished delta
     error: str | None = None
     index: int = 0
+    # when the request asked for them (SamplingParams.logprobs, prompt_logprobs): per new token
+    # {token_id: logprob} of the top-k and the chosen token; the prompt's, once, on the first
+    # delta that carries them (None for the prompt's first token)
+    logprobs: list[dict[int, float]] | None = None
+    prompt_token_ids: list[int] | None = None
+    prompt_logprobs: list[dict[int, float] | None] | None = None
 
 
 class RequestStream:
@@ -133,6 +140,7 @@ class AsyncLLMEngine:
         # prompts are tokenised here, on one thread, with a tokenizer of their own
         self._tokenizer = copy.deepcopy(engine.tokenizer)
         self._tokenize_thread = ThreadPoolExecutor(1, thread_name_prefix="minicb-tokenize")
+        self._token_texts: list[str] | None = None
         self._ids = itertools.count()
         self._validating = 0          # samples of requests being tokenised (they count as waiting)
         self._finish_times: deque[float] = deque(maxlen=1024)   # when recent samples finished
@@ -167,6 +175,13 @@ class AsyncLLMEngine:
     @property
     def vocab_size(self) -> int:
         return self.engine.vocab_size
+
+    async def token_texts(self) -> list[str]:
+        """Each token id's text, for log-probabilities: decoded once, on the tokenizer's thread."""
+        if self._token_texts is None:
+            self._token_texts = await asyncio.get_running_loop().run_in_executor(
+                self._tokenize_thread, token_texts, self._tokenizer, self.vocab_size)
+        return self._token_texts
 
     def kv_usage(self) -> tuple[int, int, PrefixCacheStats]:
         """KV blocks in use, blocks free, and the prefix cache's counters."""
@@ -365,9 +380,15 @@ class AsyncLLMEngine:
     def _to_delta(output: RequestOutput) -> StreamDelta:
         """The engine streams text (engine.stream_text): each output carries its step's text."""
         completion = output.outputs[0]
-        return StreamDelta(output.request_id, list(output.new_token_ids), completion.new_text,
+        new, logprobs = list(output.new_token_ids), completion.logprobs
+        prompt_logprobs = output.prompt_logprobs
+        return StreamDelta(output.request_id, new, completion.new_text,
                            output.finished, completion.finish_reason, len(output.prompt_token_ids),
-                           completion.num_tokens, output.metrics, output.error, completion.index)
+                           completion.num_tokens, output.metrics, output.error, completion.index,
+                           # a finished output holds every token's: the step's are the last
+                           None if logprobs is None else logprobs[len(logprobs) - len(new):],
+                           None if prompt_logprobs is None else list(output.prompt_token_ids),
+                           prompt_logprobs)
 
     def _abort_everything(self) -> None:
         for request_id in self.engine.request_ids():
