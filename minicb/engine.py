@@ -3,6 +3,7 @@ engine (minicb/serving/async_engine.py) both drive it."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -12,6 +13,7 @@ import torch
 from minicb.config import EngineConfig
 from minicb.detokenizer import IncrementalDetokenizer
 from minicb.kv import make_kv_manager
+from minicb.logits_process import LogitsState
 from minicb.metrics import RequestMetrics, StepTotals, count_step
 from minicb.model.attention import resolve_backend
 from minicb.model.loader import load_model, load_tokenizer, resolve_model_path
@@ -20,6 +22,7 @@ from minicb.request import Request, RequestStatus
 from minicb.runner import ModelRunner, check_kv_fits
 from minicb.sampling import SamplingParams, _check_text
 from minicb.scheduler import make_scheduler
+from minicb.structured_outputs import StructuredOutputManager
 from minicb.threads import ThreadPolicy
 
 Prompt = str | Sequence[int]
@@ -70,6 +73,9 @@ class LLMEngine:
         # per sample that has stop strings (or streams text): its incremental detokenizer
         self._detokenizers: dict[str, IncrementalDetokenizer] = {}
         self.requests: dict[str, Request] = {}       # by the engine's id (a sample's, for n > 1)
+        # the grammar compiler and its cache, built by the first constrained request
+        self._structured: StructuredOutputManager | None = None
+        self._structured_lock = threading.Lock()
         self._groups: dict[str, list[str]] = {}      # the caller's request id -> its samples' ids
         self._arrivals = 0
         self._seed_generator = torch.Generator().manual_seed(config.seed)
@@ -112,6 +118,12 @@ class LLMEngine:
         if params.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer; this checkpoint has none: use "
                              "stop_token_ids.")
+        bad = [t for t in (params.logit_bias or {}) if t >= self.vocab_size]
+        if bad:
+            raise ValueError(f"logit_bias names token ids {bad[:5]} outside the vocabulary [0, "
+                             f"{self.vocab_size}); use the model's token ids.")
+        if params.structured_outputs is not None:      # compiled now (and cached): a bad one
+            self.structured.compile(params.structured_outputs)   # is refused before it queues
         self.scheduler.check_fits(len(token_ids), params.max_tokens)
         return token_ids
 
@@ -146,16 +158,37 @@ class LLMEngine:
                               generator=torch.Generator().manual_seed(seed),
                               prompt=prompt if isinstance(prompt, str) else None, priority=priority,
                               arrival_index=self._arrivals, group_id=request_id, sample_index=index)
+            request.logits_state = self._logits_state(sample_params, token_ids)
             self._arrivals += 1
             self.requests[sample_id] = request
             if (params.stop or self.stream_text) and self.tokenizer is not None:
                 self._detokenizers[sample_id] = IncrementalDetokenizer(
                     self.tokenizer, params.stop, params.skip_special_tokens)
-            first = requests[0] if requests and self.kv.supports_sharing else None
+            # a sample asking for prompt logprobs computes its whole prompt: it shares no blocks
+            first = (requests[0] if requests and self.kv.supports_sharing
+                     and params.prompt_logprobs is None else None)
             self.scheduler.add_request(request, fork_of=first)
             requests.append(request)
         self._groups[request_id] = sample_ids
         return requests
+
+    @property
+    def structured(self) -> StructuredOutputManager:
+        """The grammar compiler over this model's tokenizer (ValueError without xgrammar)."""
+        with self._structured_lock:
+            if self._structured is None:
+                self._structured = StructuredOutputManager(self.tokenizer, self.vocab_size,
+                                                           sorted(self.eos_token_ids))
+            return self._structured
+
+    def _logits_state(self, params: SamplingParams, token_ids: list[int]) -> LogitsState | None:
+        """A sample's own penalties, min_tokens and grammar state; None when it asks for none."""
+        if not params.needs_logits_processing:
+            return None
+        matcher = (self.structured.matcher(params.structured_outputs)
+                   if params.structured_outputs is not None else None)
+        return LogitsState(params, token_ids, self.vocab_size,
+                           self.eos_token_ids | set(params.stop_token_ids), matcher)
 
     def request_ids(self) -> list[str]:
         """The requests (callers' ids) not yet reported finished."""
@@ -272,12 +305,16 @@ class LLMEngine:
         """What one step tells about a request: its new tokens (and new text when streaming);
         once it finished, its whole output, text, logprobs and metrics, copied that once."""
         new = request.output_token_ids[request.num_reported_tokens:]
+        # prompt logprobs: on the first output (for a streaming client) and on the last
+        prompt_logprobs = (request.prompt_logprobs if request.num_reported_tokens == 0
+                           or request.finished else None)
         request.num_reported_tokens = request.num_output_tokens
         if not request.finished:
             completion = CompletionOutput(request.sample_index, "", new,
                                           num_tokens=request.num_output_tokens, new_text=new_text)
             return RequestOutput(request.group_id, request.prompt, request.prompt_token_ids,
-                                 [completion], False, None, new, request.error)
+                                 [completion], False, None, new, request.error,
+                                 prompt_logprobs=prompt_logprobs)
         text = ""
         try:
             text = self.decode(request)
@@ -295,7 +332,7 @@ class LLMEngine:
                                       new_text=new_text)
         return RequestOutput(request.group_id, request.prompt, list(request.prompt_token_ids),
                              [completion], True, RequestMetrics.from_request(request), new,
-                             request.error)
+                             request.error, prompt_logprobs=prompt_logprobs)
 
 
 def _eos_ids(path, tokenizer) -> set[int]:

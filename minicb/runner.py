@@ -22,6 +22,18 @@ from minicb.scheduler.base import SchedulerOutput
 from minicb.speculative import accept
 
 
+def _row_logits(seq, end: int) -> list[torch.Tensor]:
+    """The packed positions whose logits a row needs, in order: its prompt positions (for prompt
+    logprobs), then those it samples from (the last, or a verification row's 1 + k)."""
+    parts = []
+    if seq.prompt_targets:
+        first = end - seq.num_tokens
+        parts.append(torch.arange(first, first + len(seq.prompt_targets)))
+    if seq.needs_logits:
+        parts.append(torch.arange(end - seq.num_logits, end))
+    return parts
+
+
 def free_memory(device: torch.device) -> int:
     """Bytes the KV cache could still take: free device memory on a GPU, available RAM on a CPU."""
     if device.type == "cuda":
@@ -76,7 +88,7 @@ class ModelRunner:
     def prepare(self, output: SchedulerOutput) -> tuple[torch.Tensor, torch.Tensor,
                                                         AttentionMetadata, torch.Tensor]:
         """Pack the step: input ids, positions, attention metadata and the rows to sample."""
-        if all(s.is_decode and not s.ghost for s in output.seqs):
+        if all(s.is_decode and not s.ghost and not s.prompt_targets for s in output.seqs):
             return self._prepare_decodes(output)
         return self._prepare_packed(output)
 
@@ -111,10 +123,11 @@ class ModelRunner:
         writes = (offset_in_row >= pads_t) & torch.tensor(real_rows)[row_of_token]
         slot_mapping = torch.where(writes, slots, torch.full_like(slots, -1))
         ends = cu_seqlens_q[1:].long()
-        if any(s.proposal for s in seqs):
-            # a verification row needs logits at each of its 1 + k positions, the rest at the last
-            logits_indices = torch.cat([torch.arange(end - s.num_logits, end)
-                                        for s, end in zip(seqs, ends.tolist()) if s.needs_logits]
+        if any(s.proposal or s.prompt_targets for s in seqs):
+            # a verification row needs logits at each of its 1 + k positions, a row asking for
+            # prompt logprobs at its first len(prompt_targets) positions too, the rest at the last
+            logits_indices = torch.cat([part for s, end in zip(seqs, ends.tolist())
+                                        for part in _row_logits(s, end)]
                                        or [torch.zeros(0, dtype=torch.long)])
         else:
             logits_indices = (ends - 1)[[s.needs_logits for s in seqs]]
@@ -175,17 +188,40 @@ class ModelRunner:
             self.proposer.copy_blocks(output.block_copies)
             self.proposer.propose(output)          # the draft's tokens, before the target's pass
         input_ids, positions, meta, logits_indices = self.prepare(output)
-        rows = [s for s in output.seqs if s.needs_logits]
         logits = self.model(input_ids, positions, self.kv_caches, meta, logits_indices)
+        prompt_logprobs = None
+        if any(s.prompt_targets for s in output.seqs):
+            logits, prompt_logprobs = self._prompt_logprobs(output.seqs, logits)
+        sampled = self._sample([s for s in output.seqs if s.needs_logits], logits)
+        sampled.prompt_logprobs = prompt_logprobs
+        return sampled
+
+    def _sample(self, rows, logits: torch.Tensor) -> SamplerOutput:
         if not rows:  # only intermediate prefill chunks this step: nothing to sample
             return SamplerOutput([], [])
         if any(s.proposal for s in rows):
             return self._verify_and_sample(rows, logits)
         params, generators = [s.params for s in rows], [s.generator for s in rows]
+        states = [s.logits_state for s in rows]
         try:
-            return self.sampler(logits, params, generators)
+            return self.sampler(logits, params, generators, states)
         except Exception:
-            return self._sample_rows_apart(logits, params, generators)
+            return self._sample_rows_apart(logits, params, generators, states)
+
+    @staticmethod
+    def _prompt_logprobs(seqs, logits: torch.Tensor):
+        """Split the prompt positions' logits (each row's first len(prompt_targets)) from those to
+        sample, and turn them into each asking row's prompt logprobs: the log-softmax of the raw
+        logits at position p, read at prompt token p + 1, with the top prompt_logprobs."""
+        flags = [flag for s in seqs
+                 for flag in [True] * len(s.prompt_targets) + [False] * s.num_logits]
+        is_prompt = torch.tensor(flags, dtype=torch.bool, device=logits.device)
+        targets = torch.tensor([t for s in seqs for t in s.prompt_targets], device=logits.device)
+        wanted = [s.params.prompt_logprobs for s in seqs for _ in s.prompt_targets]
+        values = iter(Sampler.top_logprobs(logits[is_prompt], targets, wanted))
+        by_row = {index: [next(values)[1] for _ in s.prompt_targets]
+                  for index, s in enumerate(seqs) if s.prompt_targets}
+        return logits[~is_prompt], by_row
 
     def _verify_and_sample(self, rows, logits: torch.Tensor) -> SamplerOutput:
         """A step with verification rows: each one's 1 + k logits go to the acceptance rule
@@ -200,10 +236,11 @@ class ModelRunner:
             last = torch.tensor([firsts[i] for i in plain])
             params = [rows[i].params for i in plain]
             generators = [rows[i].generator for i in plain]
+            states = [rows[i].logits_state for i in plain]
             try:
-                sampled = self.sampler(logits[last], params, generators)
+                sampled = self.sampler(logits[last], params, generators, states)
             except Exception:
-                sampled = self._sample_rows_apart(logits[last], params, generators)
+                sampled = self._sample_rows_apart(logits[last], params, generators, states)
             sampled_errors = sampled.errors or [None] * len(plain)
             for j, i in enumerate(plain):
                 tokens[i], logprobs[i] = sampled.token_ids[j], sampled.logprobs[j]
@@ -227,7 +264,7 @@ class ModelRunner:
             self.proposer.catch_up(all_accepted)
         return SamplerOutput(tokens, logprobs, errors)
 
-    def _sample_rows_apart(self, logits, params, generators) -> SamplerOutput:
+    def _sample_rows_apart(self, logits, params, generators, states) -> SamplerOutput:
         """One request's settings broke the batch's sampling: sample each row alone, so only a
         row that fails by itself goes without a token (the engine ends that request, with the
         error, and every other request carries on)."""
@@ -235,7 +272,7 @@ class ModelRunner:
         for row in range(logits.shape[0]):
             try:
                 one = self.sampler(logits[row:row + 1], params[row:row + 1],
-                                   generators[row:row + 1])
+                                   generators[row:row + 1], states[row:row + 1])
                 tokens.append(one.token_ids[0])
                 logprobs.append(one.logprobs[0])
                 errors.append(None)
