@@ -308,9 +308,12 @@ class LLMEngine:
         # prompt logprobs: on the first output (for a streaming client) and on the last
         prompt_logprobs = (request.prompt_logprobs if request.num_reported_tokens == 0
                            or request.finished else None)
+        # a running request's logprobs: its new tokens' (a streaming client sends them per chunk)
+        step_logprobs = ([top for _, top in request.logprobs[request.num_reported_tokens:]]
+                         if request.params.logprobs is not None else None)
         request.num_reported_tokens = request.num_output_tokens
         if not request.finished:
-            completion = CompletionOutput(request.sample_index, "", new,
+            completion = CompletionOutput(request.sample_index, "", new, logprobs=step_logprobs,
                                           num_tokens=request.num_output_tokens, new_text=new_text)
             return RequestOutput(request.group_id, request.prompt, request.prompt_token_ids,
                                  [completion], False, None, new, request.error,

@@ -67,9 +67,12 @@ def breaks_a_rule_beyond_the_schema(body: dict, max_model_len: int = MAX_MODEL_L
     response_format = body.get("response_format")
     kind = response_format.get("type") if isinstance(response_format, dict) else None
     extension = body.get("structured_outputs")
+    named = isinstance(extension, dict) and any(
+        value not in (None, False) for name, value in extension.items()
+        if name != "disable_any_whitespace")
+    if extension is not None and named == (kind in ("json_object", "json_schema")):
+        return True         # two constraints, or structured_outputs' options without one
     constrained = kind in ("json_object", "json_schema") or extension is not None
-    if kind in ("json_object", "json_schema") and extension is not None:
-        return True
     if constrained and (body.get("ignore_eos") or min_tokens):
         return True
     if kind == "json_schema":

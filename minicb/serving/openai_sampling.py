@@ -99,7 +99,9 @@ def _logprobs(body: dict, chat: bool) -> tuple[int | None, int | None]:
 
 
 def _constraint(body: dict) -> tuple[StructuredOutputsParams | None, str | None]:
-    """The structured-output constraint and the field that asked for it."""
+    """The structured-output constraint and the field that asked for it. As in vLLM, a request
+    may name its constraint in response_format and its options (disable_any_whitespace) in
+    structured_outputs; one constraint in both is refused."""
     response_format = body.get("response_format")
     extension = body.get("structured_outputs")
     if response_format is not None and not isinstance(response_format, dict):
@@ -110,35 +112,37 @@ def _constraint(body: dict) -> tuple[StructuredOutputsParams | None, str | None]
     if kind not in (None, "text", "json_object", "json_schema"):
         raise APIError(f"response_format type {json.dumps(kind)[:40]} is not one of text, "
                        "json_object, json_schema.", param="response_format")
-    asked = kind in ("json_object", "json_schema")
-    if extension is not None and asked:
-        raise APIError("send 'response_format' or 'structured_outputs', not both: they are two "
-                       "ways to ask for one constraint.", param="structured_outputs")
-    if kind == "json_object":
-        return StructuredOutputsParams(json_object=True), "response_format"
-    if kind == "json_schema":
-        spec = response_format.get("json_schema")
-        if not isinstance(spec, dict) or not isinstance(spec.get("name"), str) or not isinstance(
-                spec.get("schema", {}), dict):
-            raise APIError("a json_schema response_format needs \"json_schema\": {\"name\": str, "
-                           "\"schema\": {a JSON Schema object}}.", param="response_format")
-        if spec.get("schema") is None:        # OpenAI's schema is optional: any JSON object
-            return StructuredOutputsParams(json_object=True), "response_format"
-        return StructuredOutputsParams(json=spec["schema"]), "response_format"
-    if extension is None:
-        return None, None
-    if not isinstance(extension, dict) or set(extension) - set(EXTENSION_FIELDS):
+    if extension is not None and (not isinstance(extension, dict)
+                                  or set(extension) - set(EXTENSION_FIELDS)):
         raise APIError("'structured_outputs' must be an object with exactly one of "
                        f"{', '.join(EXTENSION_FIELDS[:-1])} (vLLM's names; "
                        "disable_any_whitespace may come beside it).", param="structured_outputs")
-    if isinstance(extension.get("json"), str):
+    given = {name: value for name, value in (extension or {}).items() if value is not None}
+    if isinstance(given.get("json"), str):
         raise APIError("structured_outputs.json must be the JSON Schema itself, an object (not "
                        "a string holding one).", param="structured_outputs")
+    field = "structured_outputs"
+    if kind in ("json_object", "json_schema"):
+        if set(given) - {"disable_any_whitespace", "json_object"}:
+            raise APIError("send the constraint in 'response_format' or in 'structured_outputs', "
+                           "not both.", param="structured_outputs")
+        field = "response_format"
+        spec = response_format.get("json_schema") if kind == "json_schema" else {}
+        if not isinstance(spec, dict) or kind == "json_schema" and (
+                not isinstance(spec.get("name"), str)
+                or not isinstance(spec.get("schema", {}), (dict, type(None)))):
+            raise APIError("a json_schema response_format needs \"json_schema\": {\"name\": str, "
+                           "\"schema\": {a JSON Schema object}}.", param="response_format")
+        # OpenAI's schema is optional: without one, any JSON object
+        given |= ({"json": spec["schema"], "json_object": None} if spec.get("schema") is not None
+                  else {"json_object": True})
+        given = {name: value for name, value in given.items() if value is not None}
+    elif extension is None:
+        return None, None
     try:
-        given = {name: value for name, value in extension.items() if value is not None}
-        return StructuredOutputsParams(**given), "structured_outputs"
+        return StructuredOutputsParams(**given), field
     except ValueError as error:
-        raise APIError(str(error), param="structured_outputs") from None
+        raise APIError(str(error), param=field) from None
 
 
 def sampling_extras(body: dict, chat: bool, vocab_size: int) -> tuple[dict, str | None]:
@@ -201,10 +205,13 @@ def extra_schemas(vocab_size: int, chat: bool) -> dict:
     # exactly one constraint; the others may be given as null (json_object as false)
     unset = {name: {"enum": [None, False] if name == "json_object" else [None]}
              for name in one_constraint}
+    options = {"disable_any_whitespace": {"type": ["boolean", "null"]}}
     structured = {"anyOf": [{"type": "object", "additionalProperties": False, "required": [name],
-                             "properties": {**unset, name: spec, "disable_any_whitespace": {
-                                 "type": ["boolean", "null"]}}}
-                            for name, spec in one_constraint.items()]}
+                             "properties": {**unset, name: spec, **options}}
+                            for name, spec in one_constraint.items()]
+                  # options alone, beside a response_format that names the constraint
+                  + [{"type": "object", "additionalProperties": False,
+                      "properties": {**unset, **options}}]}
     logprobs = ({"logprobs": {"type": "boolean"},
                  "top_logprobs": {"type": "integer", "minimum": 0, "maximum": MAX_LOGPROBS}}
                 if chat else
