@@ -113,7 +113,8 @@ BROKEN = [("temperature", 100.5), ("temperature", -1), ("top_p", 0), ("top_k", 0
           ("presence_penalty", 2.5), ("frequency_penalty", -2.5), ("repetition_penalty", 0),
           ("min_p", 1.5), ("min_tokens", -1), ("logit_bias", {"4096": 1}),
           ("logit_bias", {"5": -101}), ("logit_bias", {"05": 1}),
-          ("structured_outputs", {}), ("structured_outputs", {"regex": "a", "choice": ["b"]}),
+          ("structured_outputs", {"disable_any_whitespace": "yes"}),
+          ("structured_outputs", {"regex": "a", "choice": ["b"]}),
           ("structured_outputs", {"choice": []}), ("structured_outputs", {"json": "{}"})]
 # where the two endpoints differ: a completion may ask for 0 tokens (the prompt's logprobs, with
 # echo) and for logprobs as a number; a chat asks for logprobs with true and top_logprobs

@@ -24,9 +24,6 @@ PROMPT = "import os\n\ndef main(path):\n    for name in os.listdir(path):\n"
 # float32 on one CPU: the engine's packed step and transformers' forward sum in other orders
 TOLERANCE = 1e-4
 
-pytest.importorskip("xgrammar", reason="structured outputs need xgrammar: pip install "
-                    "'minicb[structured]' (make setup installs it)")
-
 
 @pytest.fixture(scope="module")
 def server():
