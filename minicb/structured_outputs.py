@@ -69,7 +69,7 @@ class StructuredOutputsParams:
                 raise ValueError("structured_outputs.json must be a JSON schema object (a dict "
                                  f"or its JSON text), got {type(schema).__name__}.")
             try:
-                _check_size("json", json.dumps(schema, sort_keys=True))
+                _check_size("json", json.dumps(schema))
             except TypeError as error:
                 raise ValueError(f"structured_outputs.json holds a value JSON cannot encode "
                                  f"({error}); use only JSON types.") from None
@@ -91,10 +91,11 @@ class StructuredOutputsParams:
 
     @property
     def key(self) -> tuple:
-        """What identifies the compiled grammar: equal constraints share one compilation."""
+        """What identifies the compiled grammar: equal constraints share one compilation. A
+        schema's key order stays (the output writes properties in the schema's order)."""
         if self.json is not None:
             schema = json.loads(self.json) if isinstance(self.json, str) else self.json
-            return ("json", json.dumps(schema, sort_keys=True), self.disable_any_whitespace)
+            return ("json", json.dumps(schema), self.disable_any_whitespace)
         if self.json_object:
             return ("json_object", "", self.disable_any_whitespace)
         if self.choice is not None:
@@ -159,7 +160,9 @@ class StructuredOutputManager:
     def _compile(self, params: StructuredOutputsParams):
         any_whitespace = not params.disable_any_whitespace
         if params.json is not None:
-            return self.compiler.compile_json_schema(params.key[1], any_whitespace=any_whitespace)
+            schema = _length_bounds_as_patterns(json.loads(params.key[1]))
+            return self.compiler.compile_json_schema(json.dumps(schema),
+                                                     any_whitespace=any_whitespace)
         if params.json_object:
             return self.compiler.compile_json_schema('{"type": "object"}',
                                                      any_whitespace=any_whitespace)
@@ -192,14 +195,6 @@ class StructuredOutputMatcher:
         only if the grammar did, so False means the mask was not applied)."""
         return self.matcher.accept_token(token_id)
 
-    def rollback(self, num_tokens: int) -> None:
-        """Forget the last `num_tokens` accepted tokens (speculative rejection)."""
-        self.matcher.rollback(num_tokens)
-
-    @property
-    def is_terminated(self) -> bool:
-        return self.matcher.is_terminated()
-
 
 def allocate_bitmask(rows: int, vocab_size: int) -> torch.Tensor:
     """An all-allowed bitmask: -1 is every bit set."""
@@ -211,6 +206,25 @@ def bitmask_to_bool(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)
     bits = (bitmask[:, :, None] >> shifts) & 1
     return bits.reshape(bitmask.shape[0], -1)[:, :vocab_size].bool()
+
+
+def _length_bounds_as_patterns(schema):
+    """The schema with each string's minLength/maxLength (and no pattern or format of its own)
+    written as the equivalent pattern over characters JSON allows unescaped. xgrammar (0.2.8)
+    compiles a length-bounded string to any character but quote, backslash and line breaks, so
+    it would let a raw control character (U+0000 to U+001F) in, and JSON forbids those: the
+    output would not parse. Its bounded strings take no escapes either way."""
+    if isinstance(schema, list):
+        return [_length_bounds_as_patterns(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    schema = {key: _length_bounds_as_patterns(value) for key, value in schema.items()}
+    bounded = "minLength" in schema or "maxLength" in schema
+    if (schema.get("type") == "string" and bounded and "pattern" not in schema
+            and "format" not in schema):
+        low, high = schema.pop("minLength", 0), schema.pop("maxLength", "")
+        schema["pattern"] = f'^[^"\\\\\\u0000-\\u001f]{{{low},{high}}}$'
+    return schema
 
 
 def _clean(error: Exception) -> str:
