@@ -11,7 +11,7 @@ they do to tokens/s, on the shipped model and this CPU.
    matcher inside the document, as xgrammar fills the bitmask and the hook applies it),
    `penalties` (presence, frequency and repetition, 32 output tokens counted), `bias_min_p`
    (a logit_bias of 8 tokens and min_p at temperature 1).
-2. End to end: LLM.generate of B requests at once, greedy, 48 tokens at most: `plain`,
+2. End to end: LLM.generate of B requests at once, greedy, 64 tokens at most: `plain`,
    `json_schema` (the same prompts under a JSON schema, whitespace limited, stopping where the
    document ends) and `penalties`; output tokens/s, and its ratio to `plain` within each repeat.
 
@@ -43,13 +43,12 @@ from minicb.sampling import Sampler
 from minicb.structured_outputs import StructuredOutputsParams
 
 SCHEMA = {"type": "object", "properties": {
-    "module": {"type": "string", "pattern": "^[a-z]{1,8}$"},
-    "version": {"type": "number"},
+    "module": {"type": "string", "enum": ["os", "sys", "json", "re", "math"]},
+    "version": {"type": "integer", "minimum": 0, "maximum": 99},
     "tags": {"type": "array", "items": {"enum": ["io", "text", "math"]}, "maxItems": 3},
     "stable": {"type": "boolean"}},
     "required": ["module", "version", "tags", "stable"], "additionalProperties": False}
-# where each row's matcher stands (xgrammar writes the schema's properties in sorted order)
-PREFIX = '{"module": "os", "stable": true, "tags": ["io", '
+PREFIX = '{"module": "os", "version": 1, "tags": ["io", '     # where each row's matcher stands
 PROMPTS = ["import os\n", "def main(", "class Config:\n", "import json\nvalue = ",
            "for name in ", "with open(path) as f:\n", "from typing import ", "try:\n    import "]
 KINDS = {"mask": dict(structured_outputs=StructuredOutputsParams(json=SCHEMA)),
@@ -170,7 +169,7 @@ def main(argv: list[str]) -> int:
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--batch-sizes", default="1,16,64")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--max-tokens", type=int, default=48)
+    parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--calls", type=int, default=50, help="timed calls per step cost")
     parser.add_argument("--quick", action="store_true", help="one repeat, 16 tokens")
     parser.add_argument("--out", default="benchmarks/results")
