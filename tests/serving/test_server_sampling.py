@@ -242,7 +242,8 @@ SCHEMA = {"type": "object", "properties": {
     "module": {"type": "string", "pattern": "^[a-z]{1,8}$"},
     "version": {"type": "number", "minimum": 0, "maximum": 10},
     "tags": {"type": "array", "items": {"enum": ["io", "text", "math"]}, "maxItems": 3},
-    "owner": {"type": "object", "properties": {"id": {"type": "integer"}}, "required": ["id"],
+    "owner": {"type": "object", "properties": {"id": {"type": "integer", "minimum": 0,
+                                                     "maximum": 9999}}, "required": ["id"],
               "additionalProperties": False}},
     "required": ["module", "version", "tags", "owner"], "additionalProperties": False}
 
