@@ -7,13 +7,16 @@ documents, and published as JSON Schema with the same bounds: what the schema al
     completions  logprobs: int (top-k per token), echo + logprobs: the prompt's too
     chat         logprobs: true, top_logprobs: int
     both         presence_penalty, frequency_penalty (OpenAI, [-2, 2]), repetition_penalty
-                 (vLLM, > 0), logit_bias {"token id": bias in [-100, 100]}, min_p, min_tokens,
+                 (vLLM's, from 0.01), logit_bias {"token id": bias in [-100, 100]}, min_p,
+                 min_tokens,
                  response_format {"type": "json_object" | "json_schema" | "text"},
                  structured_outputs {"json" | "regex" | "choice" | "grammar" | "json_object"}
 
-Two rules no schema here states (a client breaking them gets a 400 naming the fields):
-min_tokens may not exceed max_tokens, and top_logprobs needs logprobs: true. And a JSON schema,
-regex or grammar the grammar library cannot compile gets a 400 quoting the library's reason.
+Rules no schema here states (a client breaking one gets a 400 naming the field): min_tokens may
+not exceed max_tokens; top_logprobs needs logprobs: true; one constraint, named in
+response_format or in structured_outputs, not both; no constraint with ignore_eos or min_tokens
+(the engine's rule). And a JSON schema, regex or grammar the grammar library cannot compile gets
+a 400 quoting the library's reason.
 """
 
 from __future__ import annotations
@@ -28,21 +31,21 @@ from minicb.structured_outputs import MAX_CHOICES, MAX_CONSTRAINT_CHARS, Structu
 # OpenAI's documented ranges
 MAX_PENALTY = 2.0                  # presence_penalty and frequency_penalty in [-2, 2]
 MAX_LOGIT_BIAS = 100.0             # each bias in [-100, 100]: -100 bans a token, 100 forces it
+# vLLM takes any repetition_penalty above 0; a value this small already multiplies every seen
+# token's logit by 100, and one below float32's smallest number (1.4e-45) becomes 0, which turns
+# a grammar mask's -inf into NaN (0 * -inf) and lets a masked token through
+MIN_REPETITION_PENALTY = 0.01
 # vLLM's structured_outputs fields this server reads: one constraint, and a whitespace switch
 EXTENSION_FIELDS = ("json", "regex", "choice", "grammar", "json_object", "disable_any_whitespace")
 
 
-def _number(body: dict, name: str, low: float, high: float, low_open: bool = False):
+def _number(body: dict, name: str, low: float, high: float) -> float | None:
     value = body.get(name)
     if value is None:
         return None
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if ok:
-        ok = (value > low if low_open else value >= low) and value <= high
-    if not ok:
-        span = f"above {low:g} and at most {high:g}" if low_open else f"from {low:g} to {high:g}"
-        raise APIError(f"'{name}' must be a number {span} (got {json.dumps(value)[:40]}).",
-                       param=name)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+        raise APIError(f"'{name}' must be a number from {low:g} to {high:g} (got "
+                       f"{json.dumps(value)[:40]}).", param=name)
     return float(value)
 
 
@@ -118,6 +121,10 @@ def _constraint(body: dict) -> tuple[StructuredOutputsParams | None, str | None]
                        f"{', '.join(EXTENSION_FIELDS[:-1])} (vLLM's names; "
                        "disable_any_whitespace may come beside it).", param="structured_outputs")
     given = {name: value for name, value in (extension or {}).items() if value is not None}
+    for name in ("json_object", "disable_any_whitespace"):
+        if name in given and not isinstance(given[name], bool):
+            raise APIError(f"structured_outputs.{name} must be true or false (got "
+                           f"{json.dumps(given[name])[:20]}).", param="structured_outputs")
     if isinstance(given.get("json"), str):
         raise APIError("structured_outputs.json must be the JSON Schema itself, an object (not "
                        "a string holding one).", param="structured_outputs")
@@ -162,8 +169,8 @@ def sampling_extras(body: dict, chat: bool, vocab_size: int) -> tuple[dict, str 
         "logprobs": logprobs, "prompt_logprobs": prompt_logprobs,
         "presence_penalty": _number(body, "presence_penalty", -MAX_PENALTY, MAX_PENALTY),
         "frequency_penalty": _number(body, "frequency_penalty", -MAX_PENALTY, MAX_PENALTY),
-        "repetition_penalty": _number(body, "repetition_penalty", 0.0, MAX_REPETITION_PENALTY,
-                                      low_open=True),
+        "repetition_penalty": _number(body, "repetition_penalty", MIN_REPETITION_PENALTY,
+                                      MAX_REPETITION_PENALTY),
         "min_p": _number(body, "min_p", 0.0, 1.0),
         "logit_bias": _logit_bias(body, vocab_size), "min_tokens": min_tokens or None,
         "structured_outputs": structured}
@@ -221,7 +228,7 @@ def extra_schemas(vocab_size: int, chat: bool) -> dict:
         **logprobs,
         "presence_penalty": {**number, "minimum": -MAX_PENALTY, "maximum": MAX_PENALTY},
         "frequency_penalty": {**number, "minimum": -MAX_PENALTY, "maximum": MAX_PENALTY},
-        "repetition_penalty": {**number, "exclusiveMinimum": 0,
+        "repetition_penalty": {**number, "minimum": MIN_REPETITION_PENALTY,
                                "maximum": MAX_REPETITION_PENALTY},
         "min_p": {**number, "minimum": 0, "maximum": 1},
         "min_tokens": {"type": "integer", "minimum": 0},
