@@ -137,9 +137,12 @@ def _constraint(body: dict) -> tuple[StructuredOutputsParams | None, str | None]
         spec = response_format.get("json_schema") if kind == "json_schema" else {}
         if not isinstance(spec, dict) or kind == "json_schema" and (
                 not isinstance(spec.get("name"), str)
-                or not isinstance(spec.get("schema", {}), (dict, type(None)))):
+                or not isinstance(spec.get("schema", {}), (dict, type(None)))
+                or not isinstance(spec.get("description", ""), str)
+                or not isinstance(spec.get("strict", False), (bool, type(None)))):
             raise APIError("a json_schema response_format needs \"json_schema\": {\"name\": str, "
-                           "\"schema\": {a JSON Schema object}}.", param="response_format")
+                           "\"schema\": {a JSON Schema object}} (and, if given, \"description\": "
+                           "str, \"strict\": true or false).", param="response_format")
         # OpenAI's schema is optional: without one, any JSON object
         given |= ({"json": spec["schema"], "json_object": None} if spec.get("schema") is not None
                   else {"json_object": True})
@@ -203,7 +206,8 @@ def extra_schemas(vocab_size: int, chat: bool) -> dict:
             "type": {"enum": ["json_schema"]},
             "json_schema": {"type": "object", "required": ["name"], "properties": {
                 "name": {"type": "string"}, "description": {"type": "string"},
-                "schema": json_schema, "strict": {"type": ["boolean", "null"]}}}}}]}
+                "schema": {"type": ["object", "null"]},
+                "strict": {"type": ["boolean", "null"]}}}}}]}
     text = {"type": "string", "minLength": 1, "maxLength": MAX_CONSTRAINT_CHARS}
     one_constraint = {"json": json_schema, "regex": text, "grammar": text,
                       "choice": {"type": "array", "minItems": 1, "maxItems": MAX_CHOICES,
