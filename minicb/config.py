@@ -116,7 +116,7 @@ class EngineConfig:
     enable_prefix_caching: bool = knob(
         False, "reuse the KV blocks of cached prompt prefixes (continuous " "scheduler, paged KV)",
         group="policy")
-    # speculative decoding (minicb/speculative.py), named as vLLM's speculative_config names them
+    # speculative decoding (minicb/spec/), named as vLLM's speculative_config names them
     speculative_method: str | None = knob(
         None, "propose tokens and verify them in one step: 'ngram' (prompt lookup: the tokens "
         "that followed the last match of the sequence's final n-gram) or 'draft_model' (a "

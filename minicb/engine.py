@@ -11,6 +11,7 @@ from dataclasses import replace
 import torch
 
 from minicb.config import EngineConfig
+from minicb.core import EngineCore, ModelExecutor
 from minicb.detokenizer import IncrementalDetokenizer
 from minicb.kv import make_kv_manager
 from minicb.logits_process import LogitsState
@@ -56,7 +57,7 @@ class LLMEngine:
         pad = self.tokenizer.pad_token_id if self.tokenizer is not None else None
         draft = proposer = None
         if config.speculative_method == "draft_model":
-            from minicb.draft_model import DraftModelProposer, load_draft
+            from minicb.spec.draft_model import DraftModelProposer, load_draft
 
             draft = load_draft(config, path, self.model.args, self.tokenizer)
         check_kv_fits(config, self.model.args, *([draft.args] if draft is not None else []))
@@ -68,6 +69,7 @@ class LLMEngine:
                                   config.max_model_len, config.enable_prefix_caching)
         self.scheduler = make_scheduler(config, self.kv, time.perf_counter, self.eos_token_ids)
         self.runner = ModelRunner(self.model, config, pad_token_id=pad or 0, proposer=proposer)
+        self.core = EngineCore(self.scheduler, ModelExecutor(self.runner, self.threads))
         # True: every output carries the text its step added (the async engine streams it)
         self.stream_text = False
         # per sample that has stop strings (or streams text): its incremental detokenizer
@@ -123,7 +125,8 @@ class LLMEngine:
             raise ValueError(f"logit_bias names token ids {bad[:5]} outside the vocabulary [0, "
                              f"{self.vocab_size}); use the model's token ids.")
         if params.structured_outputs is not None:      # compiled now (and cached): a bad one
-            self.structured.compile(params.structured_outputs)   # is refused before it queues
+            # is refused before it queues
+            self._structured_manager(tokenizer).compile(params.structured_outputs)
         self.scheduler.check_fits(len(token_ids), params.max_tokens)
         return token_ids
 
@@ -175,9 +178,14 @@ class LLMEngine:
     @property
     def structured(self) -> StructuredOutputManager:
         """The grammar compiler over this model's tokenizer (ValueError without xgrammar)."""
+        return self._structured_manager(self.tokenizer)
+
+    def _structured_manager(self, tokenizer) -> StructuredOutputManager:
+        """Built once, reading the vocabulary through `tokenizer`: the calling thread's own (a
+        tokenizer must never be used by two threads at once)."""
         with self._structured_lock:
             if self._structured is None:
-                self._structured = StructuredOutputManager(self.tokenizer, self.vocab_size,
+                self._structured = StructuredOutputManager(tokenizer, self.vocab_size,
                                                            sorted(self.eos_token_ids))
             return self._structured
 
@@ -234,18 +242,15 @@ class LLMEngine:
 
     # --- the loop ------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """One scheduler iteration: schedule, run the model once, sample, apply the results."""
-        plan = self.scheduler.schedule()
-        touched: list[Request] = []
+        """One step of the engine core (schedule, run the model once, sample, apply the results),
+        then the stop strings on the new text, and the outputs."""
+        result = self.core.step()
+        touched = result.touched                               # tokens, logprobs, errors, stops
         texts: dict[str, str] = {}
-        if not plan.is_empty:
-            if self.threads is not None:
-                self.threads.before_step()
-            sampled = self.runner.execute(plan)
-            touched = self.scheduler.update(plan, sampled)     # tokens, logprobs, errors, stops
+        if result.plan is not None:
             if self._detokenizers:
                 texts = self._detokenize(touched)                # stop strings, streamed text
-            self.step_stats.add(count_step(plan, self.kv, self.scheduler.running,
+            self.step_stats.add(count_step(result.plan, self.kv, self.scheduler.running,
                                            self.config.max_num_seqs))
         # finished requests leave self.requests once reported, so any finished one still here ended
         # without a token this step (an abort) and is reported now
@@ -308,12 +313,11 @@ class LLMEngine:
         # prompt logprobs: on the first output (for a streaming client) and on the last
         prompt_logprobs = (request.prompt_logprobs if request.num_reported_tokens == 0
                            or request.finished else None)
-        # a running request's logprobs: its new tokens' (a streaming client sends them per chunk)
-        step_logprobs = ([top for _, top in request.logprobs[request.num_reported_tokens:]]
-                         if request.params.logprobs is not None else None)
+        new_logprobs = ([top for _, top in request.logprobs[request.num_reported_tokens:]]
+                        if request.params.logprobs is not None else None)
         request.num_reported_tokens = request.num_output_tokens
         if not request.finished:
-            completion = CompletionOutput(request.sample_index, "", new, logprobs=step_logprobs,
+            completion = CompletionOutput(request.sample_index, "", new, logprobs=new_logprobs,
                                           num_tokens=request.num_output_tokens, new_text=new_text)
             return RequestOutput(request.group_id, request.prompt, request.prompt_token_ids,
                                  [completion], False, None, new, request.error,

@@ -20,8 +20,9 @@ class CompletionOutput:
     token_ids: list[int]      # finished: every output token; running: this step's
     finish_reason: str | None = None      # "stop" | "length" | "abort" | "error" | None (running)
     stop_reason: int | str | None = None  # the stop token id or stop string that ended it
-    # per token: {token id: logprob} of the top logprobs tokens and of the token itself (vLLM's
-    # dict, with floats for its Logprob objects): the raw model's log-softmax
+    # per token (finished: every token's; running: this step's tokens'): {token id: logprob} of
+    # the top `logprobs` tokens and of the token itself (vLLM's dict, with floats for its Logprob
+    # objects), the raw model's log-softmax; None unless asked
     logprobs: list[dict[int, float]] | None = None
     cumulative_logprob: float | None = None
     num_tokens: int = 0                   # output tokens so far

@@ -17,12 +17,12 @@ from minicb.config import ResolvedConfig
 from minicb.model.attention import AttentionMetadata
 from minicb.model.llama import LlamaForCausalLM
 from minicb.model.loader import DTYPES
-from minicb.sampling import Sampler, SamplerOutput
-from minicb.scheduler.base import SchedulerOutput
-from minicb.speculative import accept
+from minicb.sampling import Logprob, ModelRunnerOutput, Sampler
+from minicb.scheduler.base import ScheduledSeq, SchedulerOutput
+from minicb.spec.rejection import accept
 
 
-def _row_logits(seq, end: int) -> list[torch.Tensor]:
+def _row_logits(seq: ScheduledSeq, end: int) -> list[torch.Tensor]:
     """The packed positions whose logits a row needs, in order: its prompt positions (for prompt
     logprobs), then those it samples from (the last, or a verification row's 1 + k)."""
     parts = []
@@ -65,8 +65,8 @@ def check_kv_fits(config: ResolvedConfig, *models_args) -> None:
 class ModelRunner:
     def __init__(self, model: LlamaForCausalLM, config: ResolvedConfig, pad_token_id: int = 0,
                  proposer=None):
-        """`proposer`: a draft model's (minicb.draft_model.DraftModelProposer), which drafts the
-        verification rows' tokens before each forward; None for no draft model."""
+        """`proposer`: a draft model's (minicb.spec.draft_model.DraftModelProposer), which drafts
+        the verification rows' tokens before each forward; None for no draft model."""
         self.model = model
         self.proposer = proposer
         self.config = config
@@ -182,34 +182,54 @@ class ModelRunner:
                 k_cache[destination] = k_cache[source]
                 v_cache[destination] = v_cache[source]
 
-    def execute(self, output: SchedulerOutput) -> SamplerOutput:
+    def execute(self, output: SchedulerOutput) -> ModelRunnerOutput:
         self.copy_blocks(output.block_copies)      # before the forward writes into the copies
         if self.proposer is not None:
             self.proposer.copy_blocks(output.block_copies)
             self.proposer.propose(output)          # the draft's tokens, before the target's pass
         input_ids, positions, meta, logits_indices = self.prepare(output)
+        rows = [s for s in output.seqs if s.needs_logits]
         logits = self.model(input_ids, positions, self.kv_caches, meta, logits_indices)
         prompt_logprobs = None
         if any(s.prompt_targets for s in output.seqs):
             logits, prompt_logprobs = self._prompt_logprobs(output.seqs, logits)
-        sampled = self._sample([s for s in output.seqs if s.needs_logits], logits)
-        sampled.prompt_logprobs = prompt_logprobs
-        return sampled
+        result = self.sample(rows, logits)
+        result.prompt_logprobs = prompt_logprobs
+        if self.proposer is not None:
+            self.proposer.catch_up([s for s, tokens in zip(rows, result.sampled_token_ids)
+                                    if s.proposal and tokens and len(tokens) > len(s.proposal)])
+        return result
 
-    def _sample(self, rows, logits: torch.Tensor) -> SamplerOutput:
-        if not rows:  # only intermediate prefill chunks this step: nothing to sample
-            return SamplerOutput([], [])
-        if any(s.proposal for s in rows):
-            return self._verify_and_sample(rows, logits)
-        params, generators = [s.params for s in rows], [s.generator for s in rows]
-        states = [s.logits_state for s in rows]
-        try:
-            return self.sampler(logits, params, generators, states)
-        except Exception:
-            return self._sample_rows_apart(logits, params, generators, states)
+    def sample(self, rows: list[ScheduledSeq], logits: torch.Tensor) -> ModelRunnerOutput:
+        """Every row's tokens, one path for all: `logits` holds each row's `num_logits`
+        positions in turn (one for a decode or a prompt's last chunk, 1 + k for a verification
+        row). The one-position rows are sampled together by the sampler; each verification row
+        goes to the acceptance rule (minicb.spec.rejection.accept, with the request's own
+        generator), which keeps 1 to k + 1 tokens; then every kept token's logprob, read by the
+        sampler from its own position's logits."""
+        firsts = [0]
+        for seq in rows:
+            firsts.append(firsts[-1] + seq.num_logits)
+        tokens: list[list[int] | None] = [None] * len(rows)
+        errors: list[str | None] = [None] * len(rows)
+        plain = [i for i, s in enumerate(rows) if not s.proposal]
+        if plain:
+            at = torch.tensor([firsts[i] for i in plain]) if len(plain) < len(rows) else None
+            drawn, failed = self._sample_plain(logits if at is None else logits[at],
+                                               [rows[i] for i in plain])
+            for i, token, error in zip(plain, drawn, failed):
+                tokens[i], errors[i] = (None if token is None else [token]), error
+        for i, seq in enumerate(rows):
+            if seq.proposal:
+                try:
+                    tokens[i] = accept(logits[firsts[i]:firsts[i + 1]], seq.proposal, seq.params,
+                                       seq.generator, seq.draft_probs)
+                except Exception as error:
+                    errors[i] = f"verification failed: {type(error).__name__}: {error}"
+        return ModelRunnerOutput(tokens, self._logprobs(rows, logits, firsts, tokens), errors)
 
     @staticmethod
-    def _prompt_logprobs(seqs, logits: torch.Tensor):
+    def _prompt_logprobs(seqs: list[ScheduledSeq], logits: torch.Tensor):
         """Split the prompt positions' logits (each row's first len(prompt_targets)) from those to
         sample, and turn them into each asking row's prompt logprobs: the log-softmax of the raw
         logits at position p, read at prompt token p + 1, with the top prompt_logprobs."""
@@ -223,61 +243,45 @@ class ModelRunner:
                   for index, s in enumerate(seqs) if s.prompt_targets}
         return logits[~is_prompt], by_row
 
-    def _verify_and_sample(self, rows, logits: torch.Tensor) -> SamplerOutput:
-        """A step with verification rows: each one's 1 + k logits go to the acceptance rule
-        (minicb.speculative.accept, with the request's own generator), which gives its list of
-        1 to k + 1 tokens and their logprobs; the other rows are sampled together as usual."""
-        firsts = torch.tensor([0] + [s.num_logits for s in rows]).cumsum(0).tolist()
-        plain = [i for i, s in enumerate(rows) if not s.proposal]
-        tokens: list = [None] * len(rows)
-        logprobs: list = [None] * len(rows)
-        errors: list = [None] * len(rows)
-        if plain:
-            last = torch.tensor([firsts[i] for i in plain])
-            params = [rows[i].params for i in plain]
-            generators = [rows[i].generator for i in plain]
-            states = [rows[i].logits_state for i in plain]
+    def _sample_plain(self, logits: torch.Tensor, rows: list[ScheduledSeq]
+                      ) -> tuple[list[int | None], list[str | None]]:
+        """One token per row, the batch at once. If one request's settings break the batch's
+        sampling, each row is sampled alone, so only a row that fails by itself goes without a
+        token (the engine ends that request, with the error, and every other request carries
+        on)."""
+        params, generators = [s.params for s in rows], [s.generator for s in rows]
+        states = [s.logits_state for s in rows]
+        try:
+            return (self.sampler.sample(logits, params, generators, states).tolist(),
+                    [None] * len(rows))
+        except Exception:
+            pass
+        tokens: list[int | None] = []
+        errors: list[str | None] = []
+        for row in range(len(rows)):
             try:
-                sampled = self.sampler(logits[last], params, generators, states)
-            except Exception:
-                sampled = self._sample_rows_apart(logits[last], params, generators, states)
-            sampled_errors = sampled.errors or [None] * len(plain)
-            for j, i in enumerate(plain):
-                tokens[i], logprobs[i] = sampled.token_ids[j], sampled.logprobs[j]
-                errors[i] = sampled_errors[j]
-        all_accepted = []
-        for i, seq in enumerate(rows):
-            if seq.proposal:
-                try:
-                    row_logits = logits[firsts[i]:firsts[i + 1]]
-                    kept = accept(row_logits, seq.proposal, seq.params, seq.generator,
-                                  seq.draft_probs)
-                    if len(kept) > len(seq.proposal):
-                        all_accepted.append(seq)
-                    # logprobs of each kept token from its own position's logits
-                    logprobs[i] = Sampler._logprobs(row_logits[:len(kept)].float(),
-                                                    torch.tensor(kept), [seq.params] * len(kept))
-                    tokens[i] = kept
-                except Exception as error:
-                    errors[i] = f"verification failed: {type(error).__name__}: {error}"
-        if self.proposer is not None:
-            self.proposer.catch_up(all_accepted)
-        return SamplerOutput(tokens, logprobs, errors)
-
-    def _sample_rows_apart(self, logits, params, generators, states) -> SamplerOutput:
-        """One request's settings broke the batch's sampling: sample each row alone, so only a
-        row that fails by itself goes without a token (the engine ends that request, with the
-        error, and every other request carries on)."""
-        tokens, logprobs, errors = [], [], []
-        for row in range(logits.shape[0]):
-            try:
-                one = self.sampler(logits[row:row + 1], params[row:row + 1],
-                                   generators[row:row + 1], states[row:row + 1])
-                tokens.append(one.token_ids[0])
-                logprobs.append(one.logprobs[0])
+                tokens += self.sampler.sample(logits[row:row + 1], params[row:row + 1],
+                                              generators[row:row + 1],
+                                              states[row:row + 1]).tolist()
                 errors.append(None)
             except Exception as error:
                 tokens.append(None)
-                logprobs.append(None)
                 errors.append(f"sampling failed: {type(error).__name__}: {error}")
-        return SamplerOutput(tokens, logprobs, errors)
+        return tokens, errors
+
+    def _logprobs(self, rows: list[ScheduledSeq], logits: torch.Tensor, firsts: list[int],
+                  tokens: list[list[int] | None]) -> list[list[Logprob | None] | None]:
+        """Each kept token's logprob from its own position's logits, in one call of the sampler
+        over the rows that asked for them; None for the others."""
+        asked = [i for i, (s, t) in enumerate(zip(rows, tokens))
+                 if t is not None and s.params.logprobs is not None]
+        result: list[list[Logprob | None] | None] = [None] * len(rows)
+        if not asked:
+            return result
+        positions = [firsts[i] + j for i in asked for j in range(len(tokens[i]))]
+        kept = torch.tensor([t for i in asked for t in tokens[i]])
+        params = [rows[i].params for i in asked for _ in tokens[i]]
+        flat = iter(self.sampler.logprobs(logits[positions], kept, params))
+        for i in asked:
+            result[i] = [next(flat) for _ in tokens[i]]
+        return result

@@ -192,41 +192,80 @@ def _check_text(name: str, text: str) -> None:
                          "send valid UTF-8.") from None
 
 
+Logprob = tuple[float, dict[int, float]]   # (the chosen token's logprob, {id: logprob} of the top)
+
+
 @dataclass
 class SamplerOutput:
+    """The sampler's answer for a batch of rows, one token each."""
+
     token_ids: list[int]
     # per row: (logprob of the chosen token, {token_id: logprob} of the top-k) or None
-    logprobs: list[tuple[float, dict[int, float]] | None]
+    logprobs: list[Logprob | None]
     # per row, when a row could not be sampled: why (its token is None); None when all went well
     errors: list[str | None] | None = None
+
+
+@dataclass
+class ModelRunnerOutput:
+    """A step's result, one entry per row that needed logits, whatever the row was: a decode or a
+    prompt's last chunk yields one token, a speculative verification row 1 to k + 1. Every path
+    after the model (the scheduler's update, the simulators) reads this one shape."""
+
+    sampled_token_ids: list[list[int] | None]    # None: the row could not be sampled
+    logprobs: list[list[Logprob | None] | None]  # per row, one entry per token; None: not asked
+    errors: list[str | None]                     # per row: why it has no tokens, else None
     # prompt log-probabilities, by the row's index in the step's SchedulerOutput.seqs: one
     # {token id: logprob} per prompt position the row computed (the next prompt token's and the
     # top prompt_logprobs); None when no row asked
     prompt_logprobs: dict[int, list[dict[int, float]]] | None = None
 
+    @classmethod
+    def of(cls, sampled: ModelRunnerOutput | SamplerOutput | Sequence[int | None]
+           ) -> ModelRunnerOutput:
+        """Read a sampler's one-token-per-row answer, or a plain list of token ids (a model-free
+        runner's), as a step's result."""
+        if isinstance(sampled, ModelRunnerOutput):
+            return sampled
+        if not isinstance(sampled, SamplerOutput):
+            sampled = SamplerOutput(list(sampled), [None] * len(sampled))
+        return cls([None if t is None else [t] for t in sampled.token_ids],
+                   [None if lp is None else [lp] for lp in sampled.logprobs],
+                   sampled.errors or [None] * len(sampled.token_ids))
+
 
 class Sampler:
-    """Greedy at temperature 0; otherwise temperature → (top-k → top-p) → one inverse-CDF draw."""
+    """Greedy at temperature 0; otherwise temperature → (top-k → top-p) → one inverse-CDF draw.
+
+    Its public functions are the only place these rules live: the runner samples every row with
+    `sample` and reads every emitted token's logprob with `logprobs`; speculative decoding's
+    acceptance rule and the draft model draw from `probs` with `draw`."""
 
     def __call__(self, logits: torch.Tensor, params: list[SamplingParams],
                  generators: list[torch.Generator],
                  states: Sequence[LogitsState | None] | None = None) -> SamplerOutput:
-        """`states`: each row's LogitsState (minicb.logits_process), for rows with penalties,
-        min_tokens or a grammar; None where no row has any."""
-        raw = logits.float()
+        """One token per row, with its logprobs (of the raw logits, as vLLM's default mode)."""
+        logits = logits.float()
+        tokens = self.sample(logits, params, generators, states)
+        return SamplerOutput(tokens.tolist(), self.logprobs(logits, tokens, params))
+
+    @staticmethod
+    def sample(logits: torch.Tensor, params: list[SamplingParams],
+               generators: list[torch.Generator],
+               states: Sequence[LogitsState | None] | None = None) -> torch.Tensor:
+        """One token per row: the argmax for a greedy row, a draw for the others, after the
+        rows' logits processors. `states`: each row's LogitsState (minicb.logits_process), for
+        rows with penalties, min_tokens or a grammar; None where no row has any."""
         # the one hook: penalties, bias, filters and grammar masks, on the rows that ask
-        logits = apply_logits_processors(raw, params, states)
+        logits = apply_logits_processors(logits.float(), params, states)
         greedy = [p.greedy for p in params]
         if all(greedy):
-            tokens = logits.argmax(dim=-1)
-        elif not any(greedy):
-            tokens = self._sample(logits, params, generators)
-        else:
-            tokens = torch.where(torch.tensor(greedy, device=logits.device), logits.argmax(dim=-1),
-                                 self._sample(logits, params, generators))
-        token_ids = tokens.tolist()
-        # log-probabilities of the raw logits, as vLLM's default logprobs mode
-        return SamplerOutput(token_ids, self._logprobs(raw, tokens, params))
+            return logits.argmax(dim=-1)
+        drawn = Sampler.draw(Sampler.probs(logits, params), generators)
+        if not any(greedy):
+            return drawn
+        return torch.where(torch.tensor(greedy, device=logits.device), logits.argmax(dim=-1),
+                           drawn)
 
     @staticmethod
     def probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
@@ -244,12 +283,13 @@ class Sampler:
             # float64: a tiny top_p (1e-300) must stay above 0, where it keeps the top token alone
             top_p = torch.tensor([params[r].top_p for r in restricted], device=device,
                                  dtype=torch.float64)
-            probs[rows] = Sampler._keep_top_k_top_p(probs[rows], top_k, top_p)
+            probs[rows] = Sampler.keep_top_k_top_p(probs[rows], top_k, top_p)
         return probs
 
     @staticmethod
     def draw(probs: torch.Tensor, generators: list[torch.Generator]) -> torch.Tensor:
-        """One token per row by inverse CDF, one uniform from each row's own generator."""
+        """One token per row by inverse CDF, one uniform from each row's own generator. The rows
+        need not be normalised: the draw scales the uniform by each row's total."""
         cdf = probs.cumsum(dim=-1)
         uniforms = torch.cat([torch.rand(1, generator=g) for g in generators]).to(probs.device)
         # the first token whose cumulative mass exceeds u * total: a token of mass 0 is never it
@@ -257,13 +297,8 @@ class Sampler:
         return choice.clamp(max=probs.shape[-1] - 1).squeeze(1)
 
     @staticmethod
-    def _sample(logits: torch.Tensor, params: list[SamplingParams],
-                generators: list[torch.Generator]) -> torch.Tensor:
-        return Sampler.draw(Sampler.probs(logits, params), generators)
-
-    @staticmethod
-    def _keep_top_k_top_p(probs: torch.Tensor, top_k: torch.Tensor,
-                          top_p: torch.Tensor) -> torch.Tensor:
+    def keep_top_k_top_p(probs: torch.Tensor, top_k: torch.Tensor,
+                         top_p: torch.Tensor) -> torch.Tensor:
         """Zero every token outside the row's top_k most likely, then outside the smallest set of
         the most likely whose mass (renormalised over the top_k) reaches top_p; the first always
         stays."""
@@ -277,13 +312,15 @@ class Sampler:
         return torch.zeros_like(probs).scatter_(1, sorted_ids, sorted_probs)
 
     @staticmethod
-    def _logprobs(logits: torch.Tensor, tokens: torch.Tensor,
-                  params: list[SamplingParams]) -> list[tuple[float, dict[int, float]] | None]:
+    def logprobs(logits: torch.Tensor, tokens: torch.Tensor,
+                 params: list[SamplingParams]) -> list[Logprob | None]:
+        """Row r's chosen token `tokens[r]`: its logprob and the row's top `params[r].logprobs`,
+        from the raw logits (as vLLM reports them); None for a row that asked for none."""
         return Sampler.top_logprobs(logits, tokens, [p.logprobs for p in params])
 
     @staticmethod
     def top_logprobs(logits: torch.Tensor, tokens: torch.Tensor,
-                     wanted: list[int | None]) -> list[tuple[float, dict[int, float]] | None]:
+                     wanted: list[int | None]) -> list[Logprob | None]:
         """Per row: (the log-probability of `tokens[row]`, {token id: log-probability} of the
         row's top wanted[row] tokens and of tokens[row] itself, as vLLM's), or None where
         wanted[row] is None. The log-softmax of the logits as given, in float32."""
@@ -294,7 +331,7 @@ class Sampler:
         k = max(w or 0 for w in wanted)
         top_values, top_ids = logprobs.topk(max(k, 1), dim=-1)
         token_ids = tokens.tolist()
-        result: list[tuple[float, dict[int, float]] | None] = []
+        result: list[Logprob | None] = []
         for row, w in enumerate(wanted):
             if w is None:
                 result.append(None)

@@ -7,7 +7,7 @@ prefix agrees at position j exactly when the draft's argmax after the target's f
 the target's token j + 1. So ONE forward pass of each model over the target's greedy completion
 tells, for every position, how many proposals a verification step starting there would accept:
 the run of agreeing positions from it, capped at k. Prompt lookup is scored the same way, from
-`minicb.speculative.propose_ngram` on the prompt plus the output so far.
+`minicb.spec.ngram.propose_ngram` on the prompt plus the output so far.
 
 Writes ``draft_eval.json`` into the draft model's directory: the agreement rate per position and
 the mean tokens per verification step for k = 1..8, for both proposers, on the held-out files'
@@ -33,7 +33,7 @@ sys.path.insert(0, str(SCRIPTS))
 sys.path.insert(0, str(SCRIPTS.parent))
 import evaluate_default_model as E  # noqa: E402  (prompts and greedy completion)
 
-from minicb.speculative import propose_ngram  # noqa: E402
+from minicb.spec.ngram import propose_ngram  # noqa: E402
 
 
 def tokens_per_step(agree: list[bool], k: int) -> float:

@@ -16,7 +16,7 @@ al. 2023; Chen et al. 2023): accept a proposed token x with probability min(1, p
 at the first rejection draw from max(0, p - q), normalised; every emitted token is then
 distributed as the target's own sample.
 
-Your two functions replace minicb's (minicb/speculative.py) inside the real engine: the
+Your two functions replace minicb's (minicb/spec/) inside the real engine: the
 scheduler proposes with your `propose_ngram`, the runner verifies with your `accept`, and the
 greedy output must still equal transformers'.
 
@@ -30,7 +30,7 @@ from collections.abc import Sequence
 import torch
 
 from minicb.sampling import SamplingParams
-from minicb.speculative import target_probs  # noqa: F401 (given: the sampled rule uses it)
+from minicb.spec.rejection import target_probs  # noqa: F401 (given: the sampled rule uses it)
 
 
 def propose_ngram(token_ids: Sequence[int], k: int, min_n: int = 2, max_n: int = 4) -> list[int]:

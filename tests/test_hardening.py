@@ -88,14 +88,14 @@ def test_a_request_whose_sampling_fails_ends_alone(llm, monkeypatch):
               SamplingParams(max_tokens=6, temperature=0.9, seed=7, ignore_eos=True),
               SamplingParams(max_tokens=6, **GREEDY)]
     alone = llm.generate([prompts[0], prompts[2]], [params[0], params[2]], use_tqdm=False)
-    original = Sampler._sample
+    original = Sampler.sample
 
-    def poisoned(logits, row_params, generators):
+    def poisoned(logits, row_params, generators, states=None):
         if any(p.seed == 7 for p in row_params):
             raise RuntimeError("a fault in this request's sampling")
-        return original(logits, row_params, generators)
+        return original(logits, row_params, generators, states)
 
-    monkeypatch.setattr(Sampler, "_sample", staticmethod(poisoned))
+    monkeypatch.setattr(Sampler, "sample", staticmethod(poisoned))
     outputs = llm.generate(prompts, params, use_tqdm=False)
     assert outputs[1].outputs[0].finish_reason == "error" and "a fault" in outputs[1].error
     assert [outputs[0].outputs[0].token_ids, outputs[2].outputs[0].token_ids] == \

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from minicb.sampling import SamplingParams
-from minicb.speculative import accept, propose_ngram, target_probs
+from minicb.spec import accept, propose_ngram, target_probs
 
 SIGNIFICANCE = 1e-3         # the chi-square tests reject at this p-value (seeded: deterministic)
 

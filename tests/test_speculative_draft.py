@@ -29,7 +29,8 @@ from test_speculative_engine import (
 import minicb.runner
 from minicb import LLM, SamplingParams
 from minicb.config import EngineConfig
-from minicb.speculative import _draw, accept, target_probs
+from minicb.sampling import Sampler
+from minicb.spec import accept, target_probs
 
 DRAFT = dict(speculative_method="draft_model", num_speculative_tokens=3)
 SIGNIFICANCE = 1e-3       # the chi-square test rejects at this p-value (seeded: deterministic)
@@ -253,8 +254,8 @@ def _resampling_from_p(logits, proposed, params, generator=None, draft_probs=Non
     for i, token in enumerate(proposed):
         ratio = float(p[i, token] / draft_probs[i, token])
         if torch.rand(1, generator=generator, dtype=torch.float64).item() >= ratio:
-            return list(proposed[:i]) + [_draw(p[i], generator)]
-    return list(proposed) + [_draw(p[-1], generator)]
+            return list(proposed[:i]) + Sampler.draw(p[i:i + 1], [generator]).tolist()
+    return list(proposed) + Sampler.draw(p[-1:], [generator]).tolist()
 
 
 def _without_checking(logits, proposed, params, generator=None, draft_probs=None):

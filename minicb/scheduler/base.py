@@ -11,7 +11,7 @@ from minicb.config import EngineConfig
 from minicb.kv.base import KVManager
 from minicb.logits_process import LogitsState
 from minicb.request import Request, RequestStatus
-from minicb.sampling import SamplerOutput, SamplingParams
+from minicb.sampling import ModelRunnerOutput, SamplerOutput, SamplingParams
 from minicb.scheduler.queue import WaitingQueue
 
 
@@ -43,7 +43,7 @@ class ScheduledSeq:
     proposal: list[int] = field(default_factory=list)
     # the proposer's distribution q for each proposed token ([k, vocab]) when it sampled them
     # (a draft model, for a sampled request); None for a deterministic proposer or a greedy one.
-    # A draft model's row is planned with k placeholder proposals: minicb.draft_model fills in
+    # A draft model's row is planned with k placeholder proposals: minicb.spec.draft_model fills
     # them and this before the target's forward
     draft_probs: torch.Tensor | None = None
     # prompt log-probabilities: the prompt tokens this row's first positions predict, one per
@@ -201,73 +201,57 @@ class Scheduler:
 
     # --- after the model ran -----------------------------------------------------------------
     def update(self, output: SchedulerOutput,
-               sampled: SamplerOutput | Sequence[int | None]) -> list[Request]:
+               sampled: ModelRunnerOutput | SamplerOutput | Sequence[int | None]
+               ) -> list[Request]:
         """Apply one step's results, the only place they are applied: every row's computed
-        tokens, and for each row that needed logits its token, logprobs or error, then the stop
+        tokens, and for each row that needed logits its tokens (one for a decode or a prompt's
+        last chunk, 1 to k + 1 for a verification row), logprobs or error, through the stop
         checks (EOS, stop token ids, max_tokens, max_model_len). `sampled` has one entry per row
-        that needed logits; a plain list of token ids stands for tokens without logprobs. Stop
-        strings need the text: the engine checks them afterwards (minicb.detokenizer).
+        that needed logits (minicb.sampling.ModelRunnerOutput; a sampler's one-token answer or a
+        plain list of token ids reads as one token per row). Stop strings need the text: the
+        engine checks them afterwards (minicb.detokenizer).
 
         Returns the requests that got a token or finished this step.
         """
-        if not isinstance(sampled, SamplerOutput):
-            sampled = SamplerOutput(list(sampled), [None] * len(sampled))
+        sampled = ModelRunnerOutput.of(sampled)
         now, step = self.clock(), output.step
-        errors = sampled.errors or [None] * len(sampled.token_ids)
-        results = iter(zip(sampled.token_ids, sampled.logprobs, errors))
+        results = iter(zip(sampled.sampled_token_ids, sampled.logprobs, sampled.errors))
         touched: list[Request] = []
         for index, seq in enumerate(output.seqs):
-            request = seq.request
             if seq.ghost:
                 continue
             if sampled.prompt_logprobs is not None and index in sampled.prompt_logprobs:
-                _record_prompt_logprobs(request, seq.start, sampled.prompt_logprobs[index])
-            if seq.proposal:
-                token, logprob, error = next(results)
-                touched.append(request)
-                self._apply_verified(request, seq, token, logprob, error, now, step)
+                _record_prompt_logprobs(seq.request, seq.start, sampled.prompt_logprobs[index])
+            if not seq.needs_logits:          # a prompt chunk before the last: KV only
+                seq.request.num_computed_tokens += seq.num_tokens
+                self.kv.cache_full_blocks(seq.request)
                 continue
-            request.num_computed_tokens += seq.num_tokens
-            self.kv.cache_full_blocks(request)
-            if not seq.needs_logits:
+            tokens, logprobs, error = next(results)
+            touched.append(seq.request)
+            if tokens is None:        # this row could not be sampled
+                seq.request.error = error or "the row could not be sampled"
+                self.finish(seq.request, RequestStatus.FINISHED_ERROR)
                 continue
-            token, logprob, error = next(results)
-            touched.append(request)
-            if token is None:        # this row could not be sampled
-                request.error = error or "the row could not be sampled"
-                self.finish(request, RequestStatus.FINISHED_ERROR)
-                continue
-            request.output_token_ids.append(token)
-            if logprob is not None:
-                request.logprobs.append(logprob)
-            if request.logits_state is not None and not request.logits_state.accept(token):
-                request.error = f"token {token} does not follow the request's grammar"
-                self.finish(request, RequestStatus.FINISHED_ERROR)
-                continue
-            request.times.token_times.append(now)
-            request.times.token_steps.append(step)
-            if request.times.first_token is None:
-                request.times.first_token, request.times.first_token_step = now, step
-            reason = self.check_stop(request, token)
-            if reason is not None:
-                self.finish(request, reason)
+            self._append_tokens(seq, tokens, logprobs, now, step)
         self.after_update(output)
         return touched
 
-    def _apply_verified(self, request: Request, seq: ScheduledSeq, tokens: list[int] | None,
-                        logprobs: list | None, error: str | None, now: float, step: int) -> None:
-        """A verification row's result: the 1 to k + 1 tokens acceptance kept, applied one at a
-        time through the stop checks (the first that ends the request drops the rest), then the
-        rollback: only the positions whose tokens were kept count as computed, and the blocks past
-        them go back to the pool, before any full block is offered to the prefix cache."""
-        if tokens is None:
-            request.error = error or "the row could not be verified"
-            self.finish(request, RequestStatus.FINISHED_ERROR)
-            return
-        request.num_proposed_tokens += len(seq.proposal)
-        request.num_accepted_tokens += len(tokens) - 1
-        request.num_verify_steps += 1
-        times = request.times
+    def _append_tokens(self, seq: ScheduledSeq, tokens: list[int],
+                       logprobs: list | None, now: float, step: int) -> None:
+        """A row's 1 to k + 1 tokens, applied one at a time through the stop checks (the first
+        that ends the request drops the rest); then what the row computed, less the rollback.
+
+        The row fed `num_tokens` positions from `start`. Its last position's token is the newest
+        one, computed next step; a verification row's positions after the last kept token hold
+        rejected proposals, so only `start + num_tokens - rejected` positions count as computed
+        and the blocks past them go back to the pool, before any full block is offered to the
+        prefix cache. A decode row rejects nothing: it is the k = 0 case of the same rule."""
+        request, times = seq.request, seq.request.times
+        if seq.proposal:
+            request.num_proposed_tokens += len(seq.proposal)
+            request.num_accepted_tokens += len(tokens) - 1
+            request.num_verify_steps += 1
+        reason, kept = None, 0
         for index, token in enumerate(tokens):
             request.output_token_ids.append(token)
             if logprobs is not None and logprobs[index] is not None:
@@ -280,15 +264,17 @@ class Scheduler:
             times.token_steps.append(step)
             if times.first_token is None:
                 times.first_token, times.first_token_step = now, step
+            kept += 1
             reason = self.check_stop(request, token)
             if reason is not None:
-                self.finish(request, reason)
-                return
-        # positions start .. start + len(tokens) - 1 hold the last token and the accepted
-        # proposals; the newest token (the target's own) is computed next step
-        request.num_computed_tokens = seq.start + len(tokens)
-        self.kv.truncate(request, request.num_computed_tokens)
+                break
+        rejected = seq.num_logits - kept
+        request.num_computed_tokens = seq.start + seq.num_tokens - rejected
+        if rejected:
+            self.kv.truncate(request, request.num_computed_tokens)
         self.kv.cache_full_blocks(request)
+        if reason is not None:
+            self.finish(request, reason)
 
     def check_stop(self, request: Request, token: int) -> RequestStatus | None:
         """Whether `token`, just appended, ends the request: EOS, a stop token id, or a length."""

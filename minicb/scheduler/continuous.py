@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from minicb.request import Request, RequestStatus
 from minicb.scheduler.base import ScheduledSeq, Scheduler, SchedulerOutput
-from minicb.speculative import propose_ngram
+from minicb.spec.ngram import propose_ngram
 
 
 @dataclass

@@ -72,9 +72,9 @@ class StreamDelta:
     metrics: RequestMetrics | None = None  # on the finished delta
     error: str | None = None
     index: int = 0
-    # when the request asked for them (SamplingParams.logprobs, prompt_logprobs): per new token
-    # {token_id: logprob} of the top-k and the chosen token; the prompt's, once, on the first
-    # delta that carries them (None for the prompt's first token)
+    # this delta's tokens' {token id: logprob} (SamplingParams.logprobs: the top-k and the chosen
+    # token), and the prompt's with its token ids (prompt_logprobs, on a request's first delta and
+    # its last; None for the prompt's first token); None unless asked
     logprobs: list[dict[int, float]] | None = None
     prompt_token_ids: list[int] | None = None
     prompt_logprobs: list[dict[int, float] | None] | None = None
@@ -380,15 +380,16 @@ class AsyncLLMEngine:
     def _to_delta(output: RequestOutput) -> StreamDelta:
         """The engine streams text (engine.stream_text): each output carries its step's text."""
         completion = output.outputs[0]
-        new, logprobs = list(output.new_token_ids), completion.logprobs
+        logprobs = completion.logprobs
+        if logprobs is not None and output.finished:     # a finished output carries them all
+            logprobs = logprobs[len(logprobs) - len(output.new_token_ids):]
         prompt_logprobs = output.prompt_logprobs
-        return StreamDelta(output.request_id, new, completion.new_text,
+        return StreamDelta(output.request_id, list(output.new_token_ids), completion.new_text,
                            output.finished, completion.finish_reason, len(output.prompt_token_ids),
                            completion.num_tokens, output.metrics, output.error, completion.index,
-                           # a finished output holds every token's: the step's are the last
-                           None if logprobs is None else logprobs[len(logprobs) - len(new):],
-                           None if prompt_logprobs is None else list(output.prompt_token_ids),
-                           prompt_logprobs)
+                           logprobs=logprobs, prompt_logprobs=prompt_logprobs,
+                           prompt_token_ids=None if prompt_logprobs is None
+                           else list(output.prompt_token_ids))
 
     def _abort_everything(self) -> None:
         for request_id in self.engine.request_ids():

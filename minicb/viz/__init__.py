@@ -12,7 +12,7 @@ Knobs: knob_sweep (numbers), knob_view (the picture for one setting), knob_widge
 Memory: block_map, block_reuse, free_blocks_timeline. Kernels: paged_lookup. Steps: step_costs.
 Speculative decoding: verify_steps (what each step kept), accepted_lengths (tokens per step).
 A router's choices over a trace: routing_strips.
-Several GPUs (minicb.cluster_sim, bench disagg): cluster_timeline, slo_attainment_curves,
+Several GPUs (minicb.sim.cluster, bench disagg): cluster_timeline, slo_attainment_curves,
 goodput_bars, slo_scale_plot, tp_parts, tp_tpot.
 The interview quiz: quiz_widget, interview_markdown. The engine's own code: show_source
 (show_file for the C kernels).

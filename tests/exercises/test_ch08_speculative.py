@@ -13,7 +13,7 @@ from test_speculative import SIGNIFICANCE, TARGET, _chi_square_p_value, _stream
 
 import minicb.runner
 import minicb.scheduler.continuous
-import minicb.speculative
+import minicb.spec
 from minicb import LLM, SamplingParams
 from minicb.model.default import default_model_path
 
@@ -32,7 +32,7 @@ def test_ch08_proposer_behaves_like_minicbs(seed):
         tokens = [rng.randrange(4) for _ in range(rng.randint(1, 24))]
         k, min_n = rng.randint(0, 6), rng.randint(1, 3)
         max_n = rng.randint(min_n, 5)
-        expected = minicb.speculative.propose_ngram(tokens, k, min_n, max_n)
+        expected = minicb.spec.propose_ngram(tokens, k, min_n, max_n)
         got = ch08.propose_ngram(tokens, k, min_n, max_n)
         assert got == expected, (
             f"propose_ngram({tokens}, k={k}, min_n={min_n}, max_n={max_n}) should propose "
@@ -49,7 +49,7 @@ def test_ch08_greedy_accept_behaves_like_minicbs():
         target = logits.argmax(dim=-1).tolist()
         agree = rng.randint(0, k)              # the proposal agrees for a while, then may not
         proposed = target[:agree] + [rng.randrange(16) for _ in range(k - agree)]
-        expected = minicb.speculative.accept(logits, proposed, greedy)
+        expected = minicb.spec.accept(logits, proposed, greedy)
         got = ch08.accept(logits, proposed, greedy)
         assert got == expected, (
             f"case {case}: proposed {proposed}, the target's argmax at each row {target}: "

@@ -26,7 +26,7 @@ in three moves:
 
 Greedy requests draft by the draft's argmax; sampled ones draw from q, the draft's distribution
 under the request's own temperature, top-k and top-p, with the request's generator, and
-`ScheduledSeq.draft_probs` carries q to the rejection rule (minicb.speculative.accept).
+`ScheduledSeq.draft_probs` carries q to the rejection rule (minicb.spec.rejection.accept).
 """
 
 from __future__ import annotations
