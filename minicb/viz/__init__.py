@@ -56,7 +56,13 @@ from minicb.viz.schedule import (
            slot_grid,
            slot_timeline,
 )
-from minicb.viz.serving import load_study_plot, rate_label, routing_strips, step_costs
+from minicb.viz.serving import (
+    load_study_plot,
+    peer_load_plot,
+    rate_label,
+    routing_strips,
+    step_costs,
+)
 from minicb.viz.source import show_file, show_source
 from minicb.viz.speculative import accepted_lengths, verify_steps
 
@@ -68,7 +74,8 @@ __all__ = ["PALETTE", "format_table", "new_figure", "request_colour", "attention
            "interview_markdown", "quiz_card", "quiz_widget", "compare_timelines", "draw_slots",
            "kv_usage", "kv_usage_timeline", "slot_grid", "slot_timeline", "step_costs",
            "routing_strips",
-           "show_source", "show_file", "load_study_plot", "rate_label", "decode_grid_picture",
+           "show_source", "show_file", "load_study_plot", "peer_load_plot", "rate_label",
+           "decode_grid_picture",
            "decode_programs", "split_kv_picture", "split_ranges", "length_spread",
            "cluster_timeline", "goodput_bars", "slo_attainment_curves", "slo_scale_plot",
            "tp_parts", "tp_tpot", "accepted_lengths", "verify_steps"]
