@@ -9,9 +9,11 @@ blocks, prefix-cache queries, hits and evictions, latency histograms). Tokens st
 server-sent events when the request says `"stream": true`. `"n": k` (up to MAX_N) returns k
 samples as choices 0..k-1 (streamed chunks carry their choice's index); they share the prompt's
 KV blocks, sample i uses seed + i when a seed is given, and usage counts the prompt once and the
-completion tokens of every choice. A client that hangs up has its request (every sample of it)
-aborted and its KV blocks freed before the next step; a bad request gets HTTP 400 and an
-OpenAI-style error object; too many waiting requests get 503 with Retry-After.
+completion tokens of every choice. Log-probabilities (the prompt's too, with echo), penalties,
+logit bias, min_p, min_tokens and structured outputs are read by openai_sampling and written
+back in OpenAI's shapes by openai_logprobs. A client that hangs up has its request (every
+sample of it) aborted and its KV blocks freed before the next step; a bad request gets HTTP 400
+and an OpenAI-style error object; too many waiting requests get 503 with Retry-After.
 
 The continuous scheduler's policy knobs are flags (--policy, --step-order,
 --max-prefill-tokens-per-step, --max-wait-steps, --watermark-blocks; see benchmarks/policies.md).
