@@ -104,7 +104,9 @@ def _apply_grammar(logits: torch.Tensor, rows: list[tuple[int, StructuredOutputM
         matcher.fill_bitmask(bitmask, index)
     allowed = bitmask_to_bool(bitmask, vocab).to(logits.device)
     index = torch.tensor([row for row, _ in rows], device=logits.device)
-    logits[index] = logits[index].masked_fill(~allowed, float("-inf"))
+    # index_select / index_copy_: on a CPU several times faster than logits[index] with a tensor
+    masked = logits.index_select(0, index).masked_fill(~allowed, float("-inf"))
+    logits.index_copy_(0, index, masked)
 
 
 def _apply_min_tokens(logits: torch.Tensor, rows: list[int],
@@ -132,24 +134,31 @@ def _apply_logit_bias(logits: torch.Tensor, rows: list[tuple[int, dict[int, floa
 def _apply_penalties(logits: torch.Tensor, rows: list[int], params: list[SamplingParams],
                      states: Sequence[LogitsState | None]) -> None:
     """repetition_penalty over prompt + output tokens, then frequency and presence over output
-    tokens (vLLM's apply_penalties), on the rows' stacked counts."""
+    tokens (vLLM's apply_penalties), on the rows' stacked counts; a penalty no row asks for
+    costs nothing (each is a few full passes over [rows, vocab])."""
     if not rows:
         return
     device, vocab = logits.device, logits.shape[1]
     index = torch.tensor(rows, device=device)
     counts = torch.stack([states[r].output_counts for r in rows]).to(device)
     in_output = counts > 0
-    no_prompt = torch.zeros(vocab, dtype=torch.bool)
-    seen = torch.stack([states[r].prompt_mask if states[r].prompt_mask is not None else no_prompt
-                        for r in rows]).to(device) | in_output
-    repetition = torch.tensor([params[r].repetition_penalty for r in rows], device=device)
-    frequency = torch.tensor([params[r].frequency_penalty for r in rows], device=device)
-    presence = torch.tensor([params[r].presence_penalty for r in rows], device=device)
-    sub = logits[index]
-    factor = torch.where(seen, repetition[:, None], torch.ones_like(sub))
-    sub = torch.where(sub > 0, sub / factor, sub * factor)
-    sub = sub - frequency[:, None] * counts - presence[:, None] * in_output
-    logits[index] = sub
+    sub = logits.index_select(0, index)
+    if any(params[r].repetition_penalty != 1.0 for r in rows):
+        no_prompt = torch.zeros(vocab, dtype=torch.bool)
+        seen = torch.stack([states[r].prompt_mask if states[r].prompt_mask is not None
+                            else no_prompt for r in rows]).to(device) | in_output
+        repetition = torch.tensor([params[r].repetition_penalty for r in rows], device=device)
+        factor = torch.where(seen, repetition[:, None], 1.0)
+        # a positive logit divided, a negative one multiplied: the same values as a where() on
+        # the sign, for about half its time on a CPU
+        sub = sub.clamp(min=0) / factor + sub.clamp(max=0) * factor
+    if any(params[r].frequency_penalty for r in rows):
+        frequency = torch.tensor([params[r].frequency_penalty for r in rows], device=device)
+        sub = sub - frequency[:, None] * counts
+    if any(params[r].presence_penalty for r in rows):
+        presence = torch.tensor([params[r].presence_penalty for r in rows], device=device)
+        sub = sub - presence[:, None] * in_output
+    logits.index_copy_(0, index, sub)
 
 
 def _apply_min_p(logits: torch.Tensor, rows: list[int], params: list[SamplingParams]) -> None:
@@ -161,7 +170,7 @@ def _apply_min_p(logits: torch.Tensor, rows: list[int], params: list[SamplingPar
     index = torch.tensor(rows, device=logits.device)
     temperature = torch.tensor([params[r].temperature for r in rows], device=logits.device)
     min_p = torch.tensor([params[r].min_p for r in rows], device=logits.device)
-    sub = logits[index]
+    sub = logits.index_select(0, index)
     probs = (sub / temperature[:, None]).softmax(dim=-1)
     drop = probs < min_p[:, None] * probs.amax(dim=-1, keepdim=True)
-    logits[index] = sub.masked_fill(drop, float("-inf"))
+    logits.index_copy_(0, index, sub.masked_fill(drop, float("-inf")))
