@@ -24,17 +24,13 @@ from __future__ import annotations
 import json
 
 from minicb.sampling import MAX_LOGIT_BIAS as MAX_LOGIT_BIAS_ENTRIES
-from minicb.sampling import MAX_LOGPROBS, MAX_REPETITION_PENALTY
+from minicb.sampling import MAX_LOGPROBS, MAX_REPETITION_PENALTY, MIN_REPETITION_PENALTY
 from minicb.serving.errors import APIError
 from minicb.structured_outputs import MAX_CHOICES, MAX_CONSTRAINT_CHARS, StructuredOutputsParams
 
 # OpenAI's documented ranges
 MAX_PENALTY = 2.0                  # presence_penalty and frequency_penalty in [-2, 2]
 MAX_LOGIT_BIAS = 100.0             # each bias in [-100, 100]: -100 bans a token, 100 forces it
-# vLLM takes any repetition_penalty above 0; a value this small already multiplies every seen
-# token's logit by 100, and one below float32's smallest number (1.4e-45) becomes 0, which turns
-# a grammar mask's -inf into NaN (0 * -inf) and lets a masked token through
-MIN_REPETITION_PENALTY = 0.01
 # vLLM's structured_outputs fields this server reads: one constraint, and a whitespace switch
 EXTENSION_FIELDS = ("json", "regex", "choice", "grammar", "json_object", "disable_any_whitespace")
 
