@@ -15,6 +15,7 @@ import torch
 
 from minicb.config import ResolvedConfig
 from minicb.model.attention import AttentionMetadata
+from minicb.model.cuda_graphs import DecodeGraphs, graph_memory_bytes
 from minicb.model.llama import LlamaForCausalLM
 from minicb.model.loader import DTYPES
 from minicb.sampling import Logprob, ModelRunnerOutput, Sampler
@@ -33,15 +34,22 @@ def free_memory(device: torch.device) -> int:
 
 def check_kv_fits(config: ResolvedConfig, *models_args) -> None:
     """Refuse, before anything is allocated, a KV pool the machine cannot hold, naming the knobs
-    behind it. Each block holds every model's KV (the target's, and a draft model's)."""
+    behind it. Each block holds every model's KV (the target's, and a draft model's); the target's
+    CUDA graphs, captured after the pool, need their memory too (graph_memory_bytes)."""
     device = torch.device(config.device)
     per_token = sum(2 * args.num_layers * args.num_kv_heads * args.head_dim
                     * DTYPES[config.dtype].itemsize for args in models_args)
     kv_bytes = per_token * config.num_kv_blocks * config.block_size
-    available = free_memory(device)
+    graph_bytes = graph_memory_bytes(models_args[0], config)
+    available = free_memory(device) - graph_bytes
     if kv_bytes <= 0.9 * available:
         return
-    sized_by = f"num_kv_blocks={config.num_kv_blocks}" if config.given("num_kv_blocks") else \
+    if graph_bytes:
+        sized_by = f"after {graph_bytes / 2**30:.2f} GiB for CUDA graphs (enforce_eager=True " \
+            "frees it); "
+    else:
+        sized_by = ""
+    sized_by += f"num_kv_blocks={config.num_kv_blocks}" if config.given("num_kv_blocks") else \
         (f"num_kv_blocks defaulting to max_num_seqs={config.max_num_seqs} x max_model_len="
          f"{config.max_model_len} tokens")
     raise ValueError(f"the KV cache would need {kv_bytes / 2**30:.1f} GiB ({sized_by}, "
@@ -67,6 +75,15 @@ class ModelRunner:
         self.kv_caches = [(torch.zeros(shape, dtype=dtype, device=self.device),
                            torch.zeros(shape, dtype=dtype, device=self.device))
                           for _ in range(args.num_layers)]
+        self.graphs: DecodeGraphs | None = None     # decode-only steps through CUDA graphs
+
+    def use_cuda_graphs(self, capture: bool = True) -> None:
+        """Run decode-only steps through DecodeGraphs: captured (CUDA, after the KV pool), or with
+        capture=False replayed without capture (the same static buffers and padding, the model run
+        eagerly on them: how a CPU tests the path). Prefill, mixed and verification steps stay
+        eager."""
+        self.graphs = DecodeGraphs(self.model, self.kv_caches, self.config, capture,
+                                   self.pad_token_id)
 
     def kv_cache_bytes(self) -> int:
         """The pool's bytes: the model's caches and, with a draft model, the draft's."""
@@ -176,7 +193,10 @@ class ModelRunner:
             self.proposer.propose(output)          # the draft's tokens, before the target's pass
         input_ids, positions, meta, logits_indices = self.prepare(output)
         rows = [s for s in output.seqs if s.needs_logits]
-        logits = self.model(input_ids, positions, self.kv_caches, meta, logits_indices)
+        if self.graphs is not None and self.graphs.can_run(meta, len(rows)):
+            logits = self.graphs.run(input_ids, positions, meta)
+        else:
+            logits = self.model(input_ids, positions, self.kv_caches, meta, logits_indices)
         result = self.sample(rows, logits)
         if self.proposer is not None:
             self.proposer.catch_up([s for s, tokens in zip(rows, result.sampled_token_ids)

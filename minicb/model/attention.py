@@ -39,6 +39,9 @@ class AttentionMetadata:
     # the most rows a step may have to run in the fused CPU decode layer: the engine's fixed
     # setting (EngineConfig.max_fused_decode_rows), never the live thread count; None: no limit
     max_fused_decode_rows: int | None = None
+    # the Triton kernel's key splits per decode, fixed by a captured CUDA graph (its launch grid
+    # cannot change between replays); None: the kernel chooses from max_seqlen_k each step
+    num_splits: int | None = None
     _torch_plans: dict = field(default_factory=dict, init=False, repr=False, compare=False)
     _writes: tuple | None = field(default=None, init=False, repr=False, compare=False)
 
@@ -306,7 +309,7 @@ def triton_backend():
     def attend(q, k_cache, v_cache, meta, scale):
         return kernels.paged_attention(q, k_cache, v_cache, meta.cu_seqlens_q, meta.seq_lens,
                                        meta.block_tables, scale, meta.max_seqlen_q,
-                                       meta.max_seqlen_k)
+                                       meta.max_seqlen_k, num_splits=meta.num_splits)
 
     return write, attend
 
