@@ -181,14 +181,20 @@ def main(argv: list[str] | None = None) -> int:
             case = Case(model, dtype, path, n, min(n, 256), args.max_model_len)
             print(f"{model} ({dtype}), {n} chat requests")
             cases.append(measure(case, device, args.repeats, not args.no_hf, args.smoke))
+            # written after every case: a run cut short by a time limit keeps what it measured
+            written = write_payload(args, device, cases)
+            print(f"wrote {written}")
+    return 0
+
+
+def write_payload(args: argparse.Namespace, device: str, cases: list[dict]) -> Path:
     payload = dict(benchmark="graphs", smoke=args.smoke,
                    device_name=(torch.cuda.get_device_name() if device == "cuda" else "cpu"),
                    software=dict(torch=torch.__version__, cuda=torch.version.cuda,
                                  triton=_version("triton"), transformers=_version("transformers")),
                    cases=cases)
     path, _ = write_results(args.out, "graphs-smoke" if args.smoke else "graphs", payload)
-    print(f"wrote {path}")
-    return 0
+    return path
 
 
 def _version(package: str) -> str | None:
