@@ -198,7 +198,8 @@ class DecodeGraphs:
     def _capture_all(self) -> None:
         """Capture every size, largest first, into one memory pool: a smaller graph reuses the
         larger one's activations' memory (graphs replay one at a time). Each size runs once
-        eagerly first, on a side stream, so Triton compiles its kernels outside the capture.
+        eagerly first, on a side stream, so Triton compiles its kernels outside the capture (the
+        warm-ups' memory is given back afterwards: only the pool stays).
         The padding rows write nowhere, so capturing over an all-padding batch leaves the KV
         cache untouched."""
         self.slot_mapping.fill_(-1)
@@ -216,3 +217,5 @@ class DecodeGraphs:
                 self.outputs[size] = self._forward(size, meta)
             self.graphs[size] = graph
         torch.cuda.synchronize(self.device)
+        # give the warm-ups' memory (outside the pool) back to the device; the graphs hold the pool
+        torch.cuda.empty_cache()
