@@ -197,25 +197,30 @@ class DecodeGraphs:
 
     def _capture_all(self) -> None:
         """Capture every size, largest first, into one memory pool: a smaller graph reuses the
-        larger one's activations' memory (graphs replay one at a time). Each size runs once
-        eagerly first, on a side stream, so Triton compiles its kernels outside the capture (the
-        warm-ups' memory is given back afterwards: only the pool stays).
-        The padding rows write nowhere, so capturing over an all-padding batch leaves the KV
-        cache untouched."""
+        larger one's activations' memory (graphs replay one at a time). Capture runs over an
+        all-padding batch, which writes nowhere, so it leaves the KV cache untouched. Each
+        graph's metadata is built here, once: what a replay runs is frozen with it."""
         self.slot_mapping.fill_(-1)
         self.seq_lens.fill_(1)
-        self.pool = torch.cuda.graph_pool_handle()
+        for size in reversed(self.sizes):
+            self.graphs[size], self.outputs[size] = self._capture(size, self.metadata(size))
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            # give the warm-ups' memory (outside the pool) back; the graphs hold the pool
+            torch.cuda.empty_cache()
+
+    def _capture(self, size: int, meta: AttentionMetadata
+                 ) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        """One size's graph and the output tensor its replays write. The size runs once eagerly
+        first, on a side stream, so Triton compiles its kernels outside the capture."""
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
-        for size in reversed(self.sizes):
-            meta = self.metadata(size)
-            with torch.cuda.stream(stream):
-                self._forward(size, meta)   # warm-up: compile and autotune outside the capture
-            torch.cuda.current_stream(self.device).wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool, stream=stream):
-                self.outputs[size] = self._forward(size, meta)
-            self.graphs[size] = graph
-        torch.cuda.synchronize(self.device)
-        # give the warm-ups' memory (outside the pool) back to the device; the graphs hold the pool
-        torch.cuda.empty_cache()
+        with torch.cuda.stream(stream):
+            self._forward(size, meta)
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool, stream=stream):
+            output = self._forward(size, meta)
+        return graph, output

@@ -14,8 +14,8 @@ import torch
 from minicb import LLM, SamplingParams
 from minicb.config import EngineConfig
 from minicb.model.attention import AttentionMetadata
-from minicb.model.cuda_graphs import (capture_sizes, graph_memory_bytes, padded_size,
-                                      uses_cuda_graphs)
+from minicb.model.cuda_graphs import (DecodeGraphs, capture_sizes, graph_memory_bytes,
+                                      padded_size, uses_cuda_graphs)
 from minicb.runner import check_kv_fits
 
 INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
@@ -134,6 +134,51 @@ def test_replayed_triton_steps_with_frozen_splits_give_the_eager_tokens(tiny_qwe
     assert max(llm.llm_engine.runner.graphs.num_splits.values()) > 1
     assert tokens(llm, prompts, params) == tokens(LLM(tiny_qwen2, **knobs), prompts, params)
     assert llm.llm_engine.runner.graphs.replays > 0
+
+
+class RecordedStep:
+    """Stands in for a CUDA graph where there is none: capture runs the size's forward once with
+    the metadata built at capture, and every replay runs it again with that same frozen metadata,
+    writing into the tensor capture returned, as a graph replays its recorded launches on the
+    same addresses. Only what the kernels read from tensors can change between replays."""
+
+    def __init__(self, graphs: DecodeGraphs, size: int, meta: AttentionMetadata):
+        self.forward = lambda: graphs._forward(size, meta)
+        self.meta, self.output = meta, self.forward()
+
+    def replay(self) -> None:
+        with torch.inference_mode():
+            self.output.copy_(self.forward())
+
+
+@pytest.mark.skipif(not INTERPRETING, reason="the recorded stand-in runs Triton's interpreter "
+                    "(on CUDA the real capture is tested below)")
+def test_the_captured_path_with_frozen_metadata_gives_the_eager_tokens(tiny_llama, monkeypatch):
+    """The capture path end to end without a GPU: capture over an all-padding batch leaves the
+    KV cache untouched, each size's metadata is frozen at max_model_len with its split count, and
+    replays driven only through the static buffers give the eager Triton engine's tokens."""
+    def record(self, size, meta):
+        step = RecordedStep(self, size, meta)
+        return step, step.output
+
+    monkeypatch.setattr(DecodeGraphs, "_capture", record)
+    knobs = dict(attention="triton", device="cpu", max_num_seqs=4, max_model_len=512,
+                 enforce_eager=True)
+    prompts, params = prompts_for(512, seed=21)[:4], GREEDY[:4]
+    llm = LLM(tiny_llama, **knobs)
+    runner = llm.llm_engine.runner
+    for k, v in runner.kv_caches:
+        k.normal_(), v.normal_()
+    before = [(k.clone(), v.clone()) for k, v in runner.kv_caches]
+    runner.use_cuda_graphs(capture=True)
+    graphs = runner.graphs
+    assert all(torch.equal(k, k0) and torch.equal(v, v0)
+               for (k, v), (k0, v0) in zip(runner.kv_caches, before))
+    assert sorted(graphs.graphs) == graphs.sizes == [1, 2, 4]
+    for size, step in graphs.graphs.items():
+        assert step.meta.max_seqlen_k == 512 and step.meta.num_splits == graphs.num_splits[size]
+    assert tokens(llm, prompts, params) == tokens(LLM(tiny_llama, **knobs), prompts, params)
+    assert graphs.replays > 0
 
 
 def test_enforce_eager_turns_graphs_off_and_is_a_flag():
