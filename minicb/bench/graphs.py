@@ -25,8 +25,14 @@ from pathlib import Path
 
 import torch
 
-from minicb.bench.common import (RESULTS_DIR, build_random_model, display_path, load_hf_model,
-                                 load_workload, write_results)
+from minicb.bench.common import (
+    RESULTS_DIR,
+    build_random_model,
+    display_path,
+    load_hf_model,
+    load_workload,
+    write_results,
+)
 from minicb.bench.machine import describe, machine_info
 from minicb.config import EngineConfig
 

@@ -14,8 +14,13 @@ import torch
 from minicb import LLM, SamplingParams
 from minicb.config import EngineConfig
 from minicb.model.attention import AttentionMetadata
-from minicb.model.cuda_graphs import (DecodeGraphs, capture_sizes, graph_memory_bytes,
-                                      padded_size, uses_cuda_graphs)
+from minicb.model.cuda_graphs import (
+    DecodeGraphs,
+    capture_sizes,
+    graph_memory_bytes,
+    padded_size,
+    uses_cuda_graphs,
+)
 from minicb.runner import check_kv_fits
 
 INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
