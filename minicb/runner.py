@@ -85,6 +85,14 @@ class ModelRunner:
         self.graphs = DecodeGraphs(self.model, self.kv_caches, self.config, capture,
                                    self.pad_token_id)
 
+    def _model_forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                       meta: AttentionMetadata, logits_indices: torch.Tensor) -> torch.Tensor:
+        """The step's logits: a decode-only step that fits a captured size through its graph,
+        any other step eagerly."""
+        if self.graphs is not None and self.graphs.can_run(meta, logits_indices.shape[0]):
+            return self.graphs.run(input_ids, positions, meta)
+        return self.model(input_ids, positions, self.kv_caches, meta, logits_indices)
+
     def kv_cache_bytes(self) -> int:
         """The pool's bytes: the model's caches and, with a draft model, the draft's."""
         own = sum(k.numel() * k.element_size() * 2 for k, _ in self.kv_caches)
@@ -193,10 +201,7 @@ class ModelRunner:
             self.proposer.propose(output)          # the draft's tokens, before the target's pass
         input_ids, positions, meta, logits_indices = self.prepare(output)
         rows = [s for s in output.seqs if s.needs_logits]
-        if self.graphs is not None and self.graphs.can_run(meta, len(rows)):
-            logits = self.graphs.run(input_ids, positions, meta)
-        else:
-            logits = self.model(input_ids, positions, self.kv_caches, meta, logits_indices)
+        logits = self._model_forward(input_ids, positions, meta, logits_indices)
         result = self.sample(rows, logits)
         if self.proposer is not None:
             self.proposer.catch_up([s for s, tokens in zip(rows, result.sampled_token_ids)
