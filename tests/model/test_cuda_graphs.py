@@ -141,6 +141,21 @@ def test_replayed_triton_steps_with_frozen_splits_give_the_eager_tokens(tiny_qwe
     assert llm.llm_engine.runner.graphs.replays > 0
 
 
+@pytest.mark.skipif("async_scheduling" not in {f.name for f in fields(EngineConfig)},
+                    reason="overlapped scheduling (EngineConfig.async_scheduling) is not in this "
+                           "build")
+@pytest.mark.parametrize("attention", ["torch", "auto"])
+def test_replayed_steps_with_overlapped_scheduling_give_the_synchronous_tokens(attention):
+    """Overlapped scheduling fills a decode row's input id on the device from the step before;
+    through the static buffers the tokens stay the synchronous eager engine's."""
+    knobs = dict(attention=attention, max_num_seqs=4, max_model_len=128)
+    eager = LLM(**knobs)
+    prompts = prompts_for(eager.llm_engine.vocab_size, seed=17)
+    llm = replaying(None, async_scheduling=True, **knobs)
+    assert tokens(llm, prompts) == tokens(eager, prompts)
+    assert llm.llm_engine.runner.graphs.replays > 0
+
+
 class RecordedStep:
     """Stands in for a CUDA graph where there is none: capture runs the size's forward once with
     the metadata built at capture, and every replay runs it again with that same frozen metadata,
