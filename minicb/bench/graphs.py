@@ -62,7 +62,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--num-prompts", nargs="+", type=int, default=[64, 256])
     p.add_argument("--repeats", type=int, default=3,
                    help="runs of each minicb system, alternated (transformers runs once)")
-    p.add_argument("--max-model-len", type=int, default=1024)
+    p.add_argument("--max-model-len", type=int, default=1024,
+                   help="capped at each model's context (the shipped model's is 512)")
     p.add_argument("--no-hf", action="store_true", help="leave transformers' systems out")
     p.add_argument("--out", default=str(RESULTS_DIR))
     p.add_argument("--smoke", action="store_true",
@@ -183,8 +184,9 @@ def main(argv: list[str] | None = None) -> int:
         else:
             path = build_random_model(random_name, tempfile.mkdtemp(prefix="minicb-graphs-"),
                                       dtype)
+        context = json.loads((Path(path) / "config.json").read_text())["max_position_embeddings"]
         for n in args.num_prompts:
-            case = Case(model, dtype, path, n, min(n, 256), args.max_model_len)
+            case = Case(model, dtype, path, n, min(n, 256), min(args.max_model_len, context))
             print(f"{model} ({dtype}), {n} chat requests")
             cases.append(measure(case, device, args.repeats, not args.no_hf, args.smoke))
             # written after every case: a run cut short by a time limit keeps what it measured
