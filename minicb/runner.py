@@ -16,6 +16,7 @@ import torch
 from minicb.config import ResolvedConfig
 from minicb.model.attention import AttentionMetadata
 from minicb.model.cuda_graphs import DecodeGraphs, graph_memory_bytes
+from minicb.model.fused_cpu import FusedCpuDecoder
 from minicb.model.llama import LlamaForCausalLM
 from minicb.model.loader import DTYPES
 from minicb.sampling import Logprob, ModelRunnerOutput, Sampler
@@ -87,23 +88,19 @@ class ModelRunner:
         self.kv_caches = [(torch.zeros(shape, dtype=dtype, device=self.device),
                            torch.zeros(shape, dtype=dtype, device=self.device))
                           for _ in range(args.num_layers)]
+        # a CPU engine (its C kernels built, float32 weights) runs its decode-only steps of up to
+        # max_fused_decode_rows rows through the fused C decode layer; other steps run the model
+        self.fused = (FusedCpuDecoder(model, config.max_fused_decode_rows)
+                      if config.attention == "cpu" else None)
         self.graphs: DecodeGraphs | None = None     # decode-only steps through CUDA graphs
 
     def use_cuda_graphs(self, capture: bool = True) -> None:
         """Run decode-only steps through DecodeGraphs: captured (CUDA, after the KV pool), or with
-        capture=False replayed without capture (the same static buffers and padding, the model run
-        eagerly on them: how a CPU tests the path). Prefill, mixed and verification steps stay
-        eager."""
-        self.graphs = DecodeGraphs(self.model, self.kv_caches, self.config, capture,
+        capture=False replayed without capture (the same static buffers and padding, the eager
+        forward run on them: how a CPU tests the path). Prefill, mixed and verification steps
+        stay eager."""
+        self.graphs = DecodeGraphs(self.model.args, self.eager_forward, self.config, capture,
                                    self.pad_token_id)
-
-    def _model_forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                       meta: AttentionMetadata, logits_indices: torch.Tensor) -> torch.Tensor:
-        """The step's logits: a decode-only step that fits a captured size through its graph,
-        any other step eagerly."""
-        if self.graphs is not None and self.graphs.can_run(meta, logits_indices.shape[0]):
-            return self.graphs.run(input_ids, positions, meta)
-        return self.model(input_ids, positions, self.kv_caches, meta, logits_indices)
 
     def kv_cache_bytes(self) -> int:
         """The pool's bytes: the model's caches and, with a draft model, the draft's."""
@@ -193,9 +190,24 @@ class ModelRunner:
             block_tables=moved(block_tables), max_seqlen_q=max(q_lens),
             max_seqlen_k=max(max(seq_lens), 1), q_lens_host=q_lens, seq_lens_host=seq_lens,
             decode_rows=[s.is_decode for s in output.seqs],
-            num_decode_rows=output.num_decode_rows,
-            max_fused_decode_rows=self.config.max_fused_decode_rows)
+            num_decode_rows=output.num_decode_rows)
         return moved(torch.tensor(input_ids)), moved(positions), meta, moved(logits_indices)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                logits_indices: torch.Tensor) -> torch.Tensor:
+        """The packed step's logits: a decode-only step that fits a captured size through its
+        CUDA graph, any other step eagerly."""
+        if self.graphs is not None and self.graphs.can_run(meta, logits_indices.shape[0]):
+            return self.graphs.run(input_ids, positions, meta)
+        return self.eager_forward(input_ids, positions, meta, logits_indices)
+
+    def eager_forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                      meta: AttentionMetadata, logits_indices: torch.Tensor) -> torch.Tensor:
+        """The step run op by op: the fused decode layer's when it takes the step, else the
+        model's."""
+        if self.fused is not None and self.fused.takes(input_ids.shape[0], meta):
+            return self.fused(input_ids, positions, self.kv_caches, meta, logits_indices)
+        return self.model(input_ids, positions, self.kv_caches, meta, logits_indices)
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         """Copy-on-write: give each destination block the KV of its source, in every layer.
@@ -214,7 +226,7 @@ class ModelRunner:
             self.proposer.propose(output)          # the draft's tokens, before the target's pass
         input_ids, positions, meta, logits_indices = self.prepare(output)
         rows = [s for s in output.seqs if s.needs_logits]
-        logits = self._model_forward(input_ids, positions, meta, logits_indices)
+        logits = self.forward(input_ids, positions, meta, logits_indices)
         prompt_logprobs = None
         if any(s.prompt_targets for s in output.seqs):
             logits, prompt_logprobs = self._prompt_logprobs(output.seqs, logits)

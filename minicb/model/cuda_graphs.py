@@ -15,17 +15,19 @@ must live in tensors the graph reads (its *static buffers*), and every shape mus
   grid never changes; the kernel bounds each split by the row's real sequence length at run time.
 
 On a device without CUDA graphs (a CPU) the same code runs "replayed without capture": the static
-buffers are filled exactly as for a replay and the model runs eagerly on views of them. The
+buffers are filled exactly as for a replay and the eager step runs on views of them. The
 ladder, the padding and the buffers are tested on every machine that way.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from minicb.config import ResolvedConfig
 from minicb.model.attention import AttentionMetadata
-from minicb.model.llama import LlamaForCausalLM, ModelArgs
+from minicb.model.llama import ModelArgs
 from minicb.model.loader import DTYPES
 
 # SMs assumed when the split count is frozen on a machine without a GPU (replay without capture
@@ -34,6 +36,9 @@ NOMINAL_SMS = 132
 # per captured graph, beyond the activations in the shared pool: the graph's own bookkeeping on
 # the device (kernel parameters, nodes); an allowance, checked by the GPU test of the estimate
 GRAPH_OVERHEAD_BYTES = 2 * 2**20
+
+EagerForward = Callable[[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor],
+                        torch.Tensor]
 
 
 def capture_sizes(max_num_seqs: int) -> list[int]:
@@ -110,9 +115,11 @@ class DecodeGraphs:
     scheduling writes the previous step's sampled tokens there) before `run`.
     """
 
-    def __init__(self, model: LlamaForCausalLM, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-                 config: ResolvedConfig, capture: bool, pad_token_id: int = 0):
-        self.model, self.kv_caches, self.config = model, kv_caches, config
+    def __init__(self, args: ModelArgs, forward: EagerForward, config: ResolvedConfig,
+                 capture: bool, pad_token_id: int = 0):
+        """`forward(input_ids, positions, meta, logits_indices)`: the runner's eager step (the
+        model over the KV cache), which a graph records and a replay without capture runs."""
+        self.forward, self.config = forward, config
         self.sizes = capture_sizes(config.max_num_seqs)
         self.capture, self.pad_token_id = capture, pad_token_id
         self.device = torch.device(config.device)
@@ -128,7 +135,7 @@ class DecodeGraphs:
         self.block_tables = buffer(rows, width)
         self.cu_seqlens_q = torch.arange(rows + 1, dtype=torch.int32, device=self.device)
         self.logits_indices = torch.arange(rows, dtype=torch.long, device=self.device)
-        self.num_splits = {s: frozen_num_splits(model.args, config, s) for s in self.sizes}
+        self.num_splits = {s: frozen_num_splits(args, config, s) for s in self.sizes}
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
         self.pool = None
@@ -154,7 +161,6 @@ class DecodeGraphs:
             seq_lens=self.seq_lens[:size], block_tables=self.block_tables[:size],
             max_seqlen_q=1, max_seqlen_k=max(lens), q_lens_host=[1] * size,
             seq_lens_host=lens, decode_rows=[True] * size, num_decode_rows=size,
-            max_fused_decode_rows=self.config.max_fused_decode_rows,
             num_splits=self.num_splits[size])
 
     def fill(self, input_ids: torch.Tensor, positions: torch.Tensor,
@@ -192,8 +198,8 @@ class DecodeGraphs:
         return self._forward(size, self.metadata(size, lens))[:rows]
 
     def _forward(self, size: int, meta: AttentionMetadata) -> torch.Tensor:
-        return self.model(self.input_ids[:size], self.positions[:size], self.kv_caches, meta,
-                          self.logits_indices[:size])
+        return self.forward(self.input_ids[:size], self.positions[:size], meta,
+                            self.logits_indices[:size])
 
     def _capture_all(self) -> None:
         """Capture every size, largest first, into one memory pool: a smaller graph reuses the
