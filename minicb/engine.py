@@ -17,6 +17,7 @@ from minicb.kv import make_kv_manager
 from minicb.logits_process import LogitsState
 from minicb.metrics import RequestMetrics, StepTotals, count_step
 from minicb.model.attention import resolve_backend
+from minicb.model.cuda_graphs import uses_cuda_graphs
 from minicb.model.loader import load_model, load_tokenizer, resolve_model_path
 from minicb.outputs import CompletionOutput, RequestOutput
 from minicb.request import Request, RequestStatus
@@ -63,6 +64,8 @@ class LLMEngine:
                                   config.max_model_len, config.enable_prefix_caching)
         self.scheduler = make_scheduler(config, self.kv, time.perf_counter, self.eos_token_ids)
         self.runner = ModelRunner(self.model, config, pad_token_id=pad or 0, proposer=proposer)
+        if uses_cuda_graphs(config):        # after the KV pool, whose addresses the graphs read
+            self.runner.use_cuda_graphs(capture=True)
         self.core = EngineCore(self.scheduler, ModelExecutor(self.runner, self.threads))
         # the grammar compiler and its cache, built by the first constrained request
         self._structured: StructuredOutputManager | None = None

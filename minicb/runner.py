@@ -15,6 +15,7 @@ import torch
 
 from minicb.config import ResolvedConfig
 from minicb.model.attention import AttentionMetadata
+from minicb.model.cuda_graphs import DecodeGraphs, graph_memory_bytes
 from minicb.model.fused_cpu import FusedCpuDecoder
 from minicb.model.llama import LlamaForCausalLM
 from minicb.model.loader import DTYPES
@@ -46,15 +47,22 @@ def free_memory(device: torch.device) -> int:
 
 def check_kv_fits(config: ResolvedConfig, *models_args) -> None:
     """Refuse, before anything is allocated, a KV pool the machine cannot hold, naming the knobs
-    behind it. Each block holds every model's KV (the target's, and a draft model's)."""
+    behind it. Each block holds every model's KV (the target's, and a draft model's); the target's
+    CUDA graphs, captured after the pool, need their memory too (graph_memory_bytes)."""
     device = torch.device(config.device)
     per_token = sum(2 * args.num_layers * args.num_kv_heads * args.head_dim
                     * DTYPES[config.dtype].itemsize for args in models_args)
     kv_bytes = per_token * config.num_kv_blocks * config.block_size
-    available = free_memory(device)
+    graph_bytes = graph_memory_bytes(models_args[0], config)
+    available = free_memory(device) - graph_bytes
     if kv_bytes <= 0.9 * available:
         return
-    sized_by = f"num_kv_blocks={config.num_kv_blocks}" if config.given("num_kv_blocks") else \
+    if graph_bytes:
+        sized_by = f"after {graph_bytes / 2**30:.2f} GiB for CUDA graphs (enforce_eager=True " \
+            "frees it); "
+    else:
+        sized_by = ""
+    sized_by += f"num_kv_blocks={config.num_kv_blocks}" if config.given("num_kv_blocks") else \
         (f"num_kv_blocks defaulting to max_num_seqs={config.max_num_seqs} x max_model_len="
          f"{config.max_model_len} tokens")
     raise ValueError(f"the KV cache would need {kv_bytes / 2**30:.1f} GiB ({sized_by}, "
@@ -84,6 +92,15 @@ class ModelRunner:
         # max_fused_decode_rows rows through the fused C decode layer; other steps run the model
         self.fused = (FusedCpuDecoder(model, config.max_fused_decode_rows)
                       if config.attention == "cpu" else None)
+        self.graphs: DecodeGraphs | None = None     # decode-only steps through CUDA graphs
+
+    def use_cuda_graphs(self, capture: bool = True) -> None:
+        """Run decode-only steps through DecodeGraphs: captured (CUDA, after the KV pool), or with
+        capture=False replayed without capture (the same static buffers and padding, the eager
+        forward run on them: how a CPU tests the path). Prefill, mixed and verification steps
+        stay eager."""
+        self.graphs = DecodeGraphs(self.model.args, self.eager_forward, self.config, capture,
+                                   self.pad_token_id)
 
     def kv_cache_bytes(self) -> int:
         """The pool's bytes: the model's caches and, with a draft model, the draft's."""
@@ -178,7 +195,15 @@ class ModelRunner:
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                 logits_indices: torch.Tensor) -> torch.Tensor:
-        """The packed step's logits: the fused decode layer's when it takes the step, else the
+        """The packed step's logits: a decode-only step that fits a captured size through its
+        CUDA graph, any other step eagerly."""
+        if self.graphs is not None and self.graphs.can_run(meta, logits_indices.shape[0]):
+            return self.graphs.run(input_ids, positions, meta)
+        return self.eager_forward(input_ids, positions, meta, logits_indices)
+
+    def eager_forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                      meta: AttentionMetadata, logits_indices: torch.Tensor) -> torch.Tensor:
+        """The step run op by op: the fused decode layer's when it takes the step, else the
         model's."""
         if self.fused is not None and self.fused.takes(input_ids.shape[0], meta):
             return self.fused(input_ids, positions, self.kv_caches, meta, logits_indices)
