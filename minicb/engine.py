@@ -71,6 +71,7 @@ class LLMEngine:
         self._detokenizers: dict[str, IncrementalDetokenizer] = {}
         self.requests: dict[str, Request] = {}       # by the engine's id (a sample's, for n > 1)
         self._groups: dict[str, list[str]] = {}      # the caller's request id -> its samples' ids
+        self._final_only: set[str] = set()           # samples reported only once finished
         self._arrivals = 0
         self._seed_generator = torch.Generator().manual_seed(config.seed)
         # per-step counts (slot, padding and KV use): running totals + the last steps; see
@@ -117,7 +118,8 @@ class LLMEngine:
 
     def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams,
                     arrival_time: float | None = None, priority: int = 0,
-                    prompt_token_ids: list[int] | None = None) -> list[Request]:
+                    prompt_token_ids: list[int] | None = None,
+                    stream: bool = True) -> list[Request]:
         """Queue one request; return its Requests (one per sample).
 
         With `params.n > 1` the request runs as n samples: inside the engine they are requests
@@ -125,6 +127,8 @@ class LLMEngine:
         draws from `seed + i` (when a seed is given), and the samples after the first share the
         first one's prompt blocks (paged KV). `prompt_token_ids`, when the caller already has them
         from `validate(prompt, params)`, spares tokenising a string prompt a second time.
+        `stream=False` reports the request once, when it finishes (vLLM's final-only output):
+        no output is built for it while it runs.
         """
         if request_id in self._groups:
             raise ValueError(f"request id {request_id!r} is already in use; ids must be unique.")
@@ -148,6 +152,8 @@ class LLMEngine:
                               arrival_index=self._arrivals, group_id=request_id, sample_index=index)
             self._arrivals += 1
             self.requests[sample_id] = request
+            if not stream:
+                self._final_only.add(sample_id)
             if (params.stop or self.stream_text) and self.tokenizer is not None:
                 self._detokenizers[sample_id] = IncrementalDetokenizer(
                     self.tokenizer, params.stop, params.skip_special_tokens)
@@ -214,20 +220,26 @@ class LLMEngine:
                 texts = self._detokenize(touched)                # stop strings, streamed text
             self.step_stats.add(count_step(plan, self.kv, self.scheduler.running,
                                            self.config.max_num_seqs))
-        # finished requests leave self.requests once reported, so any finished one still here ended
-        # without a token this step (an abort) and is reported now
-        touched_ids = {r.request_id for r in touched}
-        ended = [r for r in self.requests.values() if r.finished and r.request_id
-                 not in touched_ids]
-        result = [self._output(r, texts.get(r.request_id, "")) for r in touched + ended]
-        for request in ended + [r for r in touched if r.finished]:
-            self._forget(request)
+        # a request that finished without a token this step (an abort) is reported now; one
+        # that does not stream is reported only once, finished
+        finished = self.scheduler.take_finished()
+        finished_ids = {r.request_id for r in finished}
+        touched_ids = {r.request_id for r in touched} if finished else ()
+        ended = [r for r in finished if r.request_id not in touched_ids
+                 and r.request_id in self.requests]
+        final_only = self._final_only
+        result = [self._output(r, texts.get(r.request_id, "")) for r in touched + ended
+                  if r.request_id not in final_only or r.request_id in finished_ids]
+        for request in finished:
+            if request.request_id in self.requests:
+                self._forget(request)
         return result
 
     def _forget(self, request: Request) -> None:
         """A finished request has been reported: drop it, and its group once every sample is."""
         self.requests.pop(request.request_id, None)
         self._detokenizers.pop(request.request_id, None)
+        self._final_only.discard(request.request_id)
         group = self._groups.get(request.group_id)
         if group is not None and not any(sample_id in self.requests for sample_id in group):
             del self._groups[request.group_id]
@@ -243,7 +255,7 @@ class LLMEngine:
                 continue
             try:
                 texts[request.request_id] = detokenizer.add(
-                    request.output_token_ids[request.num_reported_tokens:])
+                    request.output_token_ids[len(detokenizer.token_ids):])
             except Exception as error:     # one request's text must not stop the others
                 if not request.finished:
                     request.error = f"the stop check failed: {type(error).__name__}: {error}"

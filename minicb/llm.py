@@ -76,7 +76,7 @@ class LLM:
                 self._counter += 1
                 engine.add_request(request_id, prompt, p,
                                    priority=priority[index] if priority else 0,
-                                   prompt_token_ids=ids)
+                                   prompt_token_ids=ids, stream=False)
                 request_ids.append(request_id)
                 finished[request_id] = []
             total = sum(p.n for p in params_list)

@@ -87,28 +87,30 @@ def plot_memory(payload: dict):
 
 
 def plot_overhead(payload: dict):
-    fig, ax = plt.subplots(figsize=(10, 4.5))
-    for kv, points in payload["scheduler"].items():
-        ax.plot([p["running"] for p in points], [p["us_per_step"] for p in points], marker="o",
-                label=f"schedule + update ({kv})")
-    model = payload["model_steps"]
-    if model:
-        ax.plot([p["batch"] for p in model], [p["step_ms"] * 1e3 for p in model], marker="s",
-                color="black", label=f"model decode step ({payload['model']['label']})")
-        ax.plot([p["batch"] for p in model], [p["step_ms"] * 1e2 for p in model], color="black",
-                linestyle=":", label="10% of the model step")
-        ax.plot([p["batch"] for p in model],
-                [(p["schedule_ms"] + p["update_ms"]) * 1e3 for p in model], marker="^",
-                linestyle="--", color="tab:green", label="schedule + update in the engine")
-        ax.plot([p["batch"] for p in model], [p["prepare_ms"] * 1e3 for p in model], marker="v",
-                linestyle="--", color="tab:purple",
-                label="prepare (packing the batch) in the engine")
-    if payload.get("floor"):
-        ax.axhline(payload["floor"]["floor_ms"] * 1e3, color="gray", linestyle="-.",
-                   label="floor: weight bytes / copy bandwidth")
-    ax.set(xscale="log", yscale="log", xlabel="running requests", ylabel="microseconds per step")
+    """The host's part of a decode step by batch size, stacked by phase (the forward left out),
+    with the spread over the repeats and the targets."""
+    rows = payload["summary"]
+    phases = ["schedule", "prepare", "sample", "update", "rest"]
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    xs = list(range(len(rows)))
+    bottom = [0.0] * len(rows)
+    for phase in phases:
+        heights = [max(r["phases_mean_us"][phase], 0.0) for r in rows]
+        ax.bar(xs, heights, 0.6, bottom=bottom, label=phase)
+        bottom = [b + h for b, h in zip(bottom, heights)]
+    ax.errorbar(xs, [r["host_us_median"] for r in rows],
+                yerr=[[r["host_us_median"] - r["host_us_min"] for r in rows],
+                      [r["host_us_max"] - r["host_us_median"] for r in rows]],
+                fmt="o", color="black", label="host part: median, min-max over repeats")
+    for x, r in zip(xs, rows):
+        if r.get("target_us") is not None:
+            ax.hlines(r["target_us"], x - 0.4, x + 0.4, colors="red", linestyles="--")
+    ax.plot([], [], color="red", linestyle="--", label="target")
+    ax.set(xticks=xs, xticklabels=[str(r["batch"]) for r in rows], yscale="log",
+           xlabel="decode rows", ylabel="µs per step (CPU time)")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
-    ax.set_title(f"CPU side of the loop vs the model\n{describe(payload['machine'])}", fontsize=10)
+    ax.set_title(f"The host's part of a decode step ({payload['model']['label']})\n"
+                 f"{describe(payload['machine'])}", fontsize=10)
     fig.tight_layout()
     return fig
 
