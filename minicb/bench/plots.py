@@ -87,29 +87,28 @@ def plot_memory(payload: dict):
 
 
 def plot_overhead(payload: dict):
-    """The host's part of a decode step by batch size, stacked by phase (the forward left out),
-    with the spread over the repeats and the targets."""
+    """The host's part of a decode step at each batch size (one panel each, the forward left
+    out): its phases, the whole with its spread over the repeats, the target and, when measured,
+    the baseline engine's whole."""
     rows = payload["summary"]
+    before = {r["batch"]: r for r in (payload.get("baseline") or {}).get("summary") or []}
     phases = ["schedule", "prepare", "sample", "update", "rest"]
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    xs = list(range(len(rows)))
-    bottom = [0.0] * len(rows)
-    for phase in phases:
-        heights = [max(r["phases_mean_us"][phase], 0.0) for r in rows]
-        ax.bar(xs, heights, 0.6, bottom=bottom, label=phase)
-        bottom = [b + h for b, h in zip(bottom, heights)]
-    ax.errorbar(xs, [r["host_us_median"] for r in rows],
-                yerr=[[r["host_us_median"] - r["host_us_min"] for r in rows],
-                      [r["host_us_max"] - r["host_us_median"] for r in rows]],
-                fmt="o", color="black", label="host part: median, min-max over repeats")
-    for x, r in zip(xs, rows):
+    fig, axes = plt.subplots(1, len(rows), figsize=(4 * len(rows), 4), squeeze=False)
+    for ax, r in zip(axes[0], rows):
+        ax.bar(phases, [max(r["phases_mean_us"][p], 0.0) for p in phases], color="tab:blue")
+        ax.axhline(r["host_us_median"], color="black",
+                   label=f"host part {r['host_us_median']:.0f} µs "
+                         f"({r['host_us_min']:.0f}-{r['host_us_max']:.0f})")
+        if r["batch"] in before:
+            ax.axhline(before[r["batch"]]["host_us_median"], color="gray", linestyle=":",
+                       label=f"baseline {before[r['batch']]['host_us_median']:.0f} µs")
         if r.get("target_us") is not None:
-            ax.hlines(r["target_us"], x - 0.4, x + 0.4, colors="red", linestyles="--")
-    ax.plot([], [], color="red", linestyle="--", label="target")
-    ax.set(xticks=xs, xticklabels=[str(r["batch"]) for r in rows], yscale="log",
-           xlabel="decode rows", ylabel="µs per step (CPU time)")
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
-    ax.set_title(f"The host's part of a decode step ({payload['model']['label']})\n"
+            ax.axhline(r["target_us"], color="red", linestyle="--",
+                       label=f"target {r['target_us']:.0f} µs")
+        ax.set(title=f"{r['batch']} decode rows", ylabel="µs per step (CPU time)")
+        ax.tick_params(axis="x", labelrotation=30)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"The host's part of a decode step ({payload['model']['label']})\n"
                  f"{describe(payload['machine'])}", fontsize=10)
     fig.tight_layout()
     return fig
