@@ -10,6 +10,7 @@ from dataclasses import replace
 import torch
 
 from minicb.config import EngineConfig
+from minicb.core import EngineCore, ModelExecutor
 from minicb.detokenizer import IncrementalDetokenizer
 from minicb.kv import make_kv_manager
 from minicb.metrics import RequestMetrics, StepTotals, count_step
@@ -65,6 +66,7 @@ class LLMEngine:
                                   config.max_model_len, config.enable_prefix_caching)
         self.scheduler = make_scheduler(config, self.kv, time.perf_counter, self.eos_token_ids)
         self.runner = ModelRunner(self.model, config, pad_token_id=pad or 0, proposer=proposer)
+        self.core = EngineCore(self.scheduler, ModelExecutor(self.runner, self.threads))
         # True: every output carries the text its step added (the async engine streams it)
         self.stream_text = False
         # per sample that has stop strings (or streams text): its incremental detokenizer
@@ -207,18 +209,15 @@ class LLMEngine:
 
     # --- the loop ------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """One scheduler iteration: schedule, run the model once, sample, apply the results."""
-        plan = self.scheduler.schedule()
-        touched: list[Request] = []
+        """One step of the engine core (schedule, run the model once, sample, apply the results),
+        then the stop strings on the new text, and the outputs."""
+        result = self.core.step()
+        touched = result.touched                               # tokens, logprobs, errors, stops
         texts: dict[str, str] = {}
-        if not plan.is_empty:
-            if self.threads is not None:
-                self.threads.before_step()
-            sampled = self.runner.execute(plan)
-            touched = self.scheduler.update(plan, sampled)     # tokens, logprobs, errors, stops
+        if result.plan is not None:
             if self._detokenizers:
                 texts = self._detokenize(touched)                # stop strings, streamed text
-            self.step_stats.add(count_step(plan, self.kv, self.scheduler.running,
+            self.step_stats.add(count_step(result.plan, self.kv, self.scheduler.running,
                                            self.config.max_num_seqs))
         # a request that finished without a token this step (an abort) is reported now; one
         # that does not stream is reported only once, finished

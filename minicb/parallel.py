@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from minicb.facts import fact
-from minicb.sim import CostModel
+from minicb.sim.cost_model import CostModel
 
 
 @dataclass(frozen=True)

@@ -6,13 +6,6 @@ from __future__ import annotations
 import pytest
 
 from minicb.calibrate import A100_LLAMA2_7B
-from minicb.cluster_sim import (
-    Pool,
-    attainment_at_rate,
-    max_rate_meeting,
-    simulate_cluster,
-    slo_attainment,
-)
 from minicb.parallel import (
     LLAMA2_7B,
     LLAMA2_70B,
@@ -28,6 +21,13 @@ from minicb.parallel import (
     tp_step_parts,
 )
 from minicb.sim import CostModel, simulate
+from minicb.sim.cluster import (
+    Pool,
+    attainment_at_rate,
+    max_rate_meeting,
+    simulate_cluster,
+    slo_attainment,
+)
 from minicb.workload import Workload, WorkloadRequest, fixed, mixed, poisson_arrivals
 
 # one unit per step, a hundredth of a unit per prompt token: hand arithmetic stays exact
@@ -291,9 +291,9 @@ def test_the_benchmarks_runs_grow_by_adding_later_requests():
 def test_an_instance_admits_by_the_engines_own_length_rule():
     """A request that can never fit an instance's KV pool is refused with the scheduler's
     message (Scheduler.check_fits), named for the instance."""
-    from minicb.cluster_sim import Instance
     from minicb.request import Request
     from minicb.sampling import SamplingParams
+    from minicb.sim.cluster import Instance
 
     instance = Instance("decode-0", "decode", Pool(1, UNIT, dict(num_kv_blocks=2, block_size=4)),
                         max_model_len=64)

@@ -17,6 +17,8 @@ BENCHMARKS = {
               "load-test any OpenAI-compatible server (minicb, vLLM, ...)"),
     "load-study": ("minicb.bench.load_study",
                    "sweep request rates against servers, one per scheduler"),
+    "serve-peers": ("minicb.bench.serve_peers",
+                    "naive, continuous and vLLM's server under one Poisson load, alternated"),
     "kernels": ("minicb.bench.kernels",
                 "the attention kernels against the device's copy bandwidth"),
     "gpu-compile": ("minicb.bench.gpu_compile",

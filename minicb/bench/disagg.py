@@ -28,7 +28,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from minicb.calibrate import A100_LLAMA2_7B
-from minicb.cluster_sim import Pool, attainment_at_rate, max_rate_meeting
 from minicb.facts import fact
 from minicb.metrics import percentiles
 from minicb.parallel import (
@@ -42,6 +41,7 @@ from minicb.parallel import (
     tp_step_parts,
 )
 from minicb.sim import simulate
+from minicb.sim.cluster import Pool, attainment_at_rate, max_rate_meeting
 from minicb.workload import Workload, capped_exponential, fixed, poisson_arrivals, uniform_lengths
 
 GOAL = fact("distserve_slo_attainment").value / 100

@@ -27,9 +27,8 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-import httpx
-
 from minicb.bench.machine import machine_line
+from minicb.bench.served import latency_row, vocab_size_of, warm_up
 from minicb.config import CONTINUOUS_ONLY_KNOBS, EngineConfig
 from minicb.serving.loadgen import SIZED_WORKLOADS, BenchConfig, benchmark
 from minicb.serving.server import ServerThread, build_app
@@ -68,7 +67,7 @@ QUICK = {"request_rates": (4.0, math.inf), "num_prompts": 12, "input_len": 16, "
 
 def _sweep(config: StudyConfig, url: str, label: str, vocab_size: int, rows: list[dict],
            progress: bool, model: str | None = None) -> None:
-    model = _warm_up(url, model)
+    model = warm_up(url, model)
     for rate in config.request_rates:
         bench = BenchConfig(url, model=model, num_prompts=config.num_prompts, request_rate=rate,
                             burstiness=config.burstiness, workload=config.workload,
@@ -77,7 +76,7 @@ def _sweep(config: StudyConfig, url: str, label: str, vocab_size: int, rows: lis
                             vocab_size=vocab_size, ignore_eos=True, seed=config.seed,
                             disable_tqdm=True)
         result = benchmark(bench)
-        rows.append(_row(label, rate, result))
+        rows.append(latency_row(label, rate, result))
         if progress:
             print(format_rows(rows[-1:], header=len(rows) == 1), flush=True)
 
@@ -87,7 +86,7 @@ def run_study(config: StudyConfig, progress: bool = False) -> list[dict]:
     (scheduler, rate)."""
     rows: list[dict] = []
     if config.base_url is not None:
-        vocab = config.vocab_size or _vocab_size(config.model)
+        vocab = config.vocab_size or vocab_size_of(config.model)
         _sweep(config, config.base_url.rstrip("/"), config.label, vocab, rows, progress,
                model=config.model)
         return rows
@@ -99,50 +98,6 @@ def run_study(config: StudyConfig, progress: bool = False) -> list[dict]:
         with ServerThread(app) as server:
             _sweep(config, server.url, scheduler, vocab_size, rows, progress)
     return rows
-
-
-def _vocab_size(model: str | None) -> int:
-    """The vocabulary the prompts' token ids must stay in: the model's, when `model` is a
-    checkpoint directory (vLLM names a model by the path it loaded), else the shipped model's,
-    an external server being assumed to serve the same weights unless --vocab-size says otherwise.
-    """
-    from minicb.model.default import default_model_path
-
-    path = Path(model) if model and (Path(model) / "config.json").exists() else None
-    return json.loads(((path or Path(default_model_path())) / "config.json").read_text())[
-        "vocab_size"]
-
-
-def _warm_up(url: str, model: str | None = None) -> str:
-    """Check the server serves `model` (default: the first it lists) and send one small request
-    first, so the first measured one does not pay for lazy initialisation; return the model."""
-    try:
-        listing = httpx.get(f"{url}/v1/models", timeout=30)
-        listing.raise_for_status()
-    except httpx.HTTPError as error:
-        raise SystemExit(f"no OpenAI-compatible server answers at {url} ({error}); start it "
-                         "first, or check --base-url.") from None
-    served = [entry["id"] for entry in listing.json()["data"]]
-    if model is None:
-        model = served[0]
-    elif model not in served:
-        raise SystemExit(f"the server at {url} does not serve {model!r}; it serves {served} "
-                         "(--model names one of them).")
-    httpx.post(f"{url}/v1/completions", json={"model": model, "prompt": [5, 6, 7], "max_tokens": 4},
-               timeout=120).raise_for_status()
-    return model
-
-
-def _row(scheduler: str, rate: float, result: dict) -> dict:
-    ttft, tpot, e2e = result["ttft_ms"] or {}, result["tpot_ms"] or {}, result["e2e_ms"] or {}
-    return {"scheduler": scheduler, "request_rate": rate, "completed": result["completed"],
-            "failed": result["failed"], "duration_s": result["duration_s"],
-            "request_throughput": result["request_throughput"],
-            "output_throughput": result["output_throughput"],
-            "ttft_p50_s": ttft.get("p50", math.nan) / 1000,
-            "ttft_p95_s": ttft.get("p95", math.nan) / 1000,
-            "tpot_p50_ms": tpot.get("p50", math.nan), "tpot_p95_ms": tpot.get("p95", math.nan),
-            "e2e_p95_s": e2e.get("p95", math.nan) / 1000}
 
 
 def format_rows(rows: list[dict], header: bool = True) -> str:

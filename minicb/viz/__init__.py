@@ -12,7 +12,7 @@ Knobs: knob_sweep (numbers), knob_view (the picture for one setting), knob_widge
 Memory: block_map, block_reuse, free_blocks_timeline. Kernels: paged_lookup. Steps: step_costs.
 Speculative decoding: verify_steps (what each step kept), accepted_lengths (tokens per step).
 A router's choices over a trace: routing_strips.
-Several GPUs (minicb.cluster_sim, bench disagg): cluster_timeline, slo_attainment_curves,
+Several GPUs (minicb.sim.cluster, bench disagg): cluster_timeline, slo_attainment_curves,
 goodput_bars, slo_scale_plot, tp_parts, tp_tpot.
 The interview quiz: quiz_widget, interview_markdown. The engine's own code: show_source
 (show_file for the C kernels).
@@ -56,7 +56,13 @@ from minicb.viz.schedule import (
            slot_grid,
            slot_timeline,
 )
-from minicb.viz.serving import load_study_plot, rate_label, routing_strips, step_costs
+from minicb.viz.serving import (
+    load_study_plot,
+    peer_load_plot,
+    rate_label,
+    routing_strips,
+    step_costs,
+)
 from minicb.viz.source import show_file, show_source
 from minicb.viz.speculative import accepted_lengths, verify_steps
 
@@ -68,7 +74,8 @@ __all__ = ["PALETTE", "format_table", "new_figure", "request_colour", "attention
            "interview_markdown", "quiz_card", "quiz_widget", "compare_timelines", "draw_slots",
            "kv_usage", "kv_usage_timeline", "slot_grid", "slot_timeline", "step_costs",
            "routing_strips",
-           "show_source", "show_file", "load_study_plot", "rate_label", "decode_grid_picture",
+           "show_source", "show_file", "load_study_plot", "peer_load_plot", "rate_label",
+           "decode_grid_picture",
            "decode_programs", "split_kv_picture", "split_ranges", "length_spread",
            "cluster_timeline", "goodput_bars", "slo_attainment_curves", "slo_scale_plot",
            "tp_parts", "tp_tpot", "accepted_lengths", "verify_steps"]

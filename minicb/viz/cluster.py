@@ -1,7 +1,7 @@
 """Pictures of several GPUs: a disaggregated cluster's steps and transfers, SLO attainment and
 goodput curves, and where a tensor-parallel step's time goes.
 
-The inputs are `minicb.cluster_sim.ClusterResult`s and the rows `python -m minicb bench disagg`
+The inputs are `minicb.sim.cluster.ClusterResult`s and the rows `python -m minicb bench disagg`
 writes (benchmarks/results/disagg.json), so a notebook can draw the committed results without
 re-running them.
 """

@@ -1,5 +1,5 @@
-"""A picture of how long each step of a simulated run took and what it carried, and one of where a
-router sent each request of a trace."""
+"""A picture of how long each step of a simulated run took and what it carried, one of where a
+router sent each request of a trace, and load studies: one server per line."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
+from matplotlib.ticker import NullLocator
 
 from minicb.sim import SimResult
 from minicb.viz.base import PALETTE, new_figure
@@ -87,4 +88,38 @@ def routing_strips(choices: Mapping[str, Sequence[int]], groups: Sequence[int],
                       fontsize=8)
         ax.set_title(label, fontsize=9, loc="left")
     axes[-1].set_xlabel("request, in the order sent (colour: its chat)")
+    return fig
+
+
+def peer_load_plot(summary: Sequence[Mapping], title: str | None = None) -> Figure:
+    """Servers under one load (minicb.bench.serve_peers summaries): output throughput and p95 time
+    to first token against the offered rate, one line per server through the medians, a bar from
+    the lowest to the highest repeat at every point."""
+    names = list(dict.fromkeys(r["server"] for r in summary))
+    fig, axes = new_figure(11, 4, cols=2)
+    panels = (("output_throughput", "output tokens per second", False),
+              ("ttft_p95_s", "p95 time to first token (s)", True))
+    for ax, (metric, ylabel, log) in zip(axes, panels):
+        for index, name in enumerate(names):
+            rows = sorted((r for r in summary if r["server"] == name),
+                          key=lambda r: r["request_rate"])
+            # each server's points a little apart on the (log) rate axis, so the bars stay visible
+            nudge = 1 + 0.04 * (index - (len(names) - 1) / 2)
+            rates = np.array([r["request_rate"] for r in rows]) * nudge
+            median = np.array([r[metric]["median"] for r in rows])
+            spread = np.array([[m - r[metric]["min"] for m, r in zip(median, rows)],
+                               [r[metric]["max"] - m for m, r in zip(median, rows)]])
+            ax.errorbar(rates, median, yerr=spread, marker="o", capsize=4, label=name,
+                        color=PALETTE[index % len(PALETTE)])
+        ax.set(xscale="log", xlabel="offered load (requests per second)", ylabel=ylabel)
+        if log:
+            ax.set_yscale("log")
+        ax.set_xticks(sorted({r["request_rate"] for r in summary}),
+                      [rate_label(r) for r in sorted({r["request_rate"] for r in summary})])
+        ax.xaxis.set_minor_locator(NullLocator())     # only the offered rates on the rate axis
+        ax.grid(alpha=0.3)
+    axes[0].legend()
+    repeats = min(r["repeats"] for r in summary)
+    fig.suptitle(title or f"one Poisson load, every server in turn: median of {repeats} or more "
+                          "repeats, bars from the lowest to the highest", fontsize=10)
     return fig

@@ -8,9 +8,9 @@ from matplotlib.patches import Rectangle
 
 from minicb import viz
 from minicb.calibrate import A100_LLAMA2_7B
-from minicb.cluster_sim import Pool, simulate_cluster
 from minicb.parallel import LLAMA2_7B, NVLINK, tp_step_parts
 from minicb.sim import CostModel
+from minicb.sim.cluster import Pool, simulate_cluster
 from minicb.viz.cluster import DECODE_COLOUR, MIXED_COLOUR, PREFILL_COLOUR, TRANSFER_COLOUR
 from minicb.workload import Workload, WorkloadRequest
 

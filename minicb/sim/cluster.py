@@ -1,7 +1,8 @@
 """Several GPUs in virtual time: co-located serving against prefill/decode disaggregation.
 
 Each instance (one GPU, or one tensor-parallel group) is the REAL scheduler and KV manager on a
-cost model, with its own clock, exactly as `minicb.sim` runs one. A cluster is pools of them:
+cost model, with its own clock: an engine core (minicb.core.EngineCore) on a cost-model executor,
+exactly as `minicb.sim.simulate` runs one. A cluster is pools of them:
 
 * co-located: every instance prefills and decodes its own requests (continuous batching,
   chunked prefill), the arrangement of chapters 03-07;
@@ -27,16 +28,17 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from minicb.config import EngineConfig
+from minicb.core import EngineCore, InFlightStep
 from minicb.kv import make_kv_manager
 from minicb.metrics import RequestMetrics, meets_slo
 from minicb.parallel import Link, ModelShape, kv_transfer_time
 from minicb.request import Request, RequestStatus
 from minicb.sampling import SamplingParams
 from minicb.scheduler import make_scheduler
-from minicb.sim import CostModel
+from minicb.sim.cost_model import CostModel, CostModelExecutor
 from minicb.workload import Workload, poisson_arrivals
 
 
@@ -52,17 +54,11 @@ class Pool:
     gpus: int = 1
 
 
-class _Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 class Instance:
-    """One GPU (or TP group): a scheduler, its KV pool and its clock. `role` is "colocated",
-    "prefill" (stops every request after its first token) or "decode" (starts from arrived KV)."""
+    """One GPU (or TP group): an engine core (its scheduler, KV pool and cost-model executor, with
+    its own clock). `role` is "colocated", "prefill" (serves each request's prompt and first
+    token: the cluster hands it requests capped at one token, as vLLM's disaggregation proxy does)
+    or "decode" (starts from arrived KV)."""
 
     def __init__(self, name: str, role: str, pool: Pool, max_model_len: int):
         self.name, self.role, self.cost, self.gpus = name, role, pool.cost, pool.gpus
@@ -71,25 +67,19 @@ class Instance:
         self.kv = make_kv_manager(self.config.kv_cache, self.config.num_kv_blocks,
                                   self.config.block_size, self.config.max_model_len,
                                   self.config.enable_prefix_caching)
-        self.clock = _Clock()
-        self.scheduler = make_scheduler(self.config, self.kv, self.clock)
-        if role == "prefill":    # the real scheduler's stop checks, plus: done after one token
-            self.scheduler.check_stop = self._stop_after_first_token
+        self.executor = CostModelExecutor(pool.cost)
+        self.scheduler = make_scheduler(self.config, self.kv, self.executor.clock)
+        self.core = EngineCore(self.scheduler, self.executor)
         self.arrived: deque[Request] = deque()    # KV here, waiting for a decode slot
-        self.plan = None                          # the step in flight
+        self.in_flight: InFlightStep | None = None
         self.busy_time = 0.0
         # (start, end, prompt tokens, decode rows) of every step, for pictures
         self.steps: list[tuple[float, float, int, int]] = []
         self.assigned = 0                         # requests sent here, not finished here yet
 
-    def _stop_after_first_token(self, request: Request, token: int) -> RequestStatus | None:
-        if request.num_output_tokens >= 1:
-            return RequestStatus.FINISHED_LENGTH
-        return type(self.scheduler).check_stop(self.scheduler, request, token)
-
     @property
     def busy(self) -> bool:
-        return self.plan is not None
+        return self.in_flight is not None
 
     def has_work(self) -> bool:
         return self.scheduler.has_unfinished() or bool(self.arrived)
@@ -121,27 +111,23 @@ class Instance:
             scheduler.running.append(request)
 
     def begin_step(self, now: float) -> float | None:
-        """Plan a step at `now`; return when it ends (None: nothing can run now)."""
-        self.clock.now = now
+        """Plan a step at `now` and launch it; return when it ends (None: nothing can run now)."""
+        self.executor.clock.wait_until(now)       # idle until now
         self._admit_arrived()
-        plan = self.scheduler.schedule()
-        if plan.is_empty:
-            self.scheduler.step_count -= 1
+        step = self.core.begin_step()
+        if step is None:
             return None
-        # keys the decode rows read: each request's cache, including this step's token
-        context = sum(s.start + s.num_tokens for s in plan.seqs
-                      if s.is_decode) if self.cost.context_token else 0
-        duration = self.cost.step_time(plan.num_prefill_tokens + plan.num_pad_tokens,
-                                       plan.num_decode_rows, context)
-        self.plan, self.busy_time = plan, self.busy_time + duration
-        self.steps.append((now, now + duration, plan.num_prefill_tokens, plan.num_decode_rows))
-        return now + duration
+        future = step.future
+        self.in_flight, self.busy_time = step, self.busy_time + future.duration
+        self.steps.append((now, future.end, step.plan.num_prefill_tokens,
+                           step.plan.num_decode_rows))
+        return future.end
 
-    def end_step(self, end: float) -> list[Request]:
+    def end_step(self) -> list[Request]:
         """Apply the step's tokens at its end; return the requests that finished here."""
-        self.clock.now, plan, self.plan = end, self.plan, None
-        self.scheduler.update(plan, [1] * sum(s.needs_logits for s in plan.seqs))
-        done = list({id(s.request): s.request for s in plan.seqs
+        step, self.in_flight = self.in_flight, None
+        self.core.end_step(step)
+        done = list({id(s.request): s.request for s in step.plan.seqs
                      if not s.ghost and s.request.finished}.values())
         self.assigned -= len(done)
         return done
@@ -227,15 +213,22 @@ def simulate_cluster(workload: Workload, colocated: Pool | None = None,
         push(spec.arrival, 1, "arrive", request)
     transfers: list[Transfer] = []
     finished_on: dict[str, list[str]] = {r.request_id: [] for r in requests}
+    # a request's own settings while a prefill instance serves it capped at its first token
+    asked: dict[str, SamplingParams] = {}
+
     def handle(what: str, payload: object) -> None:
         if what == "arrive":
+            if disaggregated:
+                asked[payload.request_id] = payload.params
+                payload.params = replace(payload.params, max_tokens=1)
             _least_loaded(entry).add(payload)
         elif what == "step":
-            for request in payload.end_step(now):
+            for request in payload.end_step():
                 finished_on[request.request_id].append(payload.name)
-                if payload.role == "prefill" and request.num_output_tokens < \
-                        request.params.max_tokens:
-                    send(request, payload)
+                if payload.role == "prefill":
+                    request.params = asked.pop(request.request_id)
+                    if request.num_output_tokens < request.params.max_tokens:
+                        send(request, payload)
         else:
             request, destination = payload
             request.status, request.times.finished = RequestStatus.WAITING, None

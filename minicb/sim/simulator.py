@@ -1,11 +1,8 @@
-"""The cost-model runner: the REAL scheduler and KV manager, with the model replaced by a clock.
+"""simulate: serve a workload in virtual time, with the REAL scheduler and KV manager stepped by
+the engine core (minicb.core.EngineCore) on the cost-model executor (minicb.sim.cost_model).
 
-Each step costs `step_overhead + prefill_token * prefill tokens + decode_seq * decode rows +
-context_token * keys the decode rows read` (padding and a static batch's idle rows included: they
-are computed too). `minicb.calibrate` fits those four numbers to the real engine's step times on
-this machine, and gives a second set for a GPU from published measurements. No tensors, so
-notebooks can schedule thousands of requests in a second, and the book's worked examples come out
-of the same code that serves real requests.
+No tensors, so notebooks can schedule thousands of requests in a second, and the book's worked
+examples come out of the same code that serves real requests.
 """
 
 from __future__ import annotations
@@ -15,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from minicb.config import EngineConfig
+from minicb.core import EngineCore
 from minicb.kv import make_kv_manager
 from minicb.metrics import (
     RequestMetrics,
@@ -28,27 +26,8 @@ from minicb.metrics import (
 from minicb.request import Request
 from minicb.sampling import SamplingParams
 from minicb.scheduler import make_scheduler
+from minicb.sim.cost_model import CostModel, CostModelExecutor
 from minicb.workload import Workload, poisson_arrivals
-
-
-@dataclass
-class CostModel:
-    """Virtual time per step. The defaults make one decode step cost 1 unit at any batch size
-    (decode is memory-bound: a bigger batch rides along almost free) and a prefill token 1/64.
-
-    A calibrated model (`minicb.calibrate`) counts seconds and adds the cost of attention: every
-    decode row reads all the keys its request has cached, `context_token` per key."""
-
-    step_overhead: float = 1.0
-    prefill_token: float = 1.0 / 64
-    decode_seq: float = 0.0
-    context_token: float = 0.0
-    name: str = field(default="", compare=False)
-    unit: str = field(default="time unit", compare=False)
-
-    def step_time(self, prefill_tokens: int, decode_rows: int, context_tokens: int = 0) -> float:
-        return (self.step_overhead + self.prefill_token * prefill_tokens + self.decode_seq
-                * decode_rows + self.context_token * context_tokens)
 
 
 @dataclass
@@ -116,14 +95,6 @@ class SimResult:
         return {r.request_id: r.times.finished_step for r in self.requests}
 
 
-class _Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def simulate(workload: Workload, cost: CostModel | None = None, record_blocks: bool = False,
              max_steps: int = 1_000_000, **knobs) -> SimResult:
     """Serve `workload` with the scheduler and KV manager the knobs choose, in virtual time.
@@ -141,16 +112,18 @@ def simulate(workload: Workload, cost: CostModel | None = None, record_blocks: b
     config = asked.resolve(asked.max_model_len)
     kv = make_kv_manager(config.kv_cache, config.num_kv_blocks, config.block_size,
                          config.max_model_len, config.enable_prefix_caching)
-    clock = _Clock()
+    executor = CostModelExecutor(cost)
+    clock = executor.clock
     # the real scheduler's own stop checks (here: max_tokens and max_model_len; no EOS)
     scheduler = make_scheduler(config, kv, clock)
+    core = EngineCore(scheduler, executor, host_timer=time.thread_time)
     pending = sorted(enumerate(workload.requests), key=lambda item: (item[1].arrival, item[0]))
     requests: list[Request] = []
     result = SimResult(config, requests)
     next_arrival = 0
     while next_arrival < len(pending) or scheduler.has_unfinished():
-        if not scheduler.has_unfinished() and pending[next_arrival][1].arrival > clock.now:
-            clock.now = pending[next_arrival][1].arrival       # idle until the next arrival
+        if not scheduler.has_unfinished():
+            clock.wait_until(pending[next_arrival][1].arrival)   # idle until the next arrival
         while next_arrival < len(pending) and pending[next_arrival][1].arrival <= clock.now:
             index, spec = pending[next_arrival]
             request = Request(
@@ -165,33 +138,24 @@ def simulate(workload: Workload, cost: CostModel | None = None, record_blocks: b
             scheduler.add_request(request)
             requests.append(request)
             next_arrival += 1
-        schedule_start = time.thread_time()
-        plan = scheduler.schedule()
-        schedule_seconds = time.thread_time() - schedule_start
-        if plan.is_empty:
+        step = core.begin_step()
+        if step is None:          # requests wait, none can run: only an arrival can change that
             if len(result.steps) >= max_steps or next_arrival >= len(pending):
                 raise RuntimeError("the scheduler made no progress; check the knobs (KV pool too "
                                    "small?).")
-            clock.now = max(clock.now, pending[next_arrival][1].arrival)
-            scheduler.step_count -= 1   # an empty step is not a step
+            clock.wait_until(pending[next_arrival][1].arrival)
             continue
-        start = clock.now
-        # keys the decode rows read: each request's cache, including this step's token
-        context = sum(s.start + s.num_tokens for s in plan.seqs
-                      if s.is_decode) if cost.context_token else 0
-        clock.now += cost.step_time(plan.num_prefill_tokens + plan.num_pad_tokens,
-                                    plan.num_decode_rows, context)
+        plan = step.plan
         rows = [(s.request.request_id,
                  "idle" if s.ghost else "decode" if s.is_decode else "prefill",
                  s.num_tokens) for s in plan.seqs]
         tables = {s.request.request_id: s.block_table for s in plan.seqs} if record_blocks else {}
-        update_start = time.thread_time()
-        scheduler.update(plan, [1] * sum(s.needs_logits for s in plan.seqs))
-        schedule_seconds += time.thread_time() - update_start
+        done = core.end_step(step)
         stats = count_step(plan, kv, scheduler.running, config.max_num_seqs)
-        result.steps.append(StepRecord(plan.step, start, clock.now, rows, stats,
+        result.steps.append(StepRecord(plan.step, step.future.start, step.future.end, rows, stats,
                                        kv.num_free_blocks(), tables,
-                                       [r.request_id for r in plan.preempted], schedule_seconds))
+                                       [r.request_id for r in plan.preempted],
+                                       done.schedule_seconds + done.update_seconds))
     requests.sort(key=lambda r: r.arrival_index)
     return result
 

@@ -1,0 +1,150 @@
+"""The engine core: the one step loop, schedule → execute → update, with a swappable executor.
+
+Everything that steps a scheduler goes through `EngineCore`:
+
+* `LLMEngine` (minicb/engine.py) with `ModelExecutor`: the model runs the plan, real tokens come
+  back;
+* `minicb.sim.simulate` with a `CostModelExecutor`: the plan's cost advances a virtual clock and
+  every row that needs a token gets one (no model, no tensors);
+* each instance of the cluster simulator (minicb.sim.cluster): a core with its own cost-model
+  executor and clock, stepped by the cluster's event loop.
+
+A step is two halves. `begin_step` plans the step and hands it to the executor, which returns a
+handle at once; `end_step` waits on the handle and applies the results. `step()` is the two back
+to back. The split is what lets the cluster simulator keep several instances' steps in flight at
+once, and what overlapped scheduling needs: plan step n + 1 (`begin_step`) before collecting step
+n (`end_step`), as vLLM's `step_with_batch_queue` does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from minicb.request import Request
+from minicb.sampling import SamplerOutput
+from minicb.scheduler.base import Scheduler, SchedulerOutput
+
+StepOutput = SamplerOutput | Sequence[int]
+
+
+class StepFuture(Protocol):
+    """A launched step (concurrent.futures.Future has this shape): `result()` waits for it and
+    returns one entry per row that needs a token, as `Scheduler.update` takes them."""
+
+    def result(self) -> StepOutput: ...
+
+
+class Executor(Protocol):
+    """Runs a plan: the model, or a cost model. `execute` returns at once with a handle; the
+    step's tokens come from the handle's `result()`."""
+
+    def execute(self, plan: SchedulerOutput) -> StepFuture: ...
+
+
+@dataclass
+class Done:
+    """The handle of a step that already ran (a synchronous executor)."""
+
+    output: StepOutput
+
+    def result(self) -> StepOutput:
+        return self.output
+
+
+class ModelExecutor:
+    """The model as the core's executor: the runner packs the plan, runs the forward and samples,
+    on this thread, before `execute` returns (a synchronous step)."""
+
+    def __init__(self, runner, threads=None):
+        """`runner`: a minicb.runner.ModelRunner; `threads`: the CPU thread policy
+        (minicb.threads.ThreadPolicy), asked before each step how many threads to use."""
+        self.runner = runner
+        self.threads = threads
+
+    def execute(self, plan: SchedulerOutput) -> Done:
+        if self.threads is not None:
+            self.threads.before_step()
+        return Done(self.runner.execute(plan))
+
+
+@dataclass
+class InFlightStep:
+    """A step between its two halves: the plan, and the executor's handle on it."""
+
+    plan: SchedulerOutput
+    future: StepFuture
+    schedule_seconds: float = 0.0
+
+
+@dataclass
+class StepResult:
+    """What one step did: its plan, the requests that got tokens or finished, the requests aborted
+    before it was planned, and the host's time in schedule() and update() (0.0 when untimed)."""
+
+    plan: SchedulerOutput | None
+    touched: list[Request]
+    aborted: list[Request]
+    schedule_seconds: float = 0.0
+    update_seconds: float = 0.0
+
+
+class EngineCore:
+    """One scheduler and one executor, stepped: the only caller of `Scheduler.schedule()`."""
+
+    def __init__(self, scheduler: Scheduler, executor: Executor,
+                 host_timer: Callable[[], float] | None = None):
+        """`host_timer`: a clock for the host's share of each step (time.thread_time: CPU time
+        of this thread, which other processes do not inflate); None: not timed."""
+        self.scheduler = scheduler
+        self.executor = executor
+        self.host_timer = host_timer
+        # request ids to abort, applied at the start of the next step (events, not a scan)
+        self._aborts: list[str] = []
+
+    def abort(self, request_ids: Iterable[str]) -> None:
+        """Queue aborts: the next step removes those requests, frees their blocks and reports
+        them in `StepResult.aborted` (an id no longer here is skipped)."""
+        self._aborts.extend(request_ids)
+
+    def has_unfinished(self) -> bool:
+        """Work left: requests queued or running, or aborts not yet applied."""
+        return self.scheduler.has_unfinished() or bool(self._aborts)
+
+    def _apply_aborts(self) -> list[Request]:
+        ids, self._aborts = self._aborts, []
+        return [request for request in map(self.scheduler.abort, ids) if request is not None]
+
+    def begin_step(self) -> InFlightStep | None:
+        """Plan the next step and launch it; None when there is nothing to run (no request, or
+        none the scheduler can run now)."""
+        if not self.scheduler.has_unfinished():
+            return None
+        timer = self.host_timer
+        start = timer() if timer else 0.0
+        plan = self.scheduler.schedule()
+        schedule_seconds = timer() - start if timer else 0.0
+        if plan.is_empty:
+            return None
+        return InFlightStep(plan, self.executor.execute(plan), schedule_seconds)
+
+    def end_step(self, step: InFlightStep) -> StepResult:
+        """Wait for a launched step's tokens and apply them (Scheduler.update)."""
+        output = step.future.result()
+        timer = self.host_timer
+        start = timer() if timer else 0.0
+        touched = self.scheduler.update(step.plan, output)
+        update_seconds = timer() - start if timer else 0.0
+        return StepResult(step.plan, touched, [], step.schedule_seconds, update_seconds)
+
+    def step(self) -> StepResult:
+        """Apply the queued aborts, then one step: schedule, execute, update. `plan` is None when
+        no step ran."""
+        aborted = self._apply_aborts()
+        step = self.begin_step()
+        if step is None:
+            return StepResult(None, [], aborted)
+        result = self.end_step(step)
+        result.aborted = aborted
+        return result
