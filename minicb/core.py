@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from minicb.request import Request
-from minicb.sampling import SamplerOutput
+from minicb.sampling import ModelRunnerOutput, SamplerOutput
 from minicb.scheduler.base import Scheduler, SchedulerOutput
 
-StepOutput = SamplerOutput | Sequence[int]
+StepOutput = ModelRunnerOutput | SamplerOutput | Sequence[int]
 
 
 class StepFuture(Protocol):

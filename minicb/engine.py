@@ -227,12 +227,12 @@ class LLMEngine:
         ended = [r for r in finished if r.request_id not in touched_ids
                  and r.request_id in self.requests]
         final_only = self._final_only
-        result = [self._output(r, texts.get(r.request_id, "")) for r in touched + ended
-                  if r.request_id not in final_only or r.request_id in finished_ids]
+        outputs = [self._output(r, texts.get(r.request_id, "")) for r in touched + ended
+                   if r.request_id not in final_only or r.request_id in finished_ids]
         for request in finished:
             if request.request_id in self.requests:
                 self._forget(request)
-        return result
+        return outputs
 
     def _forget(self, request: Request) -> None:
         """A finished request has been reported: drop it, and its group once every sample is."""
