@@ -26,6 +26,7 @@ from minicb.request import Request
 from minicb.sampling import ModelRunnerOutput, SamplerOutput
 from minicb.scheduler.base import Scheduler, SchedulerOutput
 
+# one entry per row that needs logits (Scheduler.update reads each of these shapes)
 StepOutput = ModelRunnerOutput | SamplerOutput | Sequence[int]
 
 
