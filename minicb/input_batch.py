@@ -32,7 +32,7 @@ class DecodeInputs:
     tokens: list[int]         # the one token
     slots: list[int]          # where its K/V goes: block_table[p // block_size] * block_size + …
     width: int                # the longest block table
-    all_greedy: bool          # every row takes its argmax
+    all_greedy: bool          # every row takes the argmax of its raw logits
     any_logprobs: bool        # some row asked for logprobs
 
 
@@ -86,6 +86,7 @@ class InputBatch:
         self._tables[row] = list(table)
 
     def _write_params(self, row: int, params: SamplingParams) -> None:
-        self.greedy[row] = params.greedy
+        # the argmax of the raw logits: greedy, with no penalty, bias or grammar to apply first
+        self.greedy[row] = params.greedy and not params.needs_logits_processing
         self.wants_logprobs[row] = params.logprobs is not None
         self._params[row] = params

@@ -16,11 +16,24 @@ import torch
 from minicb.config import ResolvedConfig
 from minicb.input_batch import DecodeInputs, InputBatch
 from minicb.model.attention import AttentionMetadata
+from minicb.model.fused_cpu import FusedCpuDecoder
 from minicb.model.llama import LlamaForCausalLM
 from minicb.model.loader import DTYPES
 from minicb.sampling import Logprob, ModelRunnerOutput, Sampler
 from minicb.scheduler.base import ScheduledSeq, SchedulerOutput
 from minicb.spec.rejection import accept
+
+
+def _row_logits(seq: ScheduledSeq, end: int) -> list[torch.Tensor]:
+    """The packed positions whose logits a row needs, in order: its prompt positions (for prompt
+    logprobs), then those it samples from (the last, or a verification row's 1 + k)."""
+    parts = []
+    if seq.prompt_targets:
+        first = end - seq.num_tokens
+        parts.append(torch.arange(first, first + len(seq.prompt_targets)))
+    if seq.needs_logits:
+        parts.append(torch.arange(end - seq.num_logits, end))
+    return parts
 
 
 def free_memory(device: torch.device) -> int:
@@ -72,6 +85,10 @@ class ModelRunner:
         self.kv_caches = [(torch.zeros(shape, dtype=dtype, device=self.device),
                            torch.zeros(shape, dtype=dtype, device=self.device))
                           for _ in range(args.num_layers)]
+        # a CPU engine (its C kernels built, float32 weights) runs its decode-only steps of up to
+        # max_fused_decode_rows rows through the fused C decode layer; other steps run the model
+        self.fused = (FusedCpuDecoder(model, config.max_fused_decode_rows)
+                      if config.attention == "cpu" else None)
 
     def kv_cache_bytes(self) -> int:
         """The pool's bytes: the model's caches and, with a draft model, the draft's."""
@@ -82,8 +99,9 @@ class ModelRunner:
                                                         AttentionMetadata, torch.Tensor]:
         """Pack the step: input ids, positions, attention metadata and the rows to sample."""
         rows = len(output.seqs)
-        if output.num_decode_rows == rows and output.num_useful_rows == rows:
-            return self._prepare_decodes(output)       # decodes only, none a static ghost
+        if (output.num_decode_rows == rows and output.num_useful_rows == rows
+                and not any(s.prompt_targets for s in output.seqs)):
+            return self._prepare_decodes(output)       # decodes only, none a ghost or a prompt
         return self._prepare_packed(output)
 
     def _prepare_packed(self, output: SchedulerOutput):
@@ -117,10 +135,11 @@ class ModelRunner:
         writes = (offset_in_row >= pads_t) & torch.tensor(real_rows)[row_of_token]
         slot_mapping = torch.where(writes, slots, torch.full_like(slots, -1))
         ends = cu_seqlens_q[1:].long()
-        if any(s.proposal for s in seqs):
-            # a verification row needs logits at each of its 1 + k positions, the rest at the last
-            logits_indices = torch.cat([torch.arange(end - s.num_logits, end)
-                                        for s, end in zip(seqs, ends.tolist()) if s.needs_logits]
+        if any(s.proposal or s.prompt_targets for s in seqs):
+            # a verification row needs logits at each of its 1 + k positions, a row asking for
+            # prompt logprobs at its first len(prompt_targets) positions too, the rest at the last
+            logits_indices = torch.cat([part for s, end in zip(seqs, ends.tolist())
+                                        for part in _row_logits(s, end)]
                                        or [torch.zeros(0, dtype=torch.long)])
         else:
             logits_indices = (ends - 1)[[s.needs_logits for s in seqs]]
@@ -162,9 +181,16 @@ class ModelRunner:
             max_seqlen_k=max(max(seq_lens), 1), q_lens_host=q_lens, seq_lens_host=seq_lens,
             decode_rows=([True] * len(q_lens) if output.num_decode_rows == len(q_lens)
                          else [s.is_decode for s in output.seqs]),
-            num_decode_rows=output.num_decode_rows,
-            max_fused_decode_rows=self.config.max_fused_decode_rows)
+            num_decode_rows=output.num_decode_rows)
         return moved(torch.tensor(input_ids)), moved(positions), meta, moved(logits_indices)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                logits_indices: torch.Tensor) -> torch.Tensor:
+        """The packed step's logits: the fused decode layer's when it takes the step, else the
+        model's."""
+        if self.fused is not None and self.fused.takes(input_ids.shape[0], meta):
+            return self.fused(input_ids, positions, self.kv_caches, meta, logits_indices)
+        return self.model(input_ids, positions, self.kv_caches, meta, logits_indices)
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         """Copy-on-write: give each destination block the KV of its source, in every layer.
@@ -183,13 +209,17 @@ class ModelRunner:
             self.proposer.propose(output)          # the draft's tokens, before the target's pass
         self._decode_inputs = None
         input_ids, positions, meta, logits_indices = self.prepare(output)
-        logits = self.model(input_ids, positions, self.kv_caches, meta, logits_indices)
+        logits = self.forward(input_ids, positions, meta, logits_indices)
+        prompt_logprobs = None
         if self._decode_inputs is not None:       # every row a decode: its settings are at hand
             rows = output.seqs
             result = self.sample(rows, logits, self._decode_inputs)
         else:
             rows = [s for s in output.seqs if s.needs_logits]
+            if any(s.prompt_targets for s in output.seqs):
+                logits, prompt_logprobs = self._prompt_logprobs(output.seqs, logits)
             result = self.sample(rows, logits)
+        result.prompt_logprobs = prompt_logprobs
         if self.proposer is not None:
             self.proposer.catch_up([s for s, tokens in zip(rows, result.sampled_token_ids)
                                     if s.proposal and tokens and len(tokens) > len(s.proposal)])
@@ -238,6 +268,21 @@ class ModelRunner:
             logprobs = self._logprobs(rows, logits, firsts, tokens)
         return ModelRunnerOutput(tokens, logprobs, errors)
 
+    @staticmethod
+    def _prompt_logprobs(seqs: list[ScheduledSeq], logits: torch.Tensor):
+        """Split the prompt positions' logits (each row's first len(prompt_targets)) from those to
+        sample, and turn them into each asking row's prompt logprobs: the log-softmax of the raw
+        logits at position p, read at prompt token p + 1, with the top prompt_logprobs."""
+        flags = [flag for s in seqs
+                 for flag in [True] * len(s.prompt_targets) + [False] * s.num_logits]
+        is_prompt = torch.tensor(flags, dtype=torch.bool, device=logits.device)
+        targets = torch.tensor([t for s in seqs for t in s.prompt_targets], device=logits.device)
+        wanted = [s.params.prompt_logprobs for s in seqs for _ in s.prompt_targets]
+        values = iter(Sampler.top_logprobs(logits[is_prompt], targets, wanted))
+        by_row = {index: [next(values)[1] for _ in s.prompt_targets]
+                  for index, s in enumerate(seqs) if s.prompt_targets}
+        return logits[~is_prompt], by_row
+
     def _sample_plain(self, logits: torch.Tensor, rows: list[ScheduledSeq],
                       all_greedy: bool | None = None
                       ) -> tuple[list[int | None], list[str | None]]:
@@ -248,8 +293,10 @@ class ModelRunner:
         if all_greedy:         # no settings to read: every row takes its argmax
             return self.sampler.argmax(logits.float()).tolist(), [None] * len(rows)
         params, generators = [s.params for s in rows], [s.generator for s in rows]
+        states = [s.logits_state for s in rows]
         try:
-            return self.sampler.sample(logits, params, generators).tolist(), [None] * len(rows)
+            return (self.sampler.sample(logits, params, generators, states).tolist(),
+                    [None] * len(rows))
         except Exception:
             pass
         tokens: list[int | None] = []
@@ -257,7 +304,8 @@ class ModelRunner:
         for row in range(len(rows)):
             try:
                 tokens += self.sampler.sample(logits[row:row + 1], params[row:row + 1],
-                                              generators[row:row + 1]).tolist()
+                                              generators[row:row + 1],
+                                              states[row:row + 1]).tolist()
                 errors.append(None)
             except Exception as error:
                 tokens.append(None)
