@@ -111,11 +111,14 @@ def host_step(model_path: str, batch: int, context: int, steps: int) -> dict:
     for _ in range(3):          # warm-up decode steps
         engine.step()
     clock = PhaseClock()
+    # the forward: the runner's, which picks the fused CPU decode layer or the model (an earlier
+    # engine called the model itself)
+    forward = engine.runner if hasattr(engine.runner, "forward") else engine.runner.model
     for owner, method, phase in [(engine.scheduler, "schedule", "schedule"),
                                  (engine.scheduler, "update", "update"),
                                  (engine.runner, "prepare", "prepare"),
                                  (engine.runner, "sample", "sample"),  # (an earlier engine: none)
-                                 (engine.runner.model, "forward", "forward")]:
+                                 (forward, "forward", "forward")]:
         if hasattr(owner, method):
             clock.wrap(owner, method, phase)
     step_s, forward_s, host_s, wall_s = [], [], [], []
