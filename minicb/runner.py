@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from minicb.config import ResolvedConfig
+from minicb.input_batch import DecodeInputs, InputBatch
 from minicb.model.attention import AttentionMetadata
 from minicb.model.cuda_graphs import DecodeGraphs, graph_memory_bytes
 from minicb.model.fused_cpu import FusedCpuDecoder
@@ -82,6 +83,10 @@ class ModelRunner:
         self.device = torch.device(config.device)
         self.pad_token_id = pad_token_id
         self.sampler = Sampler()
+        # each running request's block table and sampling settings, kept between steps
+        self.input_batch = InputBatch(2 * config.max_num_seqs, config.blocks_per_seq() + 1,
+                                      config.block_size)
+        self._decode_inputs: DecodeInputs | None = None   # what a decode-only step read of it
         args = model.args
         shape = (config.num_kv_blocks, config.block_size, args.num_kv_heads, args.head_dim)
         dtype = DTYPES[config.dtype]
@@ -110,8 +115,10 @@ class ModelRunner:
     def prepare(self, output: SchedulerOutput) -> tuple[torch.Tensor, torch.Tensor,
                                                         AttentionMetadata, torch.Tensor]:
         """Pack the step: input ids, positions, attention metadata and the rows to sample."""
-        if all(s.is_decode and not s.ghost and not s.prompt_targets for s in output.seqs):
-            return self._prepare_decodes(output)
+        rows = len(output.seqs)
+        if (output.num_decode_rows == rows and output.num_useful_rows == rows
+                and not any(s.prompt_targets for s in output.seqs)):
+            return self._prepare_decodes(output)       # decodes only, none a ghost or a prompt
         return self._prepare_packed(output)
 
     def _prepare_packed(self, output: SchedulerOutput):
@@ -158,16 +165,16 @@ class ModelRunner:
 
     def _prepare_decodes(self, output: SchedulerOutput):
         """The decode-only step: row r is one token at position start_r, every row needs its
-        logits, nothing is padded; the slots come from each row's table in plain Python."""
-        seqs, block_size = output.seqs, self.config.block_size
-        positions = [s.start for s in seqs]
-        slots = [s.block_table[p // block_size] * block_size + p % block_size
-                 for s, p in zip(seqs, positions)]
-        rows = torch.arange(len(seqs) + 1, dtype=torch.int32)
-        return self._to_device(output, [s.token_ids[0] for s in seqs],
-                               torch.tensor(positions), torch.tensor(slots), rows,
-                               [p + 1 for p in positions], self._block_tables(seqs),
-                               [1] * len(seqs), rows[:-1].long())
+        logits, nothing is padded. The rows' block tables come from the persistent batch in
+        one gather (a row rewritten only when its table changed); positions, tokens and slots
+        are read in the same single pass over the rows."""
+        inputs = self._decode_inputs = self.input_batch.gather(output.seqs)
+        rows = torch.arange(len(output.seqs) + 1, dtype=torch.int32)
+        block_tables = torch.from_numpy(self.input_batch.block_tables[inputs.rows, :inputs.width])
+        return self._to_device(output, inputs.tokens, torch.tensor(inputs.positions),
+                               torch.tensor(inputs.slots), rows,
+                               [p + 1 for p in inputs.positions], block_tables,
+                               [1] * len(output.seqs), rows[:-1].long())
 
     @staticmethod
     def _block_tables(seqs) -> torch.Tensor:
@@ -189,7 +196,8 @@ class ModelRunner:
             seq_lens=moved(torch.tensor(seq_lens, dtype=torch.int32)),
             block_tables=moved(block_tables), max_seqlen_q=max(q_lens),
             max_seqlen_k=max(max(seq_lens), 1), q_lens_host=q_lens, seq_lens_host=seq_lens,
-            decode_rows=[s.is_decode for s in output.seqs],
+            decode_rows=([True] * len(q_lens) if output.num_decode_rows == len(q_lens)
+                         else [s.is_decode for s in output.seqs]),
             num_decode_rows=output.num_decode_rows)
         return moved(torch.tensor(input_ids)), moved(positions), meta, moved(logits_indices)
 
@@ -224,46 +232,66 @@ class ModelRunner:
         if self.proposer is not None:
             self.proposer.copy_blocks(output.block_copies)
             self.proposer.propose(output)          # the draft's tokens, before the target's pass
+        self._decode_inputs = None
         input_ids, positions, meta, logits_indices = self.prepare(output)
-        rows = [s for s in output.seqs if s.needs_logits]
         logits = self.forward(input_ids, positions, meta, logits_indices)
         prompt_logprobs = None
-        if any(s.prompt_targets for s in output.seqs):
-            logits, prompt_logprobs = self._prompt_logprobs(output.seqs, logits)
-        result = self.sample(rows, logits)
+        if self._decode_inputs is not None:       # every row a decode: its settings are at hand
+            rows = output.seqs
+            result = self.sample(rows, logits, self._decode_inputs)
+        else:
+            rows = [s for s in output.seqs if s.needs_logits]
+            if any(s.prompt_targets for s in output.seqs):
+                logits, prompt_logprobs = self._prompt_logprobs(output.seqs, logits)
+            result = self.sample(rows, logits)
         result.prompt_logprobs = prompt_logprobs
         if self.proposer is not None:
             self.proposer.catch_up([s for s, tokens in zip(rows, result.sampled_token_ids)
                                     if s.proposal and tokens and len(tokens) > len(s.proposal)])
         return result
 
-    def sample(self, rows: list[ScheduledSeq], logits: torch.Tensor) -> ModelRunnerOutput:
+    def sample(self, rows: list[ScheduledSeq], logits: torch.Tensor,
+               decode: DecodeInputs | None = None) -> ModelRunnerOutput:
         """Every row's tokens, one path for all: `logits` holds each row's `num_logits`
         positions in turn (one for a decode or a prompt's last chunk, 1 + k for a verification
         row). The one-position rows are sampled together by the sampler; each verification row
         goes to the acceptance rule (minicb.spec.rejection.accept, with the request's own
         generator), which keeps 1 to k + 1 tokens; then every kept token's logprob, read by the
-        sampler from its own position's logits."""
-        firsts = [0]
-        for seq in rows:
-            firsts.append(firsts[-1] + seq.num_logits)
+        sampler from its own position's logits. `decode`: in a step of decodes only, what the
+        persistent batch read of its rows, their sampling settings included."""
+        if decode is not None:
+            firsts = range(len(rows) + 1)
+            plain = range(len(rows))
+            greedy = decode.all_greedy
+        else:
+            firsts = [0]
+            for seq in rows:
+                firsts.append(firsts[-1] + seq.num_logits)
+            plain = [i for i, s in enumerate(rows) if not s.proposal]
+            greedy = None
         tokens: list[list[int] | None] = [None] * len(rows)
         errors: list[str | None] = [None] * len(rows)
-        plain = [i for i, s in enumerate(rows) if not s.proposal]
-        if plain:
-            at = torch.tensor([firsts[i] for i in plain]) if len(plain) < len(rows) else None
-            drawn, failed = self._sample_plain(logits if at is None else logits[at],
-                                               [rows[i] for i in plain])
+        if len(plain) == len(rows):
+            drawn, errors = self._sample_plain(logits, rows, greedy)
+            tokens = [None if token is None else [token] for token in drawn]
+        elif plain:
+            at = torch.tensor([firsts[i] for i in plain])
+            drawn, failed = self._sample_plain(logits[at], [rows[i] for i in plain])
             for i, token, error in zip(plain, drawn, failed):
                 tokens[i], errors[i] = (None if token is None else [token]), error
-        for i, seq in enumerate(rows):
-            if seq.proposal:
-                try:
-                    tokens[i] = accept(logits[firsts[i]:firsts[i + 1]], seq.proposal, seq.params,
-                                       seq.generator, seq.draft_probs)
-                except Exception as error:
-                    errors[i] = f"verification failed: {type(error).__name__}: {error}"
-        return ModelRunnerOutput(tokens, self._logprobs(rows, logits, firsts, tokens), errors)
+        if len(plain) < len(rows):
+            for i, seq in enumerate(rows):
+                if seq.proposal:
+                    try:
+                        tokens[i] = accept(logits[firsts[i]:firsts[i + 1]], seq.proposal,
+                                           seq.params, seq.generator, seq.draft_probs)
+                    except Exception as error:
+                        errors[i] = f"verification failed: {type(error).__name__}: {error}"
+        if decode is not None and not decode.any_logprobs:
+            logprobs = [None] * len(rows)
+        else:
+            logprobs = self._logprobs(rows, logits, firsts, tokens)
+        return ModelRunnerOutput(tokens, logprobs, errors)
 
     @staticmethod
     def _prompt_logprobs(seqs: list[ScheduledSeq], logits: torch.Tensor):
@@ -280,12 +308,15 @@ class ModelRunner:
                   for index, s in enumerate(seqs) if s.prompt_targets}
         return logits[~is_prompt], by_row
 
-    def _sample_plain(self, logits: torch.Tensor, rows: list[ScheduledSeq]
+    def _sample_plain(self, logits: torch.Tensor, rows: list[ScheduledSeq],
+                      all_greedy: bool | None = None
                       ) -> tuple[list[int | None], list[str | None]]:
         """One token per row, the batch at once. If one request's settings break the batch's
         sampling, each row is sampled alone, so only a row that fails by itself goes without a
         token (the engine ends that request, with the error, and every other request carries
-        on)."""
+        on). `all_greedy`: whether every row is greedy, when the caller knows."""
+        if all_greedy:         # no settings to read: every row takes its argmax
+            return self.sampler.argmax(logits.float()).tolist(), [None] * len(rows)
         params, generators = [s.params for s in rows], [s.generator for s in rows]
         states = [s.logits_state for s in rows]
         try:

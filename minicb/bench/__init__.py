@@ -28,7 +28,7 @@ BENCHMARKS = {
                "decode steps through CUDA graphs against eager steps and transformers (a GPU)"),
     "memory": ("minicb.bench.memory", "requests that fit one KV budget, contiguous against paged"),
     "overhead": ("minicb.bench.overhead",
-                 "the scheduler's CPU time per step against the model's step"),
+                 "the host's part of a decode step (schedule, pack, sample, update)"),
     "policies": ("minicb.bench.policies", "admission policies and their latency trade-offs"),
     "prefix": ("minicb.bench.prefix", "prefix caching on shared-prefix traffic"),
     "calibrate": ("minicb.bench.calibrate",
