@@ -3,6 +3,7 @@ engine (minicb/serving/async_engine.py) both drive it."""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -10,7 +11,7 @@ from dataclasses import replace
 import torch
 
 from minicb.config import EngineConfig
-from minicb.core import EngineCore, ModelExecutor
+from minicb.core import EngineCore, ModelExecutor, OverlappedModelExecutor
 from minicb.detokenizer import IncrementalDetokenizer
 from minicb.kv import make_kv_manager
 from minicb.metrics import RequestMetrics, StepTotals, count_step
@@ -23,6 +24,7 @@ from minicb.sampling import SamplingParams, _check_text
 from minicb.scheduler import make_scheduler
 from minicb.threads import ThreadPolicy
 
+log = logging.getLogger("minicb.engine")
 Prompt = str | Sequence[int]
 # characters a string prompt may have: far more than any context here, and small enough that
 # tokenising it never stalls the engine
@@ -66,7 +68,7 @@ class LLMEngine:
                                   config.max_model_len, config.enable_prefix_caching)
         self.scheduler = make_scheduler(config, self.kv, time.perf_counter, self.eos_token_ids)
         self.runner = ModelRunner(self.model, config, pad_token_id=pad or 0, proposer=proposer)
-        self.core = EngineCore(self.scheduler, ModelExecutor(self.runner, self.threads))
+        self.core = self._make_core(config)
         # True: every output carries the text its step added (the async engine streams it)
         self.stream_text = False
         # per sample that has stop strings (or streams text): its incremental detokenizer
@@ -78,6 +80,20 @@ class LLMEngine:
         # per-step counts (slot, padding and KV use): running totals + the last steps; see
         # minicb.metrics
         self.step_stats = StepTotals()
+
+    def _make_core(self, config) -> EngineCore:
+        """The engine core: synchronous steps, or overlapped ones where every feature in use can
+        overlap (a fallback is said once, in a warning naming why)."""
+        overlap = config.async_scheduling
+        if overlap and config.speculative_method is not None:
+            log.warning("async_scheduling: running synchronous steps, since speculative decoding "
+                        "(speculative_method=%r) plans each step from the tokens the last one "
+                        "accepted, which an overlapped step does not know yet.",
+                        config.speculative_method)
+            overlap = False
+        executor = (OverlappedModelExecutor if overlap else ModelExecutor)(self.runner,
+                                                                            self.threads)
+        return EngineCore(self.scheduler, executor, overlap=overlap)
 
     # --- requests --------------------------------------------------------------------------
     def validate(self, prompt: Prompt, params: SamplingParams, tokenizer=None) -> list[int]:
@@ -189,7 +205,7 @@ class LLMEngine:
                 self.scheduler.abort(sample_id)
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self.core.has_unfinished()
 
     @property
     def num_waiting(self) -> int:

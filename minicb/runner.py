@@ -61,6 +61,8 @@ class ModelRunner:
         self.device = torch.device(config.device)
         self.pad_token_id = pad_token_id
         self.sampler = Sampler()
+        # the last step's sampled tokens, one per plain row that sampled, on the logits' device
+        self.sampled: torch.Tensor | None = None
         args = model.args
         shape = (config.num_kv_blocks, config.block_size, args.num_kv_heads, args.head_dim)
         dtype = DTYPES[config.dtype]
@@ -170,11 +172,23 @@ class ModelRunner:
                 v_cache[destination] = v_cache[source]
 
     def execute(self, output: SchedulerOutput) -> ModelRunnerOutput:
-        self.copy_blocks(output.block_copies)      # before the forward writes into the copies
         if self.proposer is not None:
             self.proposer.copy_blocks(output.block_copies)
             self.proposer.propose(output)          # the draft's tokens, before the target's pass
-        input_ids, positions, meta, logits_indices = self.prepare(output)
+        return self.run(output, self.prepare(output))
+
+    def run(self, output: SchedulerOutput, packed: tuple, previous: torch.Tensor | None = None
+            ) -> ModelRunnerOutput:
+        """Run a packed step (`prepare`'s tensors): copy-on-write, the forward, sampling.
+        `previous`: the step before's sampled tokens, one per row that sampled (overlapped
+        scheduling): the plan's placeholders (-1 - r) are filled from row r of it, here, where
+        the tokens are, without a trip through the host."""
+        self.copy_blocks(output.block_copies)      # before the forward writes into the copies
+        input_ids, positions, meta, logits_indices = packed
+        if previous is not None:
+            holes = input_ids < 0
+            input_ids = torch.where(holes, previous[(-1 - input_ids).clamp(0, len(previous) - 1)],
+                                    input_ids)
         rows = [s for s in output.seqs if s.needs_logits]
         logits = self.model(input_ids, positions, self.kv_caches, meta, logits_indices)
         result = self.sample(rows, logits)
@@ -219,9 +233,12 @@ class ModelRunner:
         on)."""
         params, generators = [s.params for s in rows], [s.generator for s in rows]
         try:
-            return self.sampler.sample(logits, params, generators).tolist(), [None] * len(rows)
+            sampled = self.sampler.sample(logits, params, generators)
         except Exception:
             pass
+        else:
+            self.sampled = sampled
+            return sampled.tolist(), [None] * len(rows)
         tokens: list[int | None] = []
         errors: list[str | None] = []
         for row in range(len(rows)):
@@ -232,6 +249,8 @@ class ModelRunner:
             except Exception as error:
                 tokens.append(None)
                 errors.append(f"sampling failed: {type(error).__name__}: {error}")
+        # (a row without a token holds 0: its request ends, and the token is never fed)
+        self.sampled = torch.tensor([0 if t is None else t for t in tokens], device=logits.device)
         return tokens, errors
 
     def _logprobs(self, rows: list[ScheduledSeq], logits: torch.Tensor, firsts: list[int],
