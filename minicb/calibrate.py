@@ -210,8 +210,7 @@ def measure_steps(llm=None, rows: tuple[int, ...] = (1, 4, 16, 48),
     # memory), untimed: one request through its prompt and a few decodes, then a few rows more
     warm = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
     for index in range(4):
-        engine.add_request(f"calibrate-warm-{index}", None, warm,
-                           prompt_token_ids=ids(min(contexts)))
+        engine.add_request(f"calibrate-warm-{index}", ids(min(contexts)), warm)
     while engine.has_unfinished_requests():
         engine.step()
     for context in contexts:
@@ -221,7 +220,7 @@ def measure_steps(llm=None, rows: tuple[int, ...] = (1, 4, 16, 48),
             for _ in range(r):
                 counter += 1
                 group.append(f"calibrate-{counter}")
-                engine.add_request(group[-1], None, long, prompt_token_ids=ids(context))
+                engine.add_request(group[-1], ids(context), long)
             while any(req.is_prefilling for req in engine.scheduler.running) or \
                     engine.num_waiting:
                 engine.step()
@@ -235,10 +234,9 @@ def measure_steps(llm=None, rows: tuple[int, ...] = (1, 4, 16, 48),
                 for _ in range(repeats):
                     counter += 1
                     before = keys()
-                    engine.add_request(f"calibrate-{counter}", None,
+                    engine.add_request(f"calibrate-{counter}", ids(prompt),
                                        SamplingParams(max_tokens=1, temperature=0,
-                                                      ignore_eos=True),
-                                       prompt_token_ids=ids(prompt))
+                                                      ignore_eos=True))
                     times.append(timed_step())
                 samples.append(StepSample(prompt, r, before, reduce(times)))
             for request_id in group:

@@ -31,10 +31,11 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from minicb.request import Request
-from minicb.sampling import SamplerOutput
+from minicb.sampling import ModelRunnerOutput, SamplerOutput
 from minicb.scheduler.base import Scheduler, SchedulerOutput
 
-StepOutput = SamplerOutput | Sequence[int]
+# one entry per row that needs logits (Scheduler.update reads each of these shapes)
+StepOutput = ModelRunnerOutput | SamplerOutput | Sequence[int]
 
 
 class StepFuture(Protocol):

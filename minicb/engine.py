@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
 from dataclasses import replace
 
 import torch
@@ -13,6 +12,7 @@ import torch
 from minicb.config import EngineConfig
 from minicb.core import EngineCore, ModelExecutor, OverlappedModelExecutor
 from minicb.detokenizer import IncrementalDetokenizer
+from minicb.inputs import InputProcessor, ProcessedPrompt, Prompt
 from minicb.kv import make_kv_manager
 from minicb.metrics import RequestMetrics, StepTotals, count_step
 from minicb.model.attention import resolve_backend
@@ -20,17 +20,11 @@ from minicb.model.loader import load_model, load_tokenizer, resolve_model_path
 from minicb.outputs import CompletionOutput, RequestOutput
 from minicb.request import Request, RequestStatus
 from minicb.runner import ModelRunner, check_kv_fits
-from minicb.sampling import SamplingParams, _check_text
+from minicb.sampling import SamplingParams
 from minicb.scheduler import make_scheduler
 from minicb.threads import ThreadPolicy
 
 log = logging.getLogger("minicb.engine")
-Prompt = str | Sequence[int]
-# characters a string prompt may have: far more than any context here, and small enough that
-# tokenising it never stalls the engine
-MAX_PROMPT_CHARS = 1_000_000
-TENSOR_HINT = " (call .tolist() on a tensor)"
-
 
 class LLMEngine:
     """One engine, swappable parts: scheduler × KV manager × attention backend."""
@@ -69,6 +63,9 @@ class LLMEngine:
         self.scheduler = make_scheduler(config, self.kv, time.perf_counter, self.eos_token_ids)
         self.runner = ModelRunner(self.model, config, pad_token_id=pad or 0, proposer=proposer)
         self.core = self._make_core(config)
+        # the front door: every request is checked there, once (minicb/inputs.py)
+        self.processor = InputProcessor(self.tokenizer, self.vocab_size, self.scheduler.check_fits,
+                                        self.model_path)
         # True: every output carries the text its step added (the async engine streams it)
         self.stream_text = False
         # per sample that has stop strings (or streams text): its incremental detokenizer
@@ -96,57 +93,29 @@ class LLMEngine:
         return EngineCore(self.scheduler, executor, overlap=overlap)
 
     # --- requests --------------------------------------------------------------------------
-    def validate(self, prompt: Prompt, params: SamplingParams, tokenizer=None) -> list[int]:
-        """Tokenise and check a prompt; raise ValueError naming the problem and the fix.
-
-        `tokenizer`: the one to encode with, for a caller on another thread than the steps (a
-        tokenizer must never be used by two threads at once; minicb.serving.async_engine)."""
-        tokenizer = tokenizer if tokenizer is not None else self.tokenizer
-        if not isinstance(params, SamplingParams):
-            raise ValueError(f"params must be a SamplingParams (got {type(params).__name__}); "
-                             "pass SamplingParams(...) or leave it out for the defaults.")
-        if isinstance(prompt, str):
-            if len(prompt) > MAX_PROMPT_CHARS:
-                raise ValueError(f"the prompt has {len(prompt)} characters, more than the "
-                                 f"{MAX_PROMPT_CHARS} any model here can read; shorten it.")
-            _check_text("the prompt", prompt)
-            if tokenizer is None:
-                raise ValueError(f"this checkpoint ({self.model_path}) has no tokenizer; pass "
-                                 "prompts as lists of token ids.")
-            token_ids = tokenizer.encode(prompt, add_special_tokens=False)
-        elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and
-                                                       not isinstance(t, bool) for t in prompt):
-            token_ids = list(prompt)
-        else:
-            raise ValueError("a prompt must be a string or a list of token ids (ints); "
-                             f"got {type(prompt).__name__}"
-                             f"{TENSOR_HINT if hasattr(prompt, 'tolist') else ''}.")
-        if not token_ids:
-            raise ValueError("the prompt is empty; give at least one token.")
-        bad = [t for t in token_ids if not 0 <= t < self.vocab_size]
-        if bad:
-            raise ValueError(f"token ids {bad[:5]} are outside the vocabulary [0, "
-                             f"{self.vocab_size}); check the tokenizer matches the model.")
-        if params.stop and self.tokenizer is None:
-            raise ValueError("stop strings need a tokenizer; this checkpoint has none: use "
-                             "stop_token_ids.")
-        self.scheduler.check_fits(len(token_ids), params.max_tokens)
-        return token_ids
-
-    def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams,
-                    arrival_time: float | None = None, priority: int = 0,
-                    prompt_token_ids: list[int] | None = None) -> list[Request]:
+    def add_request(self, request_id: str, prompt: Prompt | ProcessedPrompt,
+                    params: SamplingParams | None = None, arrival_time: float | None = None,
+                    priority: int = 0) -> list[Request]:
         """Queue one request; return its Requests (one per sample).
 
+        `prompt` is text or token ids, checked here by the front door (`self.processor`), or a
+        ProcessedPrompt the caller already had from `self.processor.process(prompt, params)`,
+        queued without a second check (its params are the ones it was checked with).
         With `params.n > 1` the request runs as n samples: inside the engine they are requests
         `{request_id}-{i}`, reported under `request_id` with `CompletionOutput.index` i. Sample i
         draws from `seed + i` (when a seed is given), and the samples after the first share the
-        first one's prompt blocks (paged KV). `prompt_token_ids`, when the caller already has them
-        from `validate(prompt, params)`, spares tokenising a string prompt a second time.
+        first one's prompt blocks (paged KV).
         """
         if request_id in self._groups:
             raise ValueError(f"request id {request_id!r} is already in use; ids must be unique.")
-        token_ids = self.validate(prompt if prompt_token_ids is None else prompt_token_ids, params)
+        if isinstance(prompt, ProcessedPrompt):
+            if params is not None and params is not prompt.params:
+                raise ValueError("a ProcessedPrompt carries the params it was checked with; "
+                                 "leave params out.")
+            processed = prompt
+        else:
+            processed = self.processor.process(prompt, params)
+        prompt, token_ids, params = processed.prompt, processed.prompt_token_ids, processed.params
         n = params.n
         sample_ids = [request_id] if n == 1 else [f"{request_id}-{i}" for i in range(n)]
         taken = [sample_id for sample_id in sample_ids if sample_id in self.requests]
@@ -162,7 +131,7 @@ class LLMEngine:
             request = Request(sample_id, token_ids, sample_params, arrival_time=arrival_time,
                               arrival_step=self.scheduler.step_count,
                               generator=torch.Generator().manual_seed(seed),
-                              prompt=prompt if isinstance(prompt, str) else None, priority=priority,
+                              prompt=prompt, priority=priority,
                               arrival_index=self._arrivals, group_id=request_id, sample_index=index)
             self._arrivals += 1
             self.requests[sample_id] = request
@@ -195,16 +164,16 @@ class LLMEngine:
         return request_id in self._groups
 
     def abort(self, request_id: str) -> None:
-        """Stop a request (every sample of it); its blocks are freed and step() reports it."""
+        """Stop a request (every sample of it): the next step() frees its blocks and reports it."""
         if request_id not in self._groups:
             raise ValueError(f"cannot abort {request_id!r}: no such request (it may have finished "
                              "already).")
-        for sample_id in self._groups[request_id]:
-            request = self.requests.get(sample_id)
-            if request is not None and not request.finished:
-                self.scheduler.abort(sample_id)
+        self.core.abort(sample_id for sample_id in self._groups[request_id]
+                        if sample_id in self.requests and not self.requests[sample_id].finished)
 
     def has_unfinished_requests(self) -> bool:
+        """Requests queued or running, aborted ones the next step reports, or a step in
+        flight (overlapped scheduling)."""
         return self.core.has_unfinished()
 
     @property
@@ -229,15 +198,12 @@ class LLMEngine:
                 texts = self._detokenize(touched)                # stop strings, streamed text
             self.step_stats.add(count_step(result.plan, self.kv, self.scheduler.running,
                                            self.config.max_num_seqs))
-        # finished requests leave self.requests once reported, so any finished one still here ended
-        # without a token this step (an abort) and is reported now
-        touched_ids = {r.request_id for r in touched}
-        ended = [r for r in self.requests.values() if r.finished and r.request_id
-                 not in touched_ids]
-        result = [self._output(r, texts.get(r.request_id, "")) for r in touched + ended]
+        # the requests aborted since the last step come back from the core, applied at its start
+        ended = result.aborted
+        outputs = [self._output(r, texts.get(r.request_id, "")) for r in touched + ended]
         for request in ended + [r for r in touched if r.finished]:
             self._forget(request)
-        return result
+        return outputs
 
     def _forget(self, request: Request) -> None:
         """A finished request has been reported: drop it, and its group once every sample is."""

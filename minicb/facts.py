@@ -24,6 +24,15 @@ class Fact:
 
 
 KIB = 1024
+_NCCL_TUNING = ("NVIDIA/nccl, src/graph/tuning.cc (commit b6475625), "
+                "https://github.com/NVIDIA/nccl/blob/b6475625fbcaa2c3c0e50eed2fa1255d7514d4a2/"
+                "src/graph/tuning.cc")
+_VLLM_CUSTOM_AR = ("vllm-project/vllm, csrc/custom_all_reduce.cuh and vllm/distributed/"
+                   "device_communicators/custom_all_reduce.py (world sizes 2, 4, 6, 8; messages "
+                   "under 8 MiB), https://github.com/vllm-project/vllm")
+_CUSTOM_AR_TIMES = ("sgl-project/sglang pull request 2904 (2025-01-15), table 'vllm': vLLM's custom "
+                    "all-reduce measured on H100s (NVSwitch), without CUDA graphs, "
+                    "https://github.com/sgl-project/sglang/pull/2904")
 
 FACTS: dict[str, Fact] = {
     # --- GPUs (vendor data sheets) ---
@@ -47,15 +56,45 @@ FACTS: dict[str, Fact] = {
     "ethernet_25g_bandwidth": Fact(25, "Gb/s", "IEEE Std 802.3by-2016, the 25 Gb/s Ethernet "
                                    "standard (25GBASE-R)"),
     # NCCL's own latency model for a ring all-reduce: a base latency plus one hop latency per
-    # step, 2(n-1) steps (the Simple protocol, the one that carries large messages)
-    "nccl_ring_base_latency": Fact(8.4, "us", "NVIDIA/nccl, src/graph/tuning.cc, table baseLat "
-                                   "(Ring, Simple protocol), https://github.com/NVIDIA/nccl"),
-    "nccl_hop_latency_nvlink": Fact(3.4, "us", "NVIDIA/nccl, src/graph/tuning.cc, table hwLat "
-                                    "(NVLINK, Ring, Simple protocol), https://github.com/NVIDIA/nccl"),
-    "nccl_hop_latency_pcie": Fact(5.7, "us", "NVIDIA/nccl, src/graph/tuning.cc, table hwLat "
-                                  "(PCI, Ring, Simple protocol), https://github.com/NVIDIA/nccl"),
-    "nccl_hop_latency_network": Fact(14.0, "us", "NVIDIA/nccl, src/graph/tuning.cc, table hwLat "
-                                     "(NET, Ring, Simple protocol), https://github.com/NVIDIA/nccl"),
+    # step, 2(n-1) steps, for each of its three protocols; NCCL runs whichever its model says is
+    # fastest for the message. Simple carries large messages at the link's full bandwidth; LL and
+    # LL128 send flags with the data, for lower latency and less bandwidth: small messages
+    "nccl_ring_base_latency": Fact(8.4, "us", _NCCL_TUNING + ", table baseLat (Ring, Simple)"),
+    "nccl_hop_latency_nvlink": Fact(3.4, "us", _NCCL_TUNING + ", table hwLat (NVLINK, Ring, "
+                                    "Simple)"),
+    "nccl_hop_latency_pcie": Fact(5.7, "us", _NCCL_TUNING + ", table hwLat (PCI, Ring, Simple)"),
+    "nccl_hop_latency_network": Fact(14.0, "us", _NCCL_TUNING + ", table hwLat (NET, Ring, "
+                                     "Simple)"),
+    "nccl_ll_base_latency": Fact(6.6, "us", _NCCL_TUNING + ", table baseLat (Ring, LL)"),
+    "nccl_ll_hop_latency_nvlink": Fact(0.6, "us", _NCCL_TUNING + ", table hwLat (NVLINK, Ring, "
+                                       "LL)"),
+    "nccl_ll_hop_latency_pcie": Fact(1.0, "us", _NCCL_TUNING + ", table hwLat (PCI, Ring, LL)"),
+    "nccl_ll_hop_latency_network": Fact(2.7, "us", _NCCL_TUNING + ", table hwLat (NET, Ring, LL)"),
+    "nccl_ll_bandwidth_share": Fact(0.25, "fraction", _NCCL_TUNING + ", ncclTopoTuneModel: a ring "
+                                    "all-reduce's LL bus bandwidth is busBw * 1.0/4.0"),
+    "nccl_ll128_base_latency": Fact(14.0, "us", _NCCL_TUNING + ", table baseLat (Ring, LL128)"),
+    "nccl_ll128_hop_latency_nvlink": Fact(1.9, "us", _NCCL_TUNING + ", table hwLat (NVLINK, Ring, "
+                                          "LL128); LL128 is enabled by default only over NVLink"),
+    "nccl_ll128_bandwidth_share": Fact(0.92, "fraction", _NCCL_TUNING + ", ncclTopoTuneModel: a "
+                                       "ring's LL128 bus bandwidth is busBw * 0.92 (120/128)"),
+    # vLLM's own all-reduce inside one node whose GPUs all reach each other (NVSwitch, or two
+    # GPUs): one kernel; below a size, every GPU reads its peers' whole messages at once
+    # (one-shot), above it a reduce-scatter then an all-gather (two-shot)
+    "vllm_custom_allreduce_one_shot_max_4gpus": Fact(512, "KiB", _VLLM_CUSTOM_AR + ", "
+                                                     "CustomAllreduce::allreduce: one-stage "
+                                                     "kernel below 512 KiB for up to 4 GPUs"),
+    "vllm_custom_allreduce_one_shot_max_8gpus": Fact(256, "KiB", _VLLM_CUSTOM_AR + ", "
+                                                     "CustomAllreduce::allreduce: one-stage "
+                                                     "kernel below 256 KiB for up to 8 GPUs"),
+    "vllm_custom_allreduce_tp2_4kib": Fact(8.8, "us", _CUSTOM_AR_TIMES + ": TP 2, 4,096 bytes"),
+    "vllm_custom_allreduce_tp4_4kib": Fact(8.5, "us", _CUSTOM_AR_TIMES + ": TP 4, 4,096 bytes"),
+    "vllm_custom_allreduce_tp8_4kib": Fact(9.3, "us", _CUSTOM_AR_TIMES + ": TP 8, 4,096 bytes"),
+    "vllm_custom_allreduce_tp2_1mib": Fact(26.6, "us", _CUSTOM_AR_TIMES + ": TP 2, 1,048,576 "
+                                           "bytes"),
+    "vllm_custom_allreduce_tp4_1mib": Fact(40.2, "us", _CUSTOM_AR_TIMES + ": TP 4, 1,048,576 "
+                                           "bytes"),
+    "vllm_custom_allreduce_tp8_1mib": Fact(45.0, "us", _CUSTOM_AR_TIMES + ": TP 8, 1,048,576 "
+                                           "bytes"),
     # --- models (the checkpoints' config.json on the Hugging Face hub) ---
     "llama2_7b_params": Fact(6_738_415_616, "parameters", "meta-llama/Llama-2-7b-hf config.json's "
                              "shapes (32 layers of 4 x 4096^2 attention + 3 x 4096 x 11008 MLP "
@@ -331,4 +370,29 @@ FACTS.update({
                                               "many"),
     "vllm_router_health_check_interval": Fact(60, "s", _VLLM_ROUTER_HELP + ": "
                                               "--health-check-interval-secs"),
+})
+
+# --- quantisation, offload and preemption (chapter 07), experts and pipelines (chapter 09) ---
+FACTS.update({
+    "h100_sxm_fp8_tflops": Fact(1979, "TFLOP/s", _H100_SHEET + ": FP8 Tensor Core 3,958 TFLOP/s "
+                                "with sparsity; dense is half of that"),
+    "h100_pcie_bandwidth": Fact(128, "GB/s", _H100_SHEET + ": interconnect PCIe Gen5 128 GB/s "
+                                "(both directions together)"),
+    "vllm_preemption_mode": Fact("recomputed", "mode", "vLLM documentation, Optimization and "
+                                 "Tuning, Preemption (vLLM V1): preempted requests are recomputed "
+                                 "when KV cache space is available again, https://docs.vllm.ai/en/"
+                                 "latest/configuration/optimization/"),
+    "deepseek_v2_total_params": Fact(236e9, "parameters", _DEEPSEEK_V2 + ", abstract: 236B total "
+                                     "parameters"),
+    "deepseek_v2_active_params": Fact(21e9, "parameters", _DEEPSEEK_V2 + ", abstract: 21B "
+                                      "activated for each token"),
+})
+FACTS.update({
+    "deepseek_v2_routed_experts": Fact(160, "experts", _DEEPSEEK_V2_CONFIG + ": n_routed_experts"),
+    "deepseek_v2_experts_per_token": Fact(6, "experts", _DEEPSEEK_V2_CONFIG + ": "
+                                          "num_experts_per_tok, the routed experts each token uses "
+                                          "(beside n_shared_experts 2 that every token uses)"),
+})
+FACTS.update({
+    "deepseek_v2_attention_heads": Fact(128, "heads", _DEEPSEEK_V2_CONFIG + ": num_attention_heads"),
 })

@@ -8,7 +8,8 @@ from dataclasses import replace
 from tqdm.auto import tqdm
 
 from minicb.config import EngineConfig
-from minicb.engine import TENSOR_HINT, LLMEngine, Prompt
+from minicb.engine import LLMEngine
+from minicb.inputs import Prompt
 from minicb.metrics import StepTotals
 from minicb.outputs import RequestOutput
 from minicb.sampling import SamplingParams
@@ -44,42 +45,19 @@ class LLM:
         Every prompt is validated before any is queued, so one bad prompt raises a ValueError
         naming it and nothing runs.
         """
-        if isinstance(prompts, str) or (isinstance(prompts, (list, tuple)) and prompts
-                                        and isinstance(prompts[0], int)):
-            prompts = [prompts]
-        if not isinstance(prompts, (list, tuple)):
-            raise ValueError(f"prompts must be a string, a list of token ids, or a list of those "
-                             f"(got {type(prompts).__name__}"
-                             f"{TENSOR_HINT if hasattr(prompts, 'tolist') else ''}).")
-        params = sampling_params if sampling_params is not None else SamplingParams()
-        params_list = list(params) if isinstance(params, Sequence) else [params] * len(prompts)
-        if len(params_list) != len(prompts):
-            raise ValueError(f"got {len(params_list)} SamplingParams for {len(prompts)} prompts; "
-                             "pass one for all or one per prompt.")
         engine = self.llm_engine
-        token_ids = []
-        for index, (prompt, p) in enumerate(zip(prompts, params_list)):
-            try:
-                token_ids.append(engine.validate(prompt, p))
-            except ValueError as error:
-                raise ValueError(f"prompt {index}: {error}") from None
-
-        if priority is not None and len(priority) != len(prompts):
-            raise ValueError(f"got {len(priority)} priorities for {len(prompts)} prompts; pass one "
-                             "per prompt.")
+        processed = engine.processor.process_batch(prompts, sampling_params, priority)
 
         request_ids: list[str] = []
         finished: dict[str, list[RequestOutput]] = {}
         try:
-            for index, (prompt, ids, p) in enumerate(zip(prompts, token_ids, params_list)):
+            for index, prompt in enumerate(processed):
                 request_id = str(self._counter)
                 self._counter += 1
-                engine.add_request(request_id, prompt, p,
-                                   priority=priority[index] if priority else 0,
-                                   prompt_token_ids=ids)
+                engine.add_request(request_id, prompt, priority=priority[index] if priority else 0)
                 request_ids.append(request_id)
                 finished[request_id] = []
-            total = sum(p.n for p in params_list)
+            total = sum(prompt.params.n for prompt in processed)
             with tqdm(total=total, desc="requests", disable=not use_tqdm) as bar:
                 while engine.has_unfinished_requests():
                     for output in engine.step():

@@ -8,22 +8,29 @@ Two ways a serving system spends a link between GPUs:
   latency;
 * tensor parallelism (Megatron-LM's split) cuts every weight matrix n ways: each GPU reads 1/n of
   the weights and 1/n of the KV cache per step, but every layer ends its attention and its MLP
-  with an all-reduce of the step's activations (`hidden_size x tokens x bytes`). A ring
-  all-reduce (a reduce-scatter, then an all-gather) sends `2(n-1)/n` of the message over each
-  GPU's link in `2(n-1)` hops, each hop paying the link's latency; NCCL's own latency model adds
-  a base latency per call.
+  with an all-reduce of the step's activations (`hidden_size x tokens x bytes`).
 
-`tp_cost_model` folds both sides of tensor parallelism into the four terms of
-`minicb.sim.CostModel` (the all-reduce is a fixed latency per step plus a cost per token, so it
-fits them exactly), and the same scheduler runs on a TP group as on one GPU. Every input is a
-cited fact (`minicb.facts`).
+How long an all-reduce takes depends on who runs it and on the message's size. NCCL's ring (a
+reduce-scatter, then an all-gather) sends `2(n-1)/n` of the message over each GPU's link in
+`2(n-1)` hops; NCCL's own model prices each of its three protocols (a base latency, a latency
+per hop, a share of the link's bandwidth) and runs the fastest: LL for a decode step's small
+messages (a fraction of a microsecond per NVLink hop), Simple for a prefill's large ones. Inside
+one node whose GPUs all reach each other through NVSwitch, vLLM does not use NCCL for these at
+all: its custom all-reduce is one kernel in which, for small messages, every GPU reads its
+peers' messages at once (one-shot): no chain of hops, so its latency barely grows with n.
+`allreduce_time` picks what vLLM would run; its latencies are the published measurements
+(`minicb.facts`).
+
+`tp_cost_model` adds the all-reduces to the four terms of `minicb.sim.CostModel`, and the same
+scheduler runs on a TP group as on one GPU. Every input is a cited fact (`minicb.facts`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
-from minicb.facts import fact
+from minicb.facts import KIB, fact
 from minicb.sim.cost_model import CostModel
 
 
@@ -51,11 +58,14 @@ class ModelShape:
 
 @dataclass(frozen=True)
 class Link:
-    """A link between two GPUs: bytes per second in one direction, and seconds per message."""
+    """A link between two GPUs: bytes per second in one direction, seconds per message, and its
+    kind ("nvlink", "pcie" or "network"), which decides NCCL's per-hop latencies and whether a
+    node's GPUs all reach each other through a switch (NVLink: vLLM's custom all-reduce)."""
 
     name: str
     bandwidth: float
     latency: float
+    kind: str = "nvlink"
 
     def __post_init__(self) -> None:
         if not self.bandwidth > 0 or self.latency < 0:
@@ -83,6 +93,69 @@ def ring_allreduce_time(num_bytes: float, n: int, link: Link, base_latency: floa
     return base_latency + 2 * (n - 1) * link.latency + 2 * (n - 1) / n * num_bytes / link.bandwidth
 
 
+@dataclass(frozen=True)
+class Protocol:
+    """One of NCCL's protocols: a base latency per call, a latency per hop by link kind, and the
+    share of the link's bandwidth it reaches (LL and LL128 send flags with the data)."""
+
+    name: str
+    base_latency: float
+    hop_latency: dict[str, float] = field(hash=False)
+    bandwidth_share: float = 1.0
+
+
+def _us(name: str) -> float:
+    return fact(name).value * 1e-6
+
+
+NCCL_PROTOCOLS = (
+    Protocol("LL", _us("nccl_ll_base_latency"),
+             {kind: _us(f"nccl_ll_hop_latency_{kind}") for kind in ("nvlink", "pcie", "network")},
+             fact("nccl_ll_bandwidth_share").value),
+    # LL128 is enabled by default only over NVLink
+    Protocol("LL128", _us("nccl_ll128_base_latency"), {"nvlink": _us("nccl_ll128_hop_latency_nvlink")},
+             fact("nccl_ll128_bandwidth_share").value),
+    Protocol("Simple", _us("nccl_ring_base_latency"),
+             {kind: _us(f"nccl_hop_latency_{kind}") for kind in ("nvlink", "pcie", "network")}),
+)
+
+
+def nccl_allreduce_time(num_bytes: float, n: int, link: Link) -> tuple[float, str]:
+    """NCCL's ring all-reduce with the protocol its own model finds fastest for this message:
+    (seconds, protocol name)."""
+    times = [(ring_allreduce_time(num_bytes, n, Link(link.name, link.bandwidth * p.bandwidth_share,
+                                                       p.hop_latency[link.kind], link.kind),
+                                  p.base_latency), p.name)
+             for p in NCCL_PROTOCOLS if link.kind in p.hop_latency]
+    return min(times)
+
+
+# vLLM's custom all-reduce, measured (H100s on NVSwitch): the time at 4 KiB and at 1 MiB per TP
+# degree, a straight line in bytes between them. vLLM uses it up to 8 MiB; past the measured 1 MiB
+# this model hands the message to NCCL's instead of extrapolating
+CUSTOM_ALLREDUCE = {n: (_us(f"vllm_custom_allreduce_tp{n}_4kib"),
+                        _us(f"vllm_custom_allreduce_tp{n}_1mib")) for n in (2, 4, 8)}
+CUSTOM_ALLREDUCE_MAX_BYTES = 1024 * KIB
+
+
+def custom_allreduce_time(num_bytes: float, n: int) -> float:
+    """vLLM's custom all-reduce of `num_bytes` over n GPUs of one NVSwitch node, interpolated from
+    its measured times (one-shot below `vllm_custom_allreduce_one_shot_max_*`, two-shot above:
+    the measurements span both; they include the kernel's launch, which a CUDA graph hides)."""
+    small, large = CUSTOM_ALLREDUCE[n]
+    return small + (large - small) * (num_bytes - 4 * KIB) / (1024 * KIB - 4 * KIB)
+
+
+def allreduce_time(num_bytes: float, n: int, link: Link) -> float:
+    """One all-reduce as vLLM runs it: its custom kernel inside an NVLink node, for the sizes and
+    TP degrees it supports, and NCCL's fastest protocol otherwise."""
+    if n == 1:
+        return 0.0
+    if link.kind == "nvlink" and n in CUSTOM_ALLREDUCE and num_bytes <= CUSTOM_ALLREDUCE_MAX_BYTES:
+        return custom_allreduce_time(num_bytes, n)
+    return nccl_allreduce_time(num_bytes, n, link)[0]
+
+
 def weight_read_time(shape: ModelShape, hbm_bandwidth: float) -> float:
     """Seconds to stream every weight from memory once: the floor of a memory-bound decode step."""
     return shape.weight_bytes / hbm_bandwidth
@@ -101,24 +174,27 @@ LLAMA2_70B = model_shape("llama2_70b", "Llama-2-70B fp16")
 A100_HBM_BANDWIDTH = fact("a100_hbm_bandwidth").value * 1e9          # B/s
 A100_MEMORY = fact("a100_memory").value * 1e9                         # bytes
 MEMORY_UTILISATION = fact("vllm_gpu_memory_utilization").value       # share of it a server takes
-NCCL_BASE_LATENCY = fact("nccl_ring_base_latency").value * 1e-6       # s per all-reduce
-# data sheets give both directions together; a ring sends one way on each link at a time
+# data sheets give both directions together; a ring sends one way on each link at a time. A
+# link's own latency is NCCL's Simple-protocol hop (a KV transfer is one large message)
 NVLINK = Link("NVLink (A100)", fact("a100_nvlink_bandwidth").value / 2 * 1e9,
-              fact("nccl_hop_latency_nvlink").value * 1e-6)
+              _us("nccl_hop_latency_nvlink"), "nvlink")
 PCIE = Link("PCIe Gen4 x16", fact("a100_pcie_bandwidth").value / 2 * 1e9,
-            fact("nccl_hop_latency_pcie").value * 1e-6)
+            _us("nccl_hop_latency_pcie"), "pcie")
 INFINIBAND = Link("InfiniBand HDR", fact("infiniband_hdr_bandwidth").value / 8 * 1e9,
-                  fact("nccl_hop_latency_network").value * 1e-6)
+                  _us("nccl_hop_latency_network"), "network")
 ETHERNET_25G = Link("25 Gb/s Ethernet", fact("ethernet_25g_bandwidth").value / 8 * 1e9,
-                    fact("nccl_hop_latency_network").value * 1e-6)
+                    _us("nccl_hop_latency_network"), "network")
 LINKS = {"nvlink": NVLINK, "pcie": PCIE, "infiniband": INFINIBAND, "ethernet": ETHERNET_25G}
 
 
 # --- tensor parallelism in the cost model --------------------------------------------------------
+AllReduce = Callable[[float, int, Link], float]      # (bytes, GPUs, link) -> seconds
+
+
 def tp_step_parts(base: CostModel, shape: ModelShape, n: int, link: Link, prefill_tokens: int,
                   decode_rows: int, context_tokens: int = 0,
                   hbm_bandwidth: float = A100_HBM_BANDWIDTH,
-                  base_latency: float = NCCL_BASE_LATENCY) -> dict[str, float]:
+                  allreduce: AllReduce = allreduce_time) -> dict[str, float]:
     """One step of a TP group of n GPUs, in seconds, by where the time goes.
 
     `base` is the one-GPU cost model of `shape`. Its step overhead is split into the weights'
@@ -126,37 +202,47 @@ def tp_step_parts(base: CostModel, shape: ModelShape, n: int, link: Link, prefil
     (kernel launches, the host's work: every GPU still launches every kernel, so it stays). Prompt
     tokens, decode rows and keys read shrink n-fold (each GPU computes 1/n of the heads and of
     the MLP, and keeps 1/n of the KV heads). Each layer adds two all-reduces of the step's
-    activations."""
+    activations (`allreduce`: what vLLM runs, by default)."""
     weights = weight_read_time(shape, hbm_bandwidth)
     if weights > base.step_overhead * (1 + 1e-9):
         raise ValueError(f"{base.name or 'the cost model'} charges {base.step_overhead:.4g} s per "
                          f"step, less than reading {shape.name}'s weights ({weights:.4g} s): it is "
                          "not this model's cost model.")
-    tokens = prefill_tokens + decode_rows
-    message = shape.hidden_size * tokens * shape.dtype_bytes
+    message = shape.hidden_size * (prefill_tokens + decode_rows) * shape.dtype_bytes
     return {"fixed": base.step_overhead - weights, "weights": weights / n,
             "compute": (base.prefill_token * prefill_tokens + base.decode_seq * decode_rows) / n,
             "kv read": base.context_token * context_tokens / n,
-            "all-reduce": 2 * shape.layers * ring_allreduce_time(message, n, link, base_latency)}
+            "all-reduce": 2 * shape.layers * allreduce(message, n, link) if n > 1 else 0.0}
+
+
+@dataclass
+class TPCostModel(CostModel):
+    """A TP group's step: the one-GPU terms divided over the group (`tp_cost_model`), plus the
+    all-reduces, which are not linear in the step's tokens (a small step's cost is latency, a
+    large one's bandwidth)."""
+
+    allreduce_per_step: Callable[[int], float] = field(default=lambda tokens: 0.0, repr=False,
+                                                       compare=False)
+
+    def step_time(self, prefill_tokens: int, decode_rows: int, context_tokens: int = 0) -> float:
+        return (super().step_time(prefill_tokens, decode_rows, context_tokens)
+                + self.allreduce_per_step(prefill_tokens + decode_rows))
 
 
 def tp_cost_model(base: CostModel, shape: ModelShape, n: int, link: Link,
                   hbm_bandwidth: float = A100_HBM_BANDWIDTH,
-                  base_latency: float = NCCL_BASE_LATENCY) -> CostModel:
-    """The four cost-model terms of a TP group of n GPUs (see `tp_step_parts`); n = 1 is `base`.
-
-    The all-reduces cost `2 x layers x (base latency + 2(n-1) hop latencies)` per step and
-    `2 x layers x 2(n-1)/n x hidden x bytes / bandwidth` per token the step carries."""
+                  allreduce: AllReduce = allreduce_time) -> CostModel:
+    """The cost model of a TP group of n GPUs (see `tp_step_parts`); n = 1 is `base`."""
     if n == 1:
         return base
-    empty = tp_step_parts(base, shape, n, link, 0, 0, 0, hbm_bandwidth, base_latency)
-    per_token = 2 * shape.layers * 2 * (n - 1) / n * shape.hidden_size * shape.dtype_bytes \
-        / link.bandwidth
-    return CostModel(step_overhead=sum(empty.values()),
-                     prefill_token=base.prefill_token / n + per_token,
-                     decode_seq=base.decode_seq / n + per_token,
-                     context_token=base.context_token / n,
-                     name=f"{base.name}, TP={n} over {link.name}", unit=base.unit)
+    empty = tp_step_parts(base, shape, n, link, 0, 0, 0, hbm_bandwidth, allreduce)
+    per_step = lambda tokens: 2 * shape.layers * allreduce(
+        shape.hidden_size * tokens * shape.dtype_bytes, n, link) if tokens else 0.0
+    return TPCostModel(step_overhead=empty["fixed"] + empty["weights"],
+                       prefill_token=base.prefill_token / n, decode_seq=base.decode_seq / n,
+                       context_token=base.context_token / n,
+                       name=f"{base.name}, TP={n} over {link.name}", unit=base.unit,
+                       allreduce_per_step=per_step)
 
 
 def scaled_cost_model(base: CostModel, base_shape: ModelShape, shape: ModelShape,

@@ -7,6 +7,7 @@ import pytest
 
 from minicb.calibrate import A100_LLAMA2_7B
 from minicb.parallel import (
+    ETHERNET_25G,
     LLAMA2_7B,
     LLAMA2_70B,
     NVLINK,
@@ -15,6 +16,9 @@ from minicb.parallel import (
     ModelShape,
     kv_blocks_per_gpu,
     kv_transfer_time,
+    allreduce_time,
+    custom_allreduce_time,
+    nccl_allreduce_time,
     ring_allreduce_time,
     scaled_cost_model,
     tp_cost_model,
@@ -64,6 +68,33 @@ def test_ring_allreduce_hand_case():
         ring_allreduce_time(1000, 0, link)
 
 
+def test_nccl_picks_its_fastest_protocol_by_hand():
+    """NCCL's own latency model (tuning.cc): LL for small messages, Simple for large ones."""
+    # 2 GPUs over PCIe, 8 KiB: LL = 6.6 + 2 x 1.0 us + 8 KiB at a quarter of 32 GB/s
+    assert nccl_allreduce_time(8192, 2, PCIE) == pytest.approx((8.6e-6 + 8192 / 8e9, "LL"))
+    # 64 MiB over NVLink is bandwidth: Simple at the link's full speed wins
+    seconds, protocol = nccl_allreduce_time(64 * 2**20, 8, NVLINK)
+    assert protocol == "Simple"
+    assert seconds == pytest.approx(8.4e-6 + 14 * 3.4e-6 + 14 / 8 * 64 * 2**20 / NVLINK.bandwidth)
+    # LL128 runs only over NVLink
+    assert {nccl_allreduce_time(b, 4, PCIE)[1] for b in (2**10, 2**16, 2**22, 2**26)} \
+        <= {"LL", "Simple"}
+
+
+def test_vllm_custom_allreduce_inside_an_nvlink_node():
+    """Inside an NVLink node vLLM's own kernel runs (its measured times, a line in bytes between
+    4 KiB and 1 MiB); over PCIe, past 1 MiB, or at a TP degree without a measurement, NCCL's."""
+    assert custom_allreduce_time(4096, 8) == pytest.approx(9.3e-6)
+    assert custom_allreduce_time(2**20, 2) == pytest.approx(26.6e-6)
+    assert allreduce_time(8192, 4, NVLINK) == custom_allreduce_time(8192, 4)
+    assert allreduce_time(8192, 4, PCIE) == nccl_allreduce_time(8192, 4, PCIE)[0]
+    assert allreduce_time(4 * 2**20, 4, NVLINK) == nccl_allreduce_time(4 * 2**20, 4, NVLINK)[0]
+    assert allreduce_time(8192, 6, NVLINK) == nccl_allreduce_time(8192, 6, NVLINK)[0]
+    assert allreduce_time(8192, 1, NVLINK) == 0.0
+    # one-shot: a decode's small message costs about the same on 2 or 8 GPUs (no chain of hops)
+    assert allreduce_time(8192, 8, NVLINK) < 1.1 * allreduce_time(8192, 2, NVLINK)
+
+
 # --- tensor parallelism --------------------------------------------------------------------------
 SHAPES = [(0, 1, 0), (0, 32, 32 * 700), (2048, 0, 0), (512, 16, 16 * 300)]
 
@@ -78,7 +109,8 @@ def test_tp_step_by_hand():
     """Two GPUs over PCIe, one decode row reading 1,000 keys, from the published numbers."""
     base = A100_LLAMA2_7B
     weights = 6_738_415_616 * 2 / 2039e9                     # seconds to read fp16 weights once
-    one_allreduce = 8.4e-6 + 2 * 5.7e-6 + 1 * 4096 * 2 / 32e9   # base + 2 hops + half of 8 KiB
+    # NCCL's LL protocol: base + 2 hops + half of 8 KiB at a quarter of the link's 32 GB/s
+    one_allreduce = 6.6e-6 + 2 * 1.0e-6 + 1 * 4096 * 2 / (32e9 / 4)
     expected = (base.step_overhead - weights) + weights / 2 + base.decode_seq / 2 \
         + base.context_token * 1000 / 2 + 2 * 32 * one_allreduce
     got = tp_cost_model(base, LLAMA2_7B, 2, PCIE).step_time(0, 1, 1000)
@@ -89,19 +121,21 @@ def test_tp_step_by_hand():
 
 
 def test_tp_with_a_free_link_only_divides_and_a_slow_link_can_lose():
-    free = Link("free", bandwidth=1e30, latency=0.0)
+    free = lambda num_bytes, n, link: 0.0
     base = A100_LLAMA2_7B
     weights = LLAMA2_7B.weight_bytes / 2039e9
     for n in (2, 4, 8):
-        got = tp_cost_model(base, LLAMA2_7B, n, free, base_latency=0.0).step_time(0, 32, 22400)
+        got = tp_cost_model(base, LLAMA2_7B, n, NVLINK, allreduce=free).step_time(0, 32, 22400)
         expected = (base.step_overhead - weights) + (weights + 32 * base.decode_seq
                                                      + 22400 * base.context_token) / n
         assert got == pytest.approx(expected, rel=1e-9)
-    # the same step gets slower from 4 to 8 GPUs over PCIe, but not over NVLink
+    # the same step keeps getting faster up to 8 GPUs in an NVLink node, gains little from 4 to 8
+    # over PCIe, and gets slower with every GPU added over 25 Gb/s Ethernet
     step = {(link.name, n): tp_cost_model(base, LLAMA2_7B, n, link).step_time(0, 32, 22400)
-            for link in (NVLINK, PCIE) for n in (4, 8)}
-    assert step[(PCIE.name, 8)] > step[(PCIE.name, 4)]
-    assert step[(NVLINK.name, 8)] <= step[(NVLINK.name, 4)]
+            for link in (NVLINK, PCIE, ETHERNET_25G) for n in (1, 2, 4, 8)}
+    assert step[(NVLINK.name, 8)] < 0.85 * step[(NVLINK.name, 4)]
+    assert 0.9 * step[(PCIE.name, 4)] < step[(PCIE.name, 8)] < step[(PCIE.name, 4)]
+    assert step[(ETHERNET_25G.name, 8)] > step[(ETHERNET_25G.name, 4)] > step[(ETHERNET_25G.name, 2)]
 
 
 def test_tp_refuses_a_cost_model_cheaper_than_its_weights():

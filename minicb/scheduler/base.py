@@ -153,8 +153,8 @@ class Scheduler:
             self.fork_parents[request.request_id] = fork_of
         self.waiting.append(request)
 
-    def has_unfinished(self) -> bool:
-        return bool(self.waiting) or self.num_running > 0
+    def has_unfinished(self) -> bool:   # asked before every step: stops at the first found
+        return bool(self.waiting) or any(not request.finished for request in self.running)
 
     @property
     def num_running(self) -> int:

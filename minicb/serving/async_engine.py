@@ -40,7 +40,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from minicb.config import EngineConfig
-from minicb.engine import LLMEngine, Prompt
+from minicb.engine import LLMEngine
+from minicb.inputs import ProcessedPrompt, Prompt
 from minicb.kv.prefix import PrefixCacheStats
 from minicb.metrics import RequestMetrics
 from minicb.outputs import RequestOutput
@@ -106,13 +107,10 @@ class RequestStream:
 @dataclass
 class _PendingAdd:
     request_id: str
-    prompt: Prompt
-    params: SamplingParams
+    prompt: ProcessedPrompt             # checked and tokenised by the engine's front door
     priority: int
     arrival_time: float
-    require_fit: bool
     added: asyncio.Future = field(repr=False)
-    token_ids: list[int] = field(default_factory=list, repr=False)   # the prompt, tokenised
 
 
 class AsyncLLMEngine:
@@ -144,7 +142,7 @@ class AsyncLLMEngine:
     @property
     def num_waiting(self) -> int:
         """Sequences waiting: every sample of a parallel-sampling request counts."""
-        return (self._validating + sum(add.params.n for add in self._pending_adds)
+        return (self._validating + sum(add.prompt.params.n for add in self._pending_adds)
                 + self.engine.num_waiting)
 
     @property
@@ -212,16 +210,17 @@ class AsyncLLMEngine:
         # (it holds its place in the queue meanwhile)
         self._validating += params.n
         try:
-            token_ids = await asyncio.get_running_loop().run_in_executor(
-                self._tokenize_thread, self.engine.validate, prompt, params, self._tokenizer)
+            processed = await asyncio.get_running_loop().run_in_executor(
+                self._tokenize_thread, self.engine.processor.process, prompt, params,
+                self._tokenizer, require_fit)
         finally:
             self._validating -= params.n
         if request_id in self._streams:
             raise ValueError(f"request id {request_id!r} is already in use; ids must be unique.")
         stream = self._streams[request_id] = RequestStream(request_id, params.n)
         added = asyncio.get_running_loop().create_future()
-        self._pending_adds.append(_PendingAdd(request_id, prompt, params, priority,
-                                              time.perf_counter(), require_fit, added, token_ids))
+        self._pending_adds.append(_PendingAdd(request_id, processed, priority, time.perf_counter(),
+                                              added))
         self._wake.set()
         try:
             await added
@@ -354,12 +353,9 @@ class AsyncLLMEngine:
         return rejected, deltas
 
     def _add_to_engine(self, add: _PendingAdd) -> None:
-        """Add the request (the engine fans out its samples); every check runs first."""
-        engine, params = self.engine, add.params
-        if add.require_fit:     # the scheduler's own length rule, refusing instead of capping
-            engine.scheduler.check_fits(len(add.token_ids), params.max_tokens, require_fit=True)
-        engine.add_request(add.request_id, add.prompt, params, add.arrival_time, add.priority,
-                           prompt_token_ids=add.token_ids)
+        """Add the request, checked already (the engine fans out its samples)."""
+        self.engine.add_request(add.request_id, add.prompt, arrival_time=add.arrival_time,
+                                priority=add.priority)
 
     @staticmethod
     def _to_delta(output: RequestOutput) -> StreamDelta:

@@ -138,21 +138,21 @@ def simulate(workload: Workload, cost: CostModel | None = None, record_blocks: b
             scheduler.add_request(request)
             requests.append(request)
             next_arrival += 1
-        step = core.begin_step()
-        if step is None:          # requests wait, none can run: only an arrival can change that
+        start = clock.now
+        done = core.step()           # the step ends at start + its cost: the clock is there now
+        plan = done.plan
+        if plan is None:             # requests wait, none can run: only an arrival can change that
             if len(result.steps) >= max_steps or next_arrival >= len(pending):
                 raise RuntimeError("the scheduler made no progress; check the knobs (KV pool too "
                                    "small?).")
             clock.wait_until(pending[next_arrival][1].arrival)
             continue
-        plan = step.plan
         rows = [(s.request.request_id,
                  "idle" if s.ghost else "decode" if s.is_decode else "prefill",
                  s.num_tokens) for s in plan.seqs]
         tables = {s.request.request_id: s.block_table for s in plan.seqs} if record_blocks else {}
-        done = core.end_step(step)
         stats = count_step(plan, kv, scheduler.running, config.max_num_seqs)
-        result.steps.append(StepRecord(plan.step, step.future.start, step.future.end, rows, stats,
+        result.steps.append(StepRecord(plan.step, start, clock.now, rows, stats,
                                        kv.num_free_blocks(), tables,
                                        [r.request_id for r in plan.preempted],
                                        done.schedule_seconds + done.update_seconds))

@@ -47,7 +47,8 @@ from minicb.viz.kernel_plans import (
 from minicb.viz.kernels import paged_lookup, recorded_kernel_results
 from minicb.viz.knobs import knob_row, knob_sweep, knob_view, knob_widget
 from minicb.viz.memory import block_map, block_owners, block_reuse, free_blocks_timeline
-from minicb.viz.quiz import book_interview, interview_markdown, quiz_card, quiz_widget
+from minicb.viz.quiz import (book_interview, interview_markdown, quiz_card, quiz_widget,
+                             worked_question)
 from minicb.viz.schedule import (
            compare_timelines,
            draw_slots,
@@ -71,7 +72,8 @@ __all__ = ["PALETTE", "format_table", "new_figure", "request_colour", "attention
            "request_timelines", "roofline", "tradeoff_curve", "paged_lookup",
            "recorded_kernel_results", "knob_row", "knob_sweep", "knob_view", "knob_widget",
            "block_map", "block_owners", "block_reuse", "free_blocks_timeline", "book_interview",
-           "interview_markdown", "quiz_card", "quiz_widget", "compare_timelines", "draw_slots",
+           "interview_markdown", "quiz_card", "quiz_widget", "worked_question", "compare_timelines",
+           "draw_slots",
            "kv_usage", "kv_usage_timeline", "slot_grid", "slot_timeline", "step_costs",
            "routing_strips",
            "show_source", "show_file", "load_study_plot", "peer_load_plot", "rate_label",

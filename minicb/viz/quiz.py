@@ -9,8 +9,11 @@ Every chapter notebook (notebooks/NN_*.ipynb) ends with a section
     *A common wrong answer:* "what to avoid", and why.
 
 `book_interview` reads those sections, so the interview notebook gathers the questions from the
-chapters themselves and never holds a second copy. `quiz_card` renders one question (the widget's
-callback: a plain function); `quiz_widget` wires it to two buttons.
+chapters themselves and never holds a second copy. The interview notebook's own worked classics
+are answers rendered from their cells ("**Answer.** ... *A common wrong answer:* ..."):
+`worked_question` turns each into a question of the same kind as it is displayed, so the
+self-quiz draws on them too. `quiz_card` renders one question (the widget's callback: a plain
+function); `quiz_widget` wires it to two buttons.
 """
 
 from __future__ import annotations
@@ -57,6 +60,19 @@ def parse_interview(markdown: str, chapter: str) -> list[InterviewQuestion]:
         questions.append(InterviewQuestion(chapter, lines[0].strip("*").strip(), answer.strip(),
                                            wrong.strip()))
     return questions
+
+
+def worked_question(question: str, answer_markdown: str,
+                    chapter: str = "Interview classics") -> InterviewQuestion:
+    """A worked answer as displayed ("**Answer.** ... *A common wrong answer:* ...", the bold
+    lead-in optional) as a quiz question."""
+    body = re.sub(r"^\s*\*\*Answer[^*]*\*\*\s*", "", answer_markdown)
+    # each paragraph on one line, paragraphs kept apart
+    body = "\n\n".join(" ".join(p.split()) for p in re.split(r"\n\s*\n", body) if p.strip())
+    if WRONG_ANSWER not in body:
+        raise ValueError(f"the worked answer to {question!r} has no '{WRONG_ANSWER}' part.")
+    answer, wrong = body.split(WRONG_ANSWER, 1)
+    return InterviewQuestion(chapter, question.strip(), answer.strip(), wrong.strip())
 
 
 def _markdown_cells(path: Path) -> list[str]:

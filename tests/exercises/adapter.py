@@ -29,6 +29,7 @@ CHAPTERS = {
     "06": "ch06_serving_metrics",
     "07": "ch07_prefix_cache",
     "08": "ch08_speculative",
+    "09": "ch09_routing",
 }
 IMPLEMENTATIONS = ("solutions", "exercises")
 

@@ -76,8 +76,7 @@ def generate_completions(llm: LLM, prompts: list[list[int]],
     engine = llm.llm_engine
     request_ids = [f"probe-{next(_probe_ids)}" for _ in prompts]
     for request_id, prompt, count in zip(request_ids, prompts, max_tokens):
-        engine.add_request(request_id, prompt, greedy(count),
-                           prompt_token_ids=engine.validate(prompt, greedy(count)))
+        engine.add_request(request_id, prompt, greedy(count))
     max_steps = 4 * (sum(map(len, prompts)) + sum(max_tokens)) + 50
     finished: dict[str, CompletionOutput] = {}
     for _ in range(max_steps):

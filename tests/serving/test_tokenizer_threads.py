@@ -119,11 +119,11 @@ def test_one_tokenizer_shared_by_two_threads_is_the_error_guarded_against(trunca
     def tokenise():
         while time.monotonic() < deadline and not errors:
             try:
-                engine.validate(PROMPTS[-1], params(0))
+                engine.processor.process(PROMPTS[-1], params(0), shared)
             except RuntimeError as error:
                 errors.append(str(error))
 
-    ids = engine.validate(PROMPTS[0], params(0))
+    ids = engine.processor.process(PROMPTS[0], params(0), shared).prompt_token_ids
     thread = threading.Thread(target=tokenise)
     thread.start()
     while time.monotonic() < deadline and not errors:

@@ -242,3 +242,22 @@ def test_the_interview_notebook_holds_every_chapter_question():
     missing = [q.question for q in book_interview(ROOT / "notebooks") if q.question
                not in markdown]
     assert not missing, f"refresh it: scripts/execute_notebooks.py interview ({missing})"
+
+
+def test_a_worked_answer_becomes_a_quiz_question():
+    from minicb.viz.quiz import worked_question
+
+    rendered = ("**Answer (an estimate).** Capacity is memory left\nover KV per token. "
+                "*A common wrong answer:* \"one request\".")
+    q = worked_question("How many requests fit?", rendered)
+    assert q == InterviewQuestion("Interview classics", "How many requests fit?",
+                                  "Capacity is memory left over KV per token.", '"one request".')
+    with pytest.raises(ValueError, match="no '\\*A common wrong answer:\\*' part"):
+        worked_question("Why?", "**Answer.** Because.")
+
+
+def test_a_worked_answer_may_break_its_wrong_answer_line():
+    from minicb.viz.quiz import worked_question
+
+    q = worked_question("Why?", "**Answer.** Because. *A common wrong\nanswer:* \"no\".")
+    assert (q.answer, q.wrong_answer) == ("Because.", '"no".')
