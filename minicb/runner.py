@@ -263,7 +263,7 @@ class ModelRunner:
         if not asked:
             return result
         positions = [firsts[i] + j for i in asked for j in range(len(tokens[i]))]
-        kept = torch.tensor([t for i in asked for t in tokens[i]])
+        kept = torch.tensor([t for i in asked for t in tokens[i]], device=logits.device)
         params = [rows[i].params for i in asked for _ in tokens[i]]
         flat = iter(self.sampler.logprobs(logits[positions], kept, params))
         for i in asked:

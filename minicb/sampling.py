@@ -246,14 +246,16 @@ class Sampler:
         if all(w is None for w in wanted):
             return [None] * len(params)
         logprobs = logits.float().log_softmax(dim=-1)
-        chosen = logprobs.gather(1, tokens[:, None]).squeeze(1).tolist()
-        k = max(w or 0 for w in wanted)
-        top_values, top_ids = logprobs.topk(max(k, 1), dim=-1)
+        chosen = logprobs.gather(1, tokens.to(logprobs.device)[:, None])
+        k = max(max(w or 0 for w in wanted), 1)
+        top_values, top_ids = logprobs.topk(k, dim=-1)
+        # one copy to the host for the whole batch, not one per row: per row, the chosen token's
+        # logprob, the top k logprobs and their ids (float64 holds every id and float32 exactly)
+        table = torch.cat([chosen.double(), top_values.double(), top_ids.double()], dim=1).tolist()
         result: list[Logprob | None] = []
-        for row, w in enumerate(wanted):
+        for row, w in zip(table, wanted):
             if w is None:
                 result.append(None)
                 continue
-            top = dict(zip(top_ids[row, :w].tolist(), top_values[row, :w].tolist()))
-            result.append((chosen[row], top))
+            result.append((row[0], dict(zip(map(int, row[1 + k:1 + k + w]), row[1:1 + w]))))
         return result

@@ -198,3 +198,25 @@ def test_synchronous_engine_never_commits(monkeypatch):
     monkeypatch.setattr(engine.scheduler, "commit", lambda plan: pytest.fail("committed"))
     llm.generate(PROMPTS[:2], SamplingParams(max_tokens=5), use_tqdm=False)
     assert torch.is_tensor(engine.runner.sampled)
+
+
+def test_a_step_copies_to_the_host_once_for_tokens_and_once_for_logprobs(monkeypatch):
+    """The host reads a step's tokens (and, when asked, their logprobs) in one copy each,
+    whatever the number of rows. (Counted on synchronous steps, where the step runs inside
+    engine.step(); overlapped steps run the same runner code in their thread.)"""
+    copies_per_rows = {}
+    for rows in (2, 6):
+        engine = LLM(max_num_seqs=8).llm_engine
+        for i in range(rows):
+            engine.add_request(str(i), PROMPTS[i], SamplingParams(temperature=0.5, seed=i,
+                                                                  max_tokens=4, logprobs=2))
+        engine.step()                                        # the prompts
+        copies: list[int] = []
+        tolist = torch.Tensor.tolist
+        monkeypatch.setattr(torch.Tensor, "tolist",
+                            lambda self, copies=copies, tolist=tolist: copies.append(1)
+                            or tolist(self))
+        engine.step()                                        # a decode step
+        monkeypatch.undo()
+        copies_per_rows[rows] = len(copies)
+    assert copies_per_rows[2] == copies_per_rows[6] == 2, copies_per_rows
