@@ -27,6 +27,8 @@ BENCHMARKS = {
     "memory": ("minicb.bench.memory", "requests that fit one KV budget, contiguous against paged"),
     "overhead": ("minicb.bench.overhead",
                  "the scheduler's CPU time per step against the model's step"),
+    "timeline": ("minicb.bench.timeline",
+                 "the device's busy share of wall time, synchronous steps against overlapped"),
     "policies": ("minicb.bench.policies", "admission policies and their latency trade-offs"),
     "prefix": ("minicb.bench.prefix", "prefix caching on shared-prefix traffic"),
     "calibrate": ("minicb.bench.calibrate",
