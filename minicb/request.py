@@ -121,7 +121,7 @@ class Request:
     @property
     def is_prefilling(self) -> bool:
         """True until the whole prompt (and, after a preemption, the output so far) is cached."""
-        return self.num_uncomputed_tokens > 1 or self.num_tokens == self.num_prompt_tokens
+        return self.num_uncomputed_tokens > 1 or not (self.output_token_ids or self.placeholders)
 
     @property
     def finished(self) -> bool:

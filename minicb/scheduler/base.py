@@ -235,23 +235,24 @@ class Scheduler:
         now, step = self.clock(), output.step
         results = iter(zip(sampled.sampled_token_ids, sampled.logprobs, sampled.errors))
         touched: list[Request] = []
+        committed = output.committed
         for seq in output.seqs:
             if seq.ghost:
                 continue
             if not seq.needs_logits:          # a prompt chunk before the last: KV only
-                if not output.committed:      # (a committed plan counted it when launched)
+                if not committed:             # (a committed plan counted it when launched)
                     seq.request.num_computed_tokens += seq.num_tokens
                     self.kv.cache_full_blocks(seq.request)
                 continue
             tokens, logprobs, error = next(results)
-            if output.committed and seq.request.finished:
+            if committed and seq.request.finished:
                 continue        # it ended after this step was launched: the token is discarded
             touched.append(seq.request)
             if tokens is None:        # this row could not be sampled
                 seq.request.error = error or "the row could not be sampled"
                 self.finish(seq.request, RequestStatus.FINISHED_ERROR)
                 continue
-            if output.committed:
+            if committed:
                 self._resolve_placeholder(seq.request, tokens[0], logprobs, now, step)
             else:
                 self._append_tokens(seq, tokens, logprobs, now, step)
@@ -323,7 +324,8 @@ class Scheduler:
         if token in params.stop_token_ids:
             request.stop_reason = token
             return RequestStatus.FINISHED_STOPPED
-        if request.num_tokens - len(request.placeholders) >= \
+        # (tokens in flight do not count: this one may be followed by a placeholder already)
+        if len(request.prompt_token_ids) + len(request.output_token_ids) >= \
                 request.max_total_tokens(self.config.max_model_len):
             return RequestStatus.FINISHED_LENGTH
         return None

@@ -73,7 +73,7 @@ class ContinuousScheduler(Scheduler):
                       for r in self.running)
         for request in list(self.running):
             if (request.status is not RequestStatus.RUNNING or request.request_id
-                in budget.scheduled or self.awaits_last_token(request)):
+                in budget.scheduled or (request.placeholders and self.awaits_last_token(request))):
                 continue
             pending -= 1
             if self.config.speculative_method is not None and not request.is_prefilling:
