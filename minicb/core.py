@@ -25,6 +25,7 @@ when the tokens arrive, which discards the token a request computed past its sto
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ from minicb.scheduler.base import Scheduler, SchedulerOutput
 
 # one entry per row that needs logits (Scheduler.update reads each of these shapes)
 StepOutput = ModelRunnerOutput | SamplerOutput | Sequence[int]
+log = logging.getLogger("minicb.engine")
 
 
 class StepFuture(Protocol):
@@ -132,6 +134,7 @@ class EngineCore:
         self.host_timer = host_timer
         self.overlap = overlap
         self._in_flight: InFlightStep | None = None    # overlap: the step launched, uncollected
+        self._said_why_synchronous = False
         # request ids to abort, applied at the start of the next step (events, not a scan)
         self._aborts: list[str] = []
 
@@ -160,7 +163,7 @@ class EngineCore:
         schedule_seconds = timer() - start if timer else 0.0
         if plan.is_empty:
             return None
-        if self.overlap:
+        if self._overlapping():
             self.scheduler.commit(plan)
         return InFlightStep(plan, self.executor.execute(plan), schedule_seconds)
 
@@ -178,14 +181,32 @@ class EngineCore:
         no step ran. Overlapped: launch step n + 1, then collect step n (the first call collects
         nothing)."""
         aborted = self._apply_aborts()
-        if self.overlap:
+        if self._overlapping():
             return self._step_overlapped(aborted)
+        if self._in_flight is not None:    # back to synchronous steps: collect the last one first
+            previous, self._in_flight = self._in_flight, None
+            result = self.end_step(previous)
+            result.aborted = aborted
+            return result
         step = self.begin_step()
         if step is None:
             return StepResult(None, [], aborted)
         result = self.end_step(step)
         result.aborted = aborted
         return result
+
+    def _overlapping(self) -> bool:
+        """Whether this step overlaps: asked for, and no live request's logits processing reads
+        its last token on the host (then steps are synchronous until it ends, said once)."""
+        if not self.overlap:
+            return False
+        if self.scheduler.num_host_state_requests and not self._said_why_synchronous:
+            self._said_why_synchronous = True
+            log.warning("async_scheduling: running synchronous steps while a request with "
+                        "penalties, min_tokens or structured output is live: its logits "
+                        "processing reads each token it produced, which an overlapped step does "
+                        "not know yet.")
+        return not self.scheduler.num_host_state_requests
 
     def _step_overlapped(self, aborted: list[Request]) -> StepResult:
         launched = self.begin_step()          # planned and packed while the last step runs

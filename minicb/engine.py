@@ -4,6 +4,7 @@ engine (minicb/serving/async_engine.py) both drive it."""
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import replace
 
@@ -14,6 +15,7 @@ from minicb.core import EngineCore, ModelExecutor, OverlappedModelExecutor
 from minicb.detokenizer import IncrementalDetokenizer
 from minicb.inputs import InputProcessor, ProcessedPrompt, Prompt
 from minicb.kv import make_kv_manager
+from minicb.logits_process import LogitsState
 from minicb.metrics import RequestMetrics, StepTotals, count_step
 from minicb.model.attention import resolve_backend
 from minicb.model.loader import load_model, load_tokenizer, resolve_model_path
@@ -22,6 +24,7 @@ from minicb.request import Request, RequestStatus
 from minicb.runner import ModelRunner, check_kv_fits
 from minicb.sampling import SamplingParams
 from minicb.scheduler import make_scheduler
+from minicb.structured_outputs import StructuredOutputManager
 from minicb.threads import ThreadPolicy
 
 log = logging.getLogger("minicb.engine")
@@ -63,9 +66,12 @@ class LLMEngine:
         self.scheduler = make_scheduler(config, self.kv, time.perf_counter, self.eos_token_ids)
         self.runner = ModelRunner(self.model, config, pad_token_id=pad or 0, proposer=proposer)
         self.core = self._make_core(config)
+        # the grammar compiler and its cache, built by the first constrained request
+        self._structured: StructuredOutputManager | None = None
+        self._structured_lock = threading.Lock()
         # the front door: every request is checked there, once (minicb/inputs.py)
         self.processor = InputProcessor(self.tokenizer, self.vocab_size, self.scheduler.check_fits,
-                                        self.model_path)
+                                        self.model_path, self._structured_manager)
         # True: every output carries the text its step added (the async engine streams it)
         self.stream_text = False
         # per sample that has stop strings (or streams text): its incremental detokenizer
@@ -133,16 +139,42 @@ class LLMEngine:
                               generator=torch.Generator().manual_seed(seed),
                               prompt=prompt, priority=priority,
                               arrival_index=self._arrivals, group_id=request_id, sample_index=index)
+            request.logits_state = self._logits_state(sample_params, token_ids)
             self._arrivals += 1
             self.requests[sample_id] = request
             if (params.stop or self.stream_text) and self.tokenizer is not None:
                 self._detokenizers[sample_id] = IncrementalDetokenizer(
                     self.tokenizer, params.stop, params.skip_special_tokens)
-            first = requests[0] if requests and self.kv.supports_sharing else None
+            # a sample asking for prompt logprobs computes its whole prompt: it shares no blocks
+            first = (requests[0] if requests and self.kv.supports_sharing
+                     and params.prompt_logprobs is None else None)
             self.scheduler.add_request(request, fork_of=first)
             requests.append(request)
         self._groups[request_id] = sample_ids
         return requests
+
+    @property
+    def structured(self) -> StructuredOutputManager:
+        """The grammar compiler over this model's tokenizer (ValueError without xgrammar)."""
+        return self._structured_manager(self.tokenizer)
+
+    def _structured_manager(self, tokenizer) -> StructuredOutputManager:
+        """Built once, reading the vocabulary through `tokenizer`: the calling thread's own (a
+        tokenizer must never be used by two threads at once)."""
+        with self._structured_lock:
+            if self._structured is None:
+                self._structured = StructuredOutputManager(tokenizer, self.vocab_size,
+                                                           sorted(self.eos_token_ids))
+            return self._structured
+
+    def _logits_state(self, params: SamplingParams, token_ids: list[int]) -> LogitsState | None:
+        """A sample's own penalties, min_tokens and grammar state; None when it asks for none."""
+        if not params.needs_logits_processing:
+            return None
+        matcher = (self.structured.matcher(params.structured_outputs)
+                   if params.structured_outputs is not None else None)
+        return LogitsState(params, token_ids, self.vocab_size,
+                           self.eos_token_ids | set(params.stop_token_ids), matcher)
 
     def request_ids(self) -> list[str]:
         """The requests (callers' ids) not yet reported finished."""
@@ -253,12 +285,18 @@ class LLMEngine:
         """What one step tells about a request: its new tokens (and new text when streaming);
         once it finished, its whole output, text, logprobs and metrics, copied that once."""
         new = request.output_token_ids[request.num_reported_tokens:]
+        # prompt logprobs: on the first output (for a streaming client) and on the last
+        prompt_logprobs = (request.prompt_logprobs if request.num_reported_tokens == 0
+                           or request.finished else None)
+        new_logprobs = ([top for _, top in request.logprobs[request.num_reported_tokens:]]
+                        if request.params.logprobs is not None else None)
         request.num_reported_tokens = request.num_output_tokens
         if not request.finished:
-            completion = CompletionOutput(request.sample_index, "", new,
+            completion = CompletionOutput(request.sample_index, "", new, logprobs=new_logprobs,
                                           num_tokens=request.num_output_tokens, new_text=new_text)
             return RequestOutput(request.group_id, request.prompt, request.prompt_token_ids,
-                                 [completion], False, None, new, request.error)
+                                 [completion], False, None, new, request.error,
+                                 prompt_logprobs=prompt_logprobs)
         text = ""
         try:
             text = self.decode(request)
@@ -276,7 +314,7 @@ class LLMEngine:
                                       new_text=new_text)
         return RequestOutput(request.group_id, request.prompt, list(request.prompt_token_ids),
                              [completion], True, RequestMetrics.from_request(request), new,
-                             request.error)
+                             request.error, prompt_logprobs=prompt_logprobs)
 
 
 def _eos_ids(path, tokenizer) -> set[int]:

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from minicb.sampling import SamplingParams, _check_text
+from minicb.structured_outputs import StructuredOutputManager
 
 Prompt = str | Sequence[int]
 # characters a string prompt may have: far more than any context here, and small enough that
@@ -39,11 +40,15 @@ class InputProcessor:
     call it)."""
 
     def __init__(self, tokenizer, vocab_size: int,
-                 check_fits: Callable[..., None], model_path: str):
+                 check_fits: Callable[..., None], model_path: str,
+                 structured_outputs: Callable[..., StructuredOutputManager] | None = None):
+        """`structured_outputs(tokenizer)`: the engine's grammar compiler, built on first use
+        (LLMEngine._structured_manager); None refuses structured outputs."""
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.check_fits = check_fits
         self.model_path = model_path
+        self.structured_outputs = structured_outputs
 
     def process(self, prompt: Prompt, params: SamplingParams, tokenizer=None,
                 require_fit: bool = False) -> ProcessedPrompt:
@@ -82,6 +87,16 @@ class InputProcessor:
         if params.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer; this checkpoint has none: use "
                              "stop_token_ids.")
+        bad = [t for t in (params.logit_bias or {}) if t >= self.vocab_size]
+        if bad:
+            raise ValueError(f"logit_bias names token ids {bad[:5]} outside the vocabulary [0, "
+                             f"{self.vocab_size}); use the model's token ids.")
+        if params.structured_outputs is not None:
+            if self.structured_outputs is None:
+                raise ValueError("this engine takes no structured_outputs; leave it out.")
+            # compiled now (and cached): a constraint that cannot compile is refused before the
+            # request queues
+            self.structured_outputs(tokenizer).compile(params.structured_outputs)
         self.check_fits(len(token_ids), params.max_tokens, require_fit=require_fit)
         return ProcessedPrompt(prompt if isinstance(prompt, str) else None, token_ids, params)
 

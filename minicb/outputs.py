@@ -20,7 +20,10 @@ class CompletionOutput:
     token_ids: list[int]      # finished: every output token; running: this step's
     finish_reason: str | None = None      # "stop" | "length" | "abort" | "error" | None (running)
     stop_reason: int | str | None = None  # the stop token id or stop string that ended it
-    logprobs: list[dict[int, float]] | None = None   # per token: top-k {token_id: logprob}
+    # per token (finished: every token's; running: this step's tokens'): {token id: logprob} of
+    # the top `logprobs` tokens and of the token itself (vLLM's dict, with floats for its Logprob
+    # objects), the raw model's log-softmax; None unless asked
+    logprobs: list[dict[int, float]] | None = None
     cumulative_logprob: float | None = None
     num_tokens: int = 0                   # output tokens so far
     new_text: str = ""        # the text this step added (when the engine streams text)
@@ -39,3 +42,7 @@ class RequestOutput:
     metrics: RequestMetrics | None            # once finished (None while running)
     new_token_ids: list[int] = field(default_factory=list)   # this step's tokens (for streaming)
     error: str | None = None
+    # per prompt position: {token id: logprob} of the prompt's token there and the top
+    # prompt_logprobs, None for the first position (nothing predicts it); None unless asked.
+    # Given on a request's first output and its last
+    prompt_logprobs: list[dict[int, float] | None] | None = None

@@ -76,6 +76,12 @@ class Request:
         self.error: str | None = None
         self.output_text = ""
         self.logprobs: list[tuple[float, dict[int, float]]] = []
+        # per prompt position, {token id: logprob} (the first position has none: None), filled
+        # as the prefill computes them; None unless params.prompt_logprobs asks
+        self.prompt_logprobs: list[dict[int, float] | None] | None = \
+            [None] if params.prompt_logprobs is not None else None
+        # penalties, min_tokens and a grammar's matcher (minicb.logits_process); None for none
+        self.logits_state = None
         self.num_reported_tokens = 0    # how many output tokens step() has already handed out
         # speculative decoding: tokens proposed, proposals accepted, verification rows run
         self.num_proposed_tokens = 0

@@ -22,6 +22,18 @@ from minicb.scheduler.base import ScheduledSeq, SchedulerOutput
 from minicb.spec.rejection import accept
 
 
+def _row_logits(seq: ScheduledSeq, end: int) -> list[torch.Tensor]:
+    """The packed positions whose logits a row needs, in order: its prompt positions (for prompt
+    logprobs), then those it samples from (the last, or a verification row's 1 + k)."""
+    parts = []
+    if seq.prompt_targets:
+        first = end - seq.num_tokens
+        parts.append(torch.arange(first, first + len(seq.prompt_targets)))
+    if seq.needs_logits:
+        parts.append(torch.arange(end - seq.num_logits, end))
+    return parts
+
+
 def free_memory(device: torch.device) -> int:
     """Bytes the KV cache could still take: free device memory on a GPU, available RAM on a CPU."""
     if device.type == "cuda":
@@ -78,7 +90,7 @@ class ModelRunner:
     def prepare(self, output: SchedulerOutput) -> tuple[torch.Tensor, torch.Tensor,
                                                         AttentionMetadata, torch.Tensor]:
         """Pack the step: input ids, positions, attention metadata and the rows to sample."""
-        if all(s.is_decode and not s.ghost for s in output.seqs):
+        if all(s.is_decode and not s.ghost and not s.prompt_targets for s in output.seqs):
             return self._prepare_decodes(output)
         return self._prepare_packed(output)
 
@@ -113,10 +125,11 @@ class ModelRunner:
         writes = (offset_in_row >= pads_t) & torch.tensor(real_rows)[row_of_token]
         slot_mapping = torch.where(writes, slots, torch.full_like(slots, -1))
         ends = cu_seqlens_q[1:].long()
-        if any(s.proposal for s in seqs):
-            # a verification row needs logits at each of its 1 + k positions, the rest at the last
-            logits_indices = torch.cat([torch.arange(end - s.num_logits, end)
-                                        for s, end in zip(seqs, ends.tolist()) if s.needs_logits]
+        if any(s.proposal or s.prompt_targets for s in seqs):
+            # a verification row needs logits at each of its 1 + k positions, a row asking for
+            # prompt logprobs at its first len(prompt_targets) positions too, the rest at the last
+            logits_indices = torch.cat([part for s, end in zip(seqs, ends.tolist())
+                                        for part in _row_logits(s, end)]
                                        or [torch.zeros(0, dtype=torch.long)])
         else:
             logits_indices = (ends - 1)[[s.needs_logits for s in seqs]]
@@ -191,7 +204,11 @@ class ModelRunner:
                                     input_ids)
         rows = [s for s in output.seqs if s.needs_logits]
         logits = self.model(input_ids, positions, self.kv_caches, meta, logits_indices)
+        prompt_logprobs = None
+        if any(s.prompt_targets for s in output.seqs):
+            logits, prompt_logprobs = self._prompt_logprobs(output.seqs, logits)
         result = self.sample(rows, logits)
+        result.prompt_logprobs = prompt_logprobs
         if self.proposer is not None:
             self.proposer.catch_up([s for s, tokens in zip(rows, result.sampled_token_ids)
                                     if s.proposal and tokens and len(tokens) > len(s.proposal)])
@@ -225,6 +242,21 @@ class ModelRunner:
                     errors[i] = f"verification failed: {type(error).__name__}: {error}"
         return ModelRunnerOutput(tokens, self._logprobs(rows, logits, firsts, tokens), errors)
 
+    @staticmethod
+    def _prompt_logprobs(seqs: list[ScheduledSeq], logits: torch.Tensor):
+        """Split the prompt positions' logits (each row's first len(prompt_targets)) from those to
+        sample, and turn them into each asking row's prompt logprobs: the log-softmax of the raw
+        logits at position p, read at prompt token p + 1, with the top prompt_logprobs."""
+        flags = [flag for s in seqs
+                 for flag in [True] * len(s.prompt_targets) + [False] * s.num_logits]
+        is_prompt = torch.tensor(flags, dtype=torch.bool, device=logits.device)
+        targets = torch.tensor([t for s in seqs for t in s.prompt_targets], device=logits.device)
+        wanted = [s.params.prompt_logprobs for s in seqs for _ in s.prompt_targets]
+        values = iter(Sampler.top_logprobs(logits[is_prompt], targets, wanted))
+        by_row = {index: [next(values)[1] for _ in s.prompt_targets]
+                  for index, s in enumerate(seqs) if s.prompt_targets}
+        return logits[~is_prompt], by_row
+
     def _sample_plain(self, logits: torch.Tensor, rows: list[ScheduledSeq]
                       ) -> tuple[list[int | None], list[str | None]]:
         """One token per row, the batch at once. If one request's settings break the batch's
@@ -232,8 +264,9 @@ class ModelRunner:
         token (the engine ends that request, with the error, and every other request carries
         on)."""
         params, generators = [s.params for s in rows], [s.generator for s in rows]
+        states = [s.logits_state for s in rows]
         try:
-            sampled = self.sampler.sample(logits, params, generators)
+            sampled = self.sampler.sample(logits, params, generators, states)
         except Exception:
             pass
         else:
@@ -244,7 +277,8 @@ class ModelRunner:
         for row in range(len(rows)):
             try:
                 tokens += self.sampler.sample(logits[row:row + 1], params[row:row + 1],
-                                              generators[row:row + 1]).tolist()
+                                              generators[row:row + 1],
+                                              states[row:row + 1]).tolist()
                 errors.append(None)
             except Exception as error:
                 tokens.append(None)

@@ -18,6 +18,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from minicb.logits_process import LogitsState, apply_logits_processors
+from minicb.structured_outputs import StructuredOutputsParams
+
 
 @dataclass
 class SamplingParams:
@@ -31,6 +34,15 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    # the penalties and filters (minicb.logits_process): neutral values leave a row untouched
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] | None = None
+    min_p: float = 0.0
+    min_tokens: int = 0
+    structured_outputs: StructuredOutputsParams | None = None
     # the text leaves out special tokens (end of text, chat markers), as vLLM's does by default;
     # False keeps them in the text (the token ids are the same either way)
     skip_special_tokens: bool = True
@@ -58,8 +70,10 @@ class SamplingParams:
             raise ValueError(f"top_k must be -1 (off) or an integer >= 1 (got {self.top_k!r}).")
         if self.seed is not None:
             _check_int("seed", self.seed, 0, 2**63 - 1)
-        if self.logprobs is not None:
-            _check_int("logprobs", self.logprobs, 0, MAX_LOGPROBS)
+        for name in ("logprobs", "prompt_logprobs"):
+            if getattr(self, name) is not None:
+                _check_int(name, getattr(self, name), 0, MAX_LOGPROBS)
+        self._check_processors()
         for name in ("ignore_eos", "skip_special_tokens"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false (got {getattr(self, name)!r}).")
@@ -78,6 +92,55 @@ class SamplingParams:
                              f"got {self.stop_token_ids[:5]!r}"
                              f"{'...' if len(self.stop_token_ids) > 5 else ''}.")
 
+    def _check_processors(self) -> None:
+        for name in ("presence_penalty", "frequency_penalty"):
+            _check_number(name, getattr(self, name), -2.0, 2.0, "0 turns it off")
+        _check_number("repetition_penalty", self.repetition_penalty, 0.0, MAX_REPETITION_PENALTY,
+                      "1 turns it off; above 1 discourages repeats")
+        if self.repetition_penalty == 0:
+            raise ValueError("repetition_penalty must be above 0 (got 0); 1 turns it off.")
+        _check_number("min_p", self.min_p, 0.0, 1.0, "0 turns it off")
+        _check_int("min_tokens", self.min_tokens, 0, self.max_tokens,
+                   "it cannot exceed max_tokens")
+        if self.logit_bias is not None:
+            if not isinstance(self.logit_bias, dict) or len(self.logit_bias) > MAX_LOGIT_BIAS:
+                raise ValueError(f"logit_bias must be a dict of at most {MAX_LOGIT_BIAS} token ids "
+                                 "to biases, e.g. {50256: -100}.")
+            bias = {}
+            for token, value in self.logit_bias.items():
+                if isinstance(token, str) and token.isdigit():
+                    token = int(token)            # OpenAI's JSON keys are token id strings
+                if not _is_int(token) or token < 0:
+                    raise ValueError(f"logit_bias keys must be token ids (integers >= 0); got "
+                                     f"{token!r}.")
+                _check_number(f"logit_bias[{token}]", value, -100.0, 100.0,
+                              "OpenAI's range: -100 bans the token, 100 all but forces it")
+                bias[token] = float(value)
+            self.logit_bias = bias or None
+        if isinstance(self.structured_outputs, dict):
+            try:
+                self.structured_outputs = StructuredOutputsParams(**self.structured_outputs)
+            except TypeError as error:
+                raise ValueError(f"structured_outputs: {error}; its fields are json, regex, "
+                                 "choice, grammar, json_object, disable_any_whitespace.") from None
+        if self.structured_outputs is not None:
+            if not isinstance(self.structured_outputs, StructuredOutputsParams):
+                raise ValueError("structured_outputs must be a StructuredOutputsParams (got "
+                                 f"{type(self.structured_outputs).__name__}).")
+            if self.ignore_eos:
+                raise ValueError("structured_outputs cannot be combined with ignore_eos: the "
+                                 "grammar ends the output with EOS; drop ignore_eos.")
+            if self.min_tokens:
+                raise ValueError("structured_outputs cannot be combined with min_tokens: the "
+                                 "grammar decides where the output ends; drop min_tokens.")
+
+    @property
+    def needs_logits_processing(self) -> bool:
+        """Whether any penalty, filter or constraint changes this request's logits."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.logit_bias
+                    or self.repetition_penalty != 1.0 or self.min_p or self.min_tokens
+                    or self.structured_outputs is not None)
+
     @property
     def greedy(self) -> bool:
         """Temperature 0, or one so small that sampling at it is greedy (dividing logits by it
@@ -92,6 +155,8 @@ MAX_LOGPROBS = 20                 # as OpenAI's and vLLM's default
 MAX_STOP_STRINGS = 32
 MAX_STOP_CHARS = 4096
 MAX_STOP_TOKEN_IDS = 1024
+MAX_REPETITION_PENALTY = 100.0
+MAX_LOGIT_BIAS = 1024
 GREEDY_BELOW = 1e-5               # temperatures below this sample greedily
 
 
@@ -150,6 +215,10 @@ class ModelRunnerOutput:
     sampled_token_ids: list[list[int] | None]    # None: the row could not be sampled
     logprobs: list[list[Logprob | None] | None]  # per row, one entry per token; None: not asked
     errors: list[str | None]                     # per row: why it has no tokens, else None
+    # prompt log-probabilities, by the row's index in the step's SchedulerOutput.seqs: one
+    # {token id: logprob} per prompt position the row computed (the next prompt token's and the
+    # top prompt_logprobs); None when no row asked
+    prompt_logprobs: dict[int, list[dict[int, float]]] | None = None
 
     @classmethod
     def of(cls, sampled: ModelRunnerOutput | SamplerOutput | Sequence[int | None]
@@ -173,17 +242,22 @@ class Sampler:
     acceptance rule and the draft model draw from `probs` with `draw`."""
 
     def __call__(self, logits: torch.Tensor, params: list[SamplingParams],
-                 generators: list[torch.Generator]) -> SamplerOutput:
-        """One token per row, with its logprobs."""
+                 generators: list[torch.Generator],
+                 states: Sequence[LogitsState | None] | None = None) -> SamplerOutput:
+        """One token per row, with its logprobs (of the raw logits, as vLLM's default mode)."""
         logits = logits.float()
-        tokens = self.sample(logits, params, generators)
+        tokens = self.sample(logits, params, generators, states)
         return SamplerOutput(tokens.tolist(), self.logprobs(logits, tokens, params))
 
     @staticmethod
     def sample(logits: torch.Tensor, params: list[SamplingParams],
-               generators: list[torch.Generator]) -> torch.Tensor:
-        """One token per row: the argmax for a greedy row, a draw for the others."""
-        logits = logits.float()
+               generators: list[torch.Generator],
+               states: Sequence[LogitsState | None] | None = None) -> torch.Tensor:
+        """One token per row: the argmax for a greedy row, a draw for the others, after the
+        rows' logits processors. `states`: each row's LogitsState (minicb.logits_process), for
+        rows with penalties, min_tokens or a grammar; None where no row has any."""
+        # the one hook: penalties, bias, filters and grammar masks, on the rows that ask
+        logits = apply_logits_processors(logits.float(), params, states)
         greedy = [p.greedy for p in params]
         if all(greedy):
             return logits.argmax(dim=-1)
@@ -242,20 +316,32 @@ class Sampler:
                  params: list[SamplingParams]) -> list[Logprob | None]:
         """Row r's chosen token `tokens[r]`: its logprob and the row's top `params[r].logprobs`,
         from the raw logits (as vLLM reports them); None for a row that asked for none."""
-        wanted = [p.logprobs for p in params]
+        return Sampler.top_logprobs(logits, tokens, [p.logprobs for p in params])
+
+    @staticmethod
+    def top_logprobs(logits: torch.Tensor, tokens: torch.Tensor,
+                     wanted: list[int | None]) -> list[Logprob | None]:
+        """Per row: (the log-probability of `tokens[row]`, {token id: log-probability} of the
+        row's top wanted[row] tokens and of tokens[row] itself, as vLLM's), or None where
+        wanted[row] is None. The log-softmax of the logits as given, in float32."""
         if all(w is None for w in wanted):
-            return [None] * len(params)
+            return [None] * len(wanted)
         logprobs = logits.float().log_softmax(dim=-1)
-        chosen = logprobs.gather(1, tokens.to(logprobs.device)[:, None])
+        tokens = tokens.to(logprobs.device)
+        chosen = logprobs.gather(1, tokens[:, None])
         k = max(max(w or 0 for w in wanted), 1)
         top_values, top_ids = logprobs.topk(k, dim=-1)
         # one copy to the host for the whole batch, not one per row: per row, the chosen token's
-        # logprob, the top k logprobs and their ids (float64 holds every id and float32 exactly)
-        table = torch.cat([chosen.double(), top_values.double(), top_ids.double()], dim=1).tolist()
+        # logprob, the top k logprobs, their ids and the chosen id (float64 holds every id and
+        # every float32 exactly)
+        table = torch.cat([chosen.double(), top_values.double(), top_ids.double(),
+                           tokens[:, None].double()], dim=1).tolist()
         result: list[Logprob | None] = []
         for row, w in zip(table, wanted):
             if w is None:
                 result.append(None)
                 continue
-            result.append((row[0], dict(zip(map(int, row[1 + k:1 + k + w]), row[1:1 + w]))))
+            top = dict(zip(map(int, row[1 + k:1 + k + w]), row[1:1 + w]))
+            top.setdefault(int(row[-1]), row[0])
+            result.append((row[0], top))
         return result

@@ -220,3 +220,27 @@ def test_a_step_copies_to_the_host_once_for_tokens_and_once_for_logprobs(monkeyp
         monkeypatch.undo()
         copies_per_rows[rows] = len(copies)
     assert copies_per_rows[2] == copies_per_rows[6] == 2, copies_per_rows
+
+
+def test_requests_with_host_state_run_synchronous_steps_and_say_so(caplog):
+    """Penalties and min_tokens read every token a request produced, on the host: while such a
+    request is live the overlapped engine runs synchronous steps (said once), then overlaps
+    again; the outputs are the synchronous engine's."""
+    params = [SamplingParams(temperature=0, max_tokens=12, repetition_penalty=1.3),
+              SamplingParams(temperature=0, max_tokens=12, min_tokens=10),
+              SamplingParams(temperature=0.8, seed=2, max_tokens=30, ignore_eos=True)]
+    with caplog.at_level(logging.WARNING, logger="minicb.engine"):
+        (sync, _), (overlapped, engine) = generate_both(PROMPTS[:3], params, max_num_seqs=4)
+    assert summary(overlapped) == summary(sync)
+    warnings = [r.getMessage() for r in caplog.records if "synchronous steps while" in
+                r.getMessage()]
+    assert len(warnings) == 1
+    assert engine.scheduler.num_host_state_requests == 0
+    assert_all_blocks_free(engine)
+    # with them gone, steps overlap again: the next plan is committed
+    engine.add_request("later", "Hello", SamplingParams(temperature=0, max_tokens=4))
+    engine.step()
+    assert engine.core._in_flight is not None and engine.core._in_flight.plan.committed
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert_all_blocks_free(engine)

@@ -90,10 +90,10 @@ def test_a_request_whose_sampling_fails_ends_alone(llm, monkeypatch):
     alone = llm.generate([prompts[0], prompts[2]], [params[0], params[2]], use_tqdm=False)
     original = Sampler.sample
 
-    def poisoned(logits, row_params, generators):
+    def poisoned(logits, row_params, generators, states=None):
         if any(p.seed == 7 for p in row_params):
             raise RuntimeError("a fault in this request's sampling")
-        return original(logits, row_params, generators)
+        return original(logits, row_params, generators, states)
 
     monkeypatch.setattr(Sampler, "sample", staticmethod(poisoned))
     outputs = llm.generate(prompts, params, use_tqdm=False)

@@ -9,6 +9,7 @@ import torch
 
 from minicb.config import EngineConfig
 from minicb.kv.base import KVManager
+from minicb.logits_process import LogitsState
 from minicb.request import Request, RequestStatus
 from minicb.sampling import ModelRunnerOutput, SamplerOutput, SamplingParams
 from minicb.scheduler.queue import WaitingQueue
@@ -45,6 +46,11 @@ class ScheduledSeq:
     # A draft model's row is planned with k placeholder proposals: minicb.spec.draft_model fills
     # them and this before the target's forward
     draft_probs: torch.Tensor | None = None
+    # prompt log-probabilities: the prompt tokens this row's first positions predict, one per
+    # position whose logits the runner keeps ([] unless the request asks for prompt_logprobs)
+    prompt_targets: list[int] = field(default_factory=list)
+    # the request's penalties, min_tokens and grammar state (minicb.logits_process), or None
+    logits_state: LogitsState | None = None
 
     @property
     def num_logits(self) -> int:
@@ -122,6 +128,10 @@ class Scheduler:
         self.step_count = 0
         self.num_preemptions = 0
         self.fork_parents: dict[str, Request] = {}   # parallel sample's id → its first sample
+        # live requests whose logits processing reads state the host updates from each token
+        # (penalties, min_tokens, a grammar): a step for them cannot be planned before the last
+        # one's tokens are known, so overlapped scheduling runs synchronous steps meanwhile
+        self.num_host_state_requests = 0
 
     def check_fits(self, num_prompt_tokens: int, max_tokens: int,
                    require_fit: bool = False) -> None:
@@ -151,6 +161,8 @@ class Scheduler:
         request.status = RequestStatus.WAITING
         if fork_of is not None:
             self.fork_parents[request.request_id] = fork_of
+        if request.logits_state is not None:
+            self.num_host_state_requests += 1
         self.waiting.append(request)
 
     def has_unfinished(self) -> bool:   # asked before every step: stops at the first found
@@ -186,10 +198,15 @@ class Scheduler:
             tokens = request.token_ids(request.num_tokens - 1, request.num_tokens)
         else:
             tokens = request.token_ids(start, start + num_tokens)
+        # position p's logits give prompt token p + 1's logprob, for p up to the prompt's last
+        # but one (the last prompt position's logits give the first output token)
+        targets = [] if ghost or request.prompt_logprobs is None else request.prompt_token_ids[
+            start + 1:min(start + num_tokens, request.num_prompt_tokens - 1) + 1]
         return ScheduledSeq(request, num_tokens, start, tokens, list(self.kv.block_table(request)),
                             request.params, request.generator, num_pad=num_pad, ghost=ghost,
                             needs_logits=not ghost and start + num_tokens == request.num_tokens,
-                            is_decode=num_pad + len(tokens) == 1)
+                            is_decode=num_pad + len(tokens) == 1, prompt_targets=targets,
+                            logits_state=request.logits_state)
 
     # --- overlapped scheduling ------------------------------------------------------------------
     def commit(self, output: SchedulerOutput) -> None:
@@ -236,9 +253,11 @@ class Scheduler:
         results = iter(zip(sampled.sampled_token_ids, sampled.logprobs, sampled.errors))
         touched: list[Request] = []
         committed = output.committed
-        for seq in output.seqs:
+        for index, seq in enumerate(output.seqs):
             if seq.ghost:
                 continue
+            if sampled.prompt_logprobs is not None and index in sampled.prompt_logprobs:
+                _record_prompt_logprobs(seq.request, seq.start, sampled.prompt_logprobs[index])
             if not seq.needs_logits:          # a prompt chunk before the last: KV only
                 if not committed:             # (a committed plan counted it when launched)
                     seq.request.num_computed_tokens += seq.num_tokens
@@ -279,6 +298,10 @@ class Scheduler:
             request.output_token_ids.append(token)
             if logprobs is not None and logprobs[index] is not None:
                 request.logprobs.append(logprobs[index])
+            if request.logits_state is not None and not request.logits_state.accept(token):
+                request.error = f"token {token} does not follow the request's grammar"
+                self.finish(request, RequestStatus.FINISHED_ERROR)
+                return
             times.token_times.append(now)
             times.token_steps.append(step)
             if times.first_token is None:
@@ -304,6 +327,10 @@ class Scheduler:
         request.output_token_ids.append(token)
         if logprobs is not None and logprobs[0] is not None:
             request.logprobs.append(logprobs[0])
+        if request.logits_state is not None and not request.logits_state.accept(token):
+            request.error = f"token {token} does not follow the request's grammar"
+            self.finish(request, RequestStatus.FINISHED_ERROR)
+            return
         times = request.times
         times.token_times.append(now)
         times.token_steps.append(step)
@@ -341,6 +368,8 @@ class Scheduler:
         self._mark_finished(request, status)
 
     def _mark_finished(self, request: Request, status: RequestStatus) -> None:
+        if request.logits_state is not None and not request.finished:
+            self.num_host_state_requests -= 1
         if request.placeholders:   # tokens in flight past its end: never reported
             request.num_computed_tokens = max(
                 request.num_computed_tokens - len(request.placeholders), 0)
@@ -364,6 +393,10 @@ class Scheduler:
                 return False
             request.num_computed_tokens = self.kv.fork(parent, request,
                                                        request.num_prompt_tokens - 1)
+        elif request.prompt_logprobs is not None:
+            # its prompt's log-probabilities need the logits of every prompt position: it
+            # recomputes the whole prompt (its blocks still go to the cache for others)
+            request.num_computed_tokens = 0
         else:
             request.num_computed_tokens = self.kv.claim_cached_prefix(request)
         return True
@@ -375,3 +408,12 @@ class Scheduler:
             request.num_cached_tokens = request.num_computed_tokens   # read by RequestMetrics
             request.times.first_scheduled = self.clock()
             request.times.first_scheduled_step = self.step_count
+
+
+def _record_prompt_logprobs(request: Request, start: int,
+                            values: list[dict[int, float]]) -> None:
+    """A row's prompt logprobs, for prompt positions start + 1 onwards: only those not recorded
+    yet (a request recomputing its prompt after a preemption computes them again)."""
+    skip = len(request.prompt_logprobs) - (start + 1)
+    if skip >= 0:
+        request.prompt_logprobs.extend(values[skip:])

@@ -102,11 +102,14 @@ class ContinuousScheduler(Scheduler):
     # - at most the request's remaining length (max_tokens, max_model_len) less the target's own;
     # - at most what the KV pool holds without preempting anyone: speculation never evicts;
     # - none for a request with stop strings: they are found in the text after the step, and
-    #   the tokens a step accepted past a stop string could not be taken back from its output.
+    #   the tokens a step accepted past a stop string could not be taken back from its output;
+    # - none for a request with penalties, min_tokens, logit_bias, min_p or a grammar: each
+    #   verified position's distribution would need them applied over the proposals before it.
     def _propose(self, request: Request, spare_tokens: int) -> list[int]:
         config = self.config
         off = config.speculative_disable_by_batch_size
-        if (off is not None and self.num_running > off) or request.params.stop:
+        if ((off is not None and self.num_running > off) or request.params.stop
+                or request.params.needs_logits_processing):
             return []
         k = min(config.num_speculative_tokens, spare_tokens,
                 request.max_total_tokens(config.max_model_len) - request.num_tokens - 1)

@@ -72,6 +72,10 @@ class StreamDelta:
     metrics: RequestMetrics | None = None  # on the finished delta
     error: str | None = None
     index: int = 0
+    # this delta's tokens' {token id: logprob} (SamplingParams.logprobs), and the prompt's
+    # (prompt_logprobs, on a request's first delta and its last); None unless asked
+    logprobs: list[dict[int, float]] | None = None
+    prompt_logprobs: list[dict[int, float] | None] | None = None
 
 
 class RequestStream:
@@ -361,9 +365,13 @@ class AsyncLLMEngine:
     def _to_delta(output: RequestOutput) -> StreamDelta:
         """The engine streams text (engine.stream_text): each output carries its step's text."""
         completion = output.outputs[0]
+        logprobs = completion.logprobs
+        if logprobs is not None and output.finished:     # a finished output carries them all
+            logprobs = logprobs[len(logprobs) - len(output.new_token_ids):]
         return StreamDelta(output.request_id, list(output.new_token_ids), completion.new_text,
                            output.finished, completion.finish_reason, len(output.prompt_token_ids),
-                           completion.num_tokens, output.metrics, output.error, completion.index)
+                           completion.num_tokens, output.metrics, output.error, completion.index,
+                           logprobs, output.prompt_logprobs)
 
     def _abort_everything(self) -> None:
         for request_id in self.engine.request_ids():

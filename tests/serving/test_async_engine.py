@@ -345,3 +345,41 @@ def test_streamed_text_of_a_model_with_a_tokenizer_matches_its_final_text(tiny_l
         expected = offline.generate("def add(a, b):", params, use_tqdm=False)
         assert "".join(d.text for d in deltas) == expected[0].outputs[0].text
         assert [t for d in deltas for t in d.token_ids] == expected[0].outputs[0].token_ids
+
+
+def test_deltas_carry_logprobs_and_prompt_logprobs(tiny_llama):
+    """Each delta holds its own tokens' logprobs; the prompt's come on the first delta and the
+    last; together they equal the offline output's."""
+    prompt = [5, 6, 7, 8, 9]
+    params = SamplingParams(max_tokens=6, logprobs=2, prompt_logprobs=1, **GREEDY)
+    offline = LLM(tiny_llama, max_model_len=256).generate([prompt], params, use_tqdm=False)[0]
+    engine = make_engine(tiny_llama)
+
+    async def scenario():
+        deltas = await drain(engine, prompt, params)
+        await engine.shutdown()
+        return deltas
+
+    deltas = run(scenario())
+    assert [lp for d in deltas for lp in d.logprobs] == offline.outputs[0].logprobs
+    assert all(len(d.logprobs) == len(d.token_ids) for d in deltas)
+    assert deltas[0].prompt_logprobs == deltas[-1].prompt_logprobs == offline.prompt_logprobs
+    assert all(d.prompt_logprobs is None for d in deltas[1:-1])
+    assert_idle(engine)
+
+
+def test_a_constraint_that_cannot_compile_is_refused_at_the_door():
+    """On the validating thread, before the request queues; the engine serves the next one."""
+    engine = make_engine(None)                    # the shipped model, with its tokenizer
+
+    async def scenario():
+        with pytest.raises(ValueError, match="structured_outputs.regex cannot be compiled"):
+            await engine.add_request("x", SamplingParams(structured_outputs={"regex": "(a"}))
+        deltas = await drain(engine, "x", SamplingParams(
+            max_tokens=8, temperature=0, structured_outputs={"choice": ["ab", "cd"]}))
+        await engine.shutdown()
+        return deltas
+
+    deltas = run(scenario())
+    assert deltas[-1].finish_reason == "stop"
+    assert_idle(engine)
