@@ -100,7 +100,8 @@ class EngineConfig:
     async_scheduling: bool = knob(
         False, "overlap the host's work with the model: plan and pack step n + 1 while step n runs "
         "in its own thread; stops are applied one step late (the token past one is discarded). "
-        "Speculative decoding runs synchronous steps (minicb/core.py)")
+        "Speculative decoding, and requests with penalties, min_tokens or structured output, run "
+        "synchronous steps (minicb/core.py)")
     policy: str = knob("fcfs", "admission order; under 'priority' a lower value goes first, as in "
                        "vLLM; "
                        "preemption evicts the latest arrival (under priority, the lowest priority)",
