@@ -61,8 +61,18 @@ browser-setup:
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; \
 	fi
 
+# Every core runs tests (pytest-xdist; TEST_WORKERS=1 for one process). A worker takes a whole
+# module, test class or notebook at a time (--dist loadscope): a notebook's cells share one
+# kernel, and a module's fixtures are built once. The browser tests run after, alone: JupyterLab
+# and Chromium beside busy workers would only time out.
+TEST_WORKERS ?= auto
+XDIST := -n $(TEST_WORKERS) --dist loadscope
 test: setup browser-setup
-	TRITON_INTERPRET=1 $(BIN)/python -m pytest --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg tests notebooks
+	@status=0; \
+	TRITON_INTERPRET=1 $(BIN)/python -m pytest $(XDIST) --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg \
+	  notebooks tests --ignore=tests/browser || status=$$?; \
+	TRITON_INTERPRET=1 $(BIN)/python -m pytest tests/browser || status=$$?; \
+	exit $$status
 
 # The edit loop: what `make test` runs minus the long families (their own files) and minus the
 # tests marked @pytest.mark.slow. A new test file joins it unless it is marked slow.
@@ -72,7 +82,7 @@ FAST_SKIP := --ignore=tests/browser --ignore=tests/exercises --ignore=tests/test
 	--ignore=tests/tools/test_packaging.py \
 	--ignore=tests/bench --ignore=tests/viz
 test-fast: setup
-	$(BIN)/python -m pytest -m "not slow" -p no:cacheprovider $(FAST_SKIP) tests
+	$(BIN)/python -m pytest $(XDIST) -m "not slow" -p no:cacheprovider $(FAST_SKIP) tests
 
 # On a CUDA machine: every kernel and Triton-engine test with compiled kernels on the GPU, the
 # tests marked gpu included (make test runs Triton through its interpreter, where those skip).

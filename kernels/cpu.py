@@ -348,7 +348,8 @@ def decode_layer_cpu(x: torch.Tensor, layer: dict[str, torch.Tensor | None],
     [num_blocks, block_size, kv_heads, head_dim].
 
     ``layer`` maps the names in WEIGHTS to contiguous float32 tensors (or None for an optional
-    part), as DecoderLayer.cpu_weights gives them (checked there by check_layer_weights).
+    part), as minicb.model.fused_cpu.layer_weights gives them (checked there by
+    check_layer_weights).
     """
     _require("k_cache", k_cache, torch.float32)
     _require("v_cache", v_cache, torch.float32)

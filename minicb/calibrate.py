@@ -165,8 +165,7 @@ def fused_rows_of(llm) -> int:
     engine (its resolved `max_fused_decode_rows`; 0 when the model runs only its torch modules:
     a GPU, or CPU kernels off)."""
     engine = llm.llm_engine
-    inner = getattr(engine.model, "model", None)
-    if getattr(inner, "fused_decode", None) is None:
+    if engine.runner.fused is None:
         return 0
     return int(engine.config.max_fused_decode_rows)
 

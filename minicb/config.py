@@ -34,7 +34,7 @@ CONTINUOUS_ONLY_KNOBS = (*POLICY_KNOBS, "enable_prefix_caching")
 # the knobs a ResolvedConfig may derive (from the model, the machine or the other knobs)
 DERIVED_KNOBS = ("attention", "max_model_len", "num_kv_blocks", "max_fused_decode_rows")
 # a decode step of at most this many rows per thread runs in the fused CPU layer: where the
-# small-batch products and torch's met on a 2-core AVX2 CPU (benchmarks/README.md). The count of
+# small-batch products and torch's met on a 2-core AVX2 CPU (benchmarks/log.md). The count of
 # threads is the engine's ceiling at start, never the count the load-following policy sets later.
 FUSED_DECODE_ROWS_PER_THREAD = 32
 

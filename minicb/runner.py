@@ -15,6 +15,7 @@ import torch
 
 from minicb.config import ResolvedConfig
 from minicb.model.attention import AttentionMetadata
+from minicb.model.fused_cpu import FusedCpuDecoder
 from minicb.model.llama import LlamaForCausalLM
 from minicb.model.loader import DTYPES
 from minicb.sampling import Logprob, ModelRunnerOutput, Sampler
@@ -81,6 +82,10 @@ class ModelRunner:
         self.kv_caches = [(torch.zeros(shape, dtype=dtype, device=self.device),
                            torch.zeros(shape, dtype=dtype, device=self.device))
                           for _ in range(args.num_layers)]
+        # a CPU engine (its C kernels built, float32 weights) runs its decode-only steps of up to
+        # max_fused_decode_rows rows through the fused C decode layer; other steps run the model
+        self.fused = (FusedCpuDecoder(model, config.max_fused_decode_rows)
+                      if config.attention == "cpu" else None)
 
     def kv_cache_bytes(self) -> int:
         """The pool's bytes: the model's caches and, with a draft model, the draft's."""
@@ -170,9 +175,16 @@ class ModelRunner:
             block_tables=moved(block_tables), max_seqlen_q=max(q_lens),
             max_seqlen_k=max(max(seq_lens), 1), q_lens_host=q_lens, seq_lens_host=seq_lens,
             decode_rows=[s.is_decode for s in output.seqs],
-            num_decode_rows=output.num_decode_rows,
-            max_fused_decode_rows=self.config.max_fused_decode_rows)
+            num_decode_rows=output.num_decode_rows)
         return moved(torch.tensor(input_ids)), moved(positions), meta, moved(logits_indices)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                logits_indices: torch.Tensor) -> torch.Tensor:
+        """The packed step's logits: the fused decode layer's when it takes the step, else the
+        model's."""
+        if self.fused is not None and self.fused.takes(input_ids.shape[0], meta):
+            return self.fused(input_ids, positions, self.kv_caches, meta, logits_indices)
+        return self.model(input_ids, positions, self.kv_caches, meta, logits_indices)
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         """Copy-on-write: give each destination block the KV of its source, in every layer.
@@ -203,7 +215,7 @@ class ModelRunner:
             input_ids = torch.where(holes, previous[(-1 - input_ids).clamp(0, len(previous) - 1)],
                                     input_ids)
         rows = [s for s in output.seqs if s.needs_logits]
-        logits = self.model(input_ids, positions, self.kv_caches, meta, logits_indices)
+        logits = self.forward(input_ids, positions, meta, logits_indices)
         prompt_logprobs = None
         if any(s.prompt_targets for s in output.seqs):
             logits, prompt_logprobs = self._prompt_logprobs(output.seqs, logits)

@@ -6,7 +6,7 @@ one (the matrix products split in half). When another program keeps one core bus
 shares its core is descheduled for whole time slices (milliseconds) while its partner waits at the
 barrier, spinning, hundreds of times per step: two threads then run far slower than one. Measured
 on a 2-core machine with a busy loop on one core, two threads lost about three quarters of their
-throughput and one thread lost a fraction of that (benchmarks/README.md, "A busy neighbour").
+throughput and one thread lost a fraction of that (benchmarks/log.md, "A busy neighbour").
 
 So the engine watches the machine. Every `interval` seconds it reads how much CPU time the whole
 machine spent (``/proc/stat``) and how much of it was this process's own (``os.times``); the rest

@@ -54,14 +54,74 @@ def test_there_are_mutants_for_every_chapter():
     assert covered == set(CHAPTERS), f"chapters without a mutant: {sorted(set(CHAPTERS) - covered)}"
 
 
-@pytest.mark.timeout(MUTANT_RUN_TIMEOUT_S + 30)
-@pytest.mark.parametrize("name", MUTANTS)
-def test_mutant_fails_a_grader_check(name, tmp_path):
+def pytest_generate_tests(metafunc):
+    if metafunc.cls is not None and issubclass(metafunc.cls, MutantsOfOneChapter):
+        metafunc.parametrize("name", [name for name in MUTANTS
+                                      if load_mutant(name).CHAPTER == metafunc.cls.CHAPTER])
+
+
+class MutantsOfOneChapter:
+    """Each chapter's mutants are a class of their own: make test's workers (pytest-xdist,
+    --dist loadscope) take a class at a time, so the chapters' mutants, each graded in a process
+    of its own, are shared out between the cores instead of queueing on one."""
+
+    CHAPTER = ""
+
+    @pytest.mark.timeout(MUTANT_RUN_TIMEOUT_S + 30)
+    def test_mutant_fails_a_grader_check(self, name, tmp_path):
+        _grade_mutant(name, tmp_path)
+
+
+class TestChapter01Mutants(MutantsOfOneChapter):
+    CHAPTER = "01"
+
+
+class TestChapter02Mutants(MutantsOfOneChapter):
+    CHAPTER = "02"
+
+
+class TestChapter03Mutants(MutantsOfOneChapter):
+    CHAPTER = "03"
+
+
+class TestChapter04Mutants(MutantsOfOneChapter):
+    CHAPTER = "04"
+
+
+class TestChapter05Mutants(MutantsOfOneChapter):
+    CHAPTER = "05"
+
+
+class TestChapter06Mutants(MutantsOfOneChapter):
+    CHAPTER = "06"
+
+
+class TestChapter07Mutants(MutantsOfOneChapter):
+    CHAPTER = "07"
+
+
+class TestChapter08Mutants(MutantsOfOneChapter):
+    CHAPTER = "08"
+
+
+def test_every_mutant_has_its_chapters_class():
+    classes = {cls.CHAPTER for cls in MutantsOfOneChapter.__subclasses__()}
+    missing = sorted({load_mutant(name).CHAPTER for name in MUTANTS} - classes)
+    assert not missing, f"mutants of chapters {missing} have no TestChapterNNMutants class"
+
+
+def _grade_mutant(name: str, tmp_path: Path) -> None:
     mutant = load_mutant(name)
     write_mutant(name, tmp_path)
     env = dict(os.environ, MINICB_GRADE_DIR=str(tmp_path), TRITON_INTERPRET="1")
+    # every check is named after its chapter (CHECKS starts with "chNN and"): collecting only that
+    # chapter's test files selects the same tests without importing the other chapters' modules
+    assert mutant.CHECKS.startswith(f"ch{mutant.CHAPTER} and "), mutant.CHECKS
+    files = sorted(f"tests/exercises/{p.name}"
+                   for p in (ROOT / "tests" / "exercises").glob(f"test_ch{mutant.CHAPTER}_*.py"))
+    assert files, f"no tests/exercises/test_ch{mutant.CHAPTER}_*.py for mutant {name}"
     run = subprocess.run(
-        [sys.executable, "-m", "pytest", "tests/exercises", "-k", mutant.CHECKS, "-x", "-q",
+        [sys.executable, "-m", "pytest", *files, "-k", mutant.CHECKS, "-x", "-q",
          "-p", "no:cacheprovider", "--no-header", "-rN"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=MUTANT_RUN_TIMEOUT_S)
     summary = run.stdout.strip().splitlines()[-1:] or ["(no output)"]

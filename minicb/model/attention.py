@@ -36,9 +36,6 @@ class AttentionMetadata:
     # built by hand, without a plan, marks the rows of one query, the plan's own definition.
     decode_rows: list[bool] | None = None
     num_decode_rows: int | None = None      # sum(decode_rows)
-    # the most rows a step may have to run in the fused CPU decode layer: the engine's fixed
-    # setting (EngineConfig.max_fused_decode_rows), never the live thread count; None: no limit
-    max_fused_decode_rows: int | None = None
     _torch_plans: dict = field(default_factory=dict, init=False, repr=False, compare=False)
     _writes: tuple | None = field(default=None, init=False, repr=False, compare=False)
 

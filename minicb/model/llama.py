@@ -37,34 +37,6 @@ class ModelArgs:
     qk_norm: bool = False   # Qwen3: an RMSNorm over each query and key head, before RoPE
 
 
-class Linear(nn.Linear):
-    """``nn.Linear`` (the same parameters and checkpoint names) that can hand the few rows of a
-    decode step to a CPU kernel.
-
-    A decode step multiplies one row per running request by every weight matrix: the time goes in
-    reading the weights, and torch's general matrix product, built for big blocks of rows, reads
-    them at a fraction of the speed the memory allows when there are only a few rows
-    (kernels/cpu_linear.c). ``LlamaForCausalLM.use_cpu_kernels`` sets ``kernel``; then a call with
-    at most ``kernel_rows`` rows goes to it, and bigger ones (prompts, big batches), where torch's
-    blocked product wins, stay with torch. The two met at 32 rows per thread on a 2-core AVX2 CPU
-    with one thread and with two (benchmarks/README.md); 64 is that for the two cores.
-
-    The limit is a fixed number of rows, never scaled by the live thread count: the two products
-    sum in a different order (they agree to about 1e-6), and the thread policy
-    (minicb/threads.py) changes the thread count with the machine's load between steps. Which
-    arithmetic a step runs depends only on its shape, so greedy outputs never depend on what else
-    the machine is doing; the threads change only how fast it runs.
-    """
-
-    kernel = None
-    kernel_rows = 64
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.kernel is not None and x.dim() == 2 and x.shape[0] <= self.kernel_rows:
-            return self.kernel(x.contiguous(), self.weight, self.bias)
-        return F.linear(x, self.weight, self.bias)
-
-
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -137,13 +109,13 @@ class SelfAttention(nn.Module):
         super().__init__()
         self.num_heads, self.num_kv_heads = args.num_heads, args.num_kv_heads
         self.head_dim = args.head_dim
-        self.q_proj = Linear(args.hidden_size, args.num_heads * args.head_dim,
+        self.q_proj = nn.Linear(args.hidden_size, args.num_heads * args.head_dim,
                                 bias=args.qkv_bias)
-        self.k_proj = Linear(args.hidden_size, args.num_kv_heads * args.head_dim,
+        self.k_proj = nn.Linear(args.hidden_size, args.num_kv_heads * args.head_dim,
                                 bias=args.qkv_bias)
-        self.v_proj = Linear(args.hidden_size, args.num_kv_heads * args.head_dim,
+        self.v_proj = nn.Linear(args.hidden_size, args.num_kv_heads * args.head_dim,
                                 bias=args.qkv_bias)
-        self.o_proj = Linear(args.num_heads * args.head_dim, args.hidden_size, bias=args.o_bias)
+        self.o_proj = nn.Linear(args.num_heads * args.head_dim, args.hidden_size, bias=args.o_bias)
         if args.qk_norm:   # Qwen3: each query and key head normalised on its own, before RoPE
             self.q_norm = RMSNorm(args.head_dim, args.rms_norm_eps)
             self.k_norm = RMSNorm(args.head_dim, args.rms_norm_eps)
@@ -185,9 +157,9 @@ class MLP(nn.Module):
 
     def __init__(self, args: ModelArgs):
         super().__init__()
-        self.gate_proj = Linear(args.hidden_size, args.intermediate_size, bias=args.mlp_bias)
-        self.up_proj = Linear(args.hidden_size, args.intermediate_size, bias=args.mlp_bias)
-        self.down_proj = Linear(args.intermediate_size, args.hidden_size, bias=args.mlp_bias)
+        self.gate_proj = nn.Linear(args.hidden_size, args.intermediate_size, bias=args.mlp_bias)
+        self.up_proj = nn.Linear(args.hidden_size, args.intermediate_size, bias=args.mlp_bias)
+        self.down_proj = nn.Linear(args.intermediate_size, args.hidden_size, bias=args.mlp_bias)
         self.gate_up_proj: nn.Linear | None = None  # set by fuse_projections after loading
 
     def swiglu(self, x: torch.Tensor) -> torch.Tensor:
@@ -205,18 +177,23 @@ class MLP(nn.Module):
         return out
 
 
-def fuse_linears(parts: list[nn.Linear]) -> Linear:
+def fuse_linears(parts: list[nn.Linear]) -> nn.Linear:
     """One Linear whose output is the parts' outputs side by side, and each part's weight (and
     bias) turned into a view of the fused one: no memory is duplicated, and code that calls a
-    part (or loads weights into it by name) still works on the same numbers."""
+    part (or loads weights into it by name) still works on the same numbers.
+
+    The parts keep their parameters, under the checkpoint's names; the fused weight and bias are
+    buffers outside the state dict. So `parameters()` and `state_dict()` list every number once,
+    as the checkpoint does: were the fused tensors parameters too, each q, k, v, gate and up
+    weight would be counted twice."""
     weight = torch.cat([p.weight.detach() for p in parts])
     has_bias = parts[0].bias is not None
-    fused = Linear(weight.shape[1], weight.shape[0], bias=has_bias, device=weight.device,
-                   dtype=weight.dtype)
-    fused.weight = nn.Parameter(weight, requires_grad=False)
-    if has_bias:
-        fused.bias = nn.Parameter(torch.cat([p.bias.detach() for p in parts]),
-                                  requires_grad=False)
+    with torch.device("meta"):      # its own weight and bias are replaced just below
+        fused = nn.Linear(weight.shape[1], weight.shape[0], bias=has_bias)
+    del fused.weight, fused.bias
+    fused.register_buffer("weight", weight, persistent=False)
+    fused.register_buffer("bias", torch.cat([p.bias.detach() for p in parts])
+                          if has_bias else None, persistent=False)
     start = 0
     for part in parts:
         rows = part.weight.shape[0]
@@ -239,53 +216,6 @@ class DecoderLayer(nn.Module):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, meta)
         return x + self.mlp(self.post_attention_layernorm(x))
 
-    # Every tensor of a layer, and where the fused decode layer reads it: its slot in the C
-    # struct (kernels/cpu_kernels.h), or for a separate projection, the fused one it is a view of
-    # (fuse_projections).
-    CPU_SLOTS = {"input_layernorm.weight": "norm1",
-                 "self_attn.qkv_proj.weight": "w_qkv", "self_attn.qkv_proj.bias": "b_qkv",
-                 "self_attn.q_norm.weight": "q_norm", "self_attn.k_norm.weight": "k_norm",
-                 "self_attn.o_proj.weight": "w_o", "self_attn.o_proj.bias": "b_o",
-                 "post_attention_layernorm.weight": "norm2",
-                 "mlp.gate_up_proj.weight": "w_gate_up", "mlp.gate_up_proj.bias": "b_gate_up",
-                 "mlp.down_proj.weight": "w_down", "mlp.down_proj.bias": "b_down"}
-    CPU_VIEWS = {"self_attn.q_proj": "self_attn.qkv_proj", "self_attn.k_proj": "self_attn.qkv_proj",
-                 "self_attn.v_proj": "self_attn.qkv_proj", "mlp.gate_proj": "mlp.gate_up_proj",
-                 "mlp.up_proj": "mlp.gate_up_proj"}
-
-    def cpu_weights(self) -> dict[str, torch.Tensor | None]:
-        """The tensors the fused decode layer reads (after fuse_projections), by their slot
-        names. A tensor of the layer that has no slot (a part this code does not know) is refused,
-        never skipped: the fused layer would compute without it."""
-        from minicb.kernels.cpu import WEIGHTS, check_layer_weights
-
-        attn, mlp = self.self_attn, self.mlp
-        if attn.qkv_proj is None or mlp.gate_up_proj is None:
-            raise ValueError("the fused decode layer reads the fused projections: call "
-                             "fuse_projections() first.")
-        tensors = dict(self.named_parameters()) | dict(self.named_buffers())
-        weights: dict[str, torch.Tensor | None] = dict.fromkeys(WEIGHTS)
-        for name, tensor in tensors.items():
-            module, _, kind = name.rpartition(".")
-            if name in self.CPU_SLOTS:
-                weights[self.CPU_SLOTS[name]] = tensor
-            elif module in self.CPU_VIEWS:
-                fused = f"{self.CPU_VIEWS[module]}.{kind}"
-                if (fused not in tensors or tensor.untyped_storage().data_ptr()
-                        != tensors[fused].untyped_storage().data_ptr()):
-                    raise ValueError(f"{name} is no longer a view of {fused}, which the fused "
-                                     "decode layer reads; call fuse_projections() again after "
-                                     "changing weights.")
-            else:
-                raise ValueError(f"the fused decode layer has no slot for the layer's {name}: it "
-                                 "would compute without it. Use attention='torch'.")
-        norms = (self.input_layernorm, self.post_attention_layernorm, attn.q_norm, attn.k_norm)
-        if any(n is not None and n.eps != self.input_layernorm.eps for n in norms):
-            raise ValueError("the fused decode layer uses one epsilon for every RMSNorm of a "
-                             "layer; this layer's differ. Use attention='torch'.")
-        check_layer_weights(weights)
-        return weights
-
 
 class LlamaModel(nn.Module):
     def __init__(self, args: ModelArgs, attention: Attention):
@@ -295,48 +225,12 @@ class LlamaModel(nn.Module):
         self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(args)
 
-    fused_decode = None     # set by LlamaForCausalLM.use_cpu_kernels: the fused layer's weights
-
     def forward(self, input_ids, positions, kv_caches, meta):
         x = self.embed_tokens(input_ids)
         cos, sin = self.rotary_emb(positions, x.dtype)
-        if self.fused_decode is not None and self.decodes_only(x, meta):
-            return self.norm(self.decode_cpu(x, cos, sin, kv_caches, meta))
         for layer, kv_cache in zip(self.layers, kv_caches):
             x = layer(x, cos, sin, kv_cache, meta)
         return self.norm(x)
-
-    @staticmethod
-    def decodes_only(x: torch.Tensor, meta: AttentionMetadata) -> bool:
-        """The plan marks every row a decode (meta.num_decode_rows), and there are few enough
-        rows that the small-batch products win: the engine's fixed limit
-        (meta.max_fused_decode_rows, EngineConfig.max_fused_decode_rows resolved once at start),
-        or Linear.kernel_rows for a metadata built without one; never the live thread count."""
-        rows = meta.seq_lens.shape[0]
-        limit = (meta.max_fused_decode_rows if meta.max_fused_decode_rows is not None
-                 else Linear.kernel_rows)
-        if meta.num_decode_rows != rows or rows > limit:
-            return False
-        if x.shape[0] != rows:
-            raise ValueError(f"the plan marks all {rows} rows as decodes, but the step has "
-                             f"{x.shape[0]} tokens: a decode row has exactly one.")
-        return True
-
-    def decode_cpu(self, x, cos, sin, kv_caches, meta):
-        """The same layers through the fused C decode layer (kernels/cpu_decode_layer.c): one call
-        per layer instead of about 25 torch operations."""
-        from minicb.kernels import cpu
-
-        attn, rows = self.layers[0].self_attn, x.shape[0]
-        x = x.contiguous()
-        step = cpu.decode_step_cpu(x, cos.reshape(rows, -1), sin.reshape(rows, -1),
-                                   meta.slot_mapping, meta.seq_lens, meta.block_tables,
-                                   attn.num_heads, attn.num_kv_heads, attn.head_dim,
-                                   self.layers[0].mlp.down_proj.in_features, self.norm.eps,
-                                   attn.scale)
-        for weights, (k_cache, v_cache) in zip(self.fused_decode, kv_caches):
-            cpu.decode_layer_cpu(x, weights, k_cache, v_cache, step)
-        return x
 
 
 class LlamaForCausalLM(nn.Module):
@@ -344,7 +238,7 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.args = args
         self.model = LlamaModel(args, Attention(attention_backend))
-        self.lm_head = Linear(args.hidden_size, args.vocab_size, bias=False)
+        self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
         if args.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
@@ -358,21 +252,6 @@ class LlamaForCausalLM(nn.Module):
             attn, mlp = layer.self_attn, layer.mlp
             attn.qkv_proj = fuse_linears([attn.q_proj, attn.k_proj, attn.v_proj])
             mlp.gate_up_proj = fuse_linears([mlp.gate_proj, mlp.up_proj])
-
-    def use_cpu_kernels(self, on: bool = True) -> None:
-        """Float32 weights on a CPU, after fuse_projections: steps of a few decodes run each layer
-        as one call to the fused C decode layer, and the other small matrix products (the
-        lm_head's, a mixed step's) go to the small-batch kernel (see Linear). ``on=False`` goes
-        back to the torch modules."""
-        kernel = None
-        self.model.fused_decode = None
-        if on:
-            from minicb.kernels.cpu import linear_cpu as kernel
-
-            self.model.fused_decode = [layer.cpu_weights() for layer in self.model.layers]
-        for module in self.modules():
-            if isinstance(module, Linear):
-                module.kernel = kernel
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,

@@ -204,8 +204,6 @@ def load_model(path: Path, device: str = "cpu", dtype: str = "float32",
     if args.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     model.fuse_projections()
-    if attention == "cpu":     # the C kernels were built and the weights are float32 on the CPU
-        model.use_cpu_kernels()
     return model.eval()
 
 

@@ -60,7 +60,7 @@ class DraftModelProposer:
         input_ids, positions, meta, logits_indices = self.runner.prepare(output)
         if rows is not None:
             logits_indices = logits_indices[rows]
-        return self.runner.model(input_ids, positions, self.runner.kv_caches, meta, logits_indices)
+        return self.runner.forward(input_ids, positions, meta, logits_indices)
 
     def propose(self, output: SchedulerOutput) -> None:
         """Fill in every verification row's proposal (the scheduler sized it, k placeholders) and,

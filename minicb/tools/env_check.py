@@ -25,8 +25,8 @@ from packaging.utils import canonicalize_name
 
 FALLBACK_REQUIRED = ["torch", "transformers", "safetensors", "tokenizers", "numpy", "matplotlib",
                      "ipywidgets", "tqdm", "fastapi", "uvicorn", "httpx", "psutil"]
-FALLBACK_DEV = ["triton", "pytest", "pytest-timeout", "nbval", "jupyterlab", "hypothesis", "ruff",
-                "openai", "nbformat", "ipykernel"]
+FALLBACK_DEV = ["triton", "pytest", "pytest-timeout", "pytest-xdist", "nbval", "jupyterlab",
+                "hypothesis", "ruff", "openai", "nbformat", "ipykernel"]
 MINIMUM_PYTHON = (3, 10)
 
 # A kernel launch in a fresh interpreter (TRITON_INTERPRET must be set before triton is imported):

@@ -1,7 +1,8 @@
 """The CPU kernels for small decode steps: the small-batch matrix product (kernels/cpu_linear.c)
-against torch's, and the fused decoder layer (kernels/cpu_decode_layer.c) against the model's own
-torch modules on the same weights, caches and batch; then the engine, which takes the fused path
-on decode steps, against transformers."""
+against torch's, and the fused decoder layer (kernels/cpu_decode_layer.c, run by
+minicb.model.fused_cpu) against the model's own torch modules on the same weights, caches and
+batch; then the engine, whose runner takes the fused path on decode steps, against transformers;
+and the teaching model, which holds none of this."""
 
 from __future__ import annotations
 
@@ -15,7 +16,12 @@ from reference import compare, hf_greedy
 
 from minicb import LLM, SamplingParams
 from minicb.model.attention import AttentionMetadata
-from minicb.model.llama import Linear
+from minicb.model.fused_cpu import (
+    FusedCpuDecoder,
+    SmallBatchLinear,
+    layer_weights,
+    use_small_batch_linear,
+)
 from minicb.model.loader import load_model
 
 
@@ -56,10 +62,11 @@ def test_the_module_sends_small_batches_to_the_kernel_and_big_ones_to_torch(thre
     """Which product runs depends on the rows alone: the thread policy changes the thread count
     with the machine's load, and that must never change the arithmetic."""
     calls = []
-    layer = Linear(8, 4)
-    layer.kernel = lambda x, w, b: calls.append(x.shape[0]) or F.linear(x, w, b)
+    layer = SmallBatchLinear(8, 4)
+    monkeypatch.setattr(cpu, "linear_cpu",
+                        lambda x, w, b: calls.append(x.shape[0]) or F.linear(x, w, b))
     monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
-    small, big = Linear.kernel_rows, Linear.kernel_rows + 1
+    small, big = SmallBatchLinear.kernel_rows, SmallBatchLinear.kernel_rows + 1
     with torch.inference_mode():
         layer(torch.randn(1, 8)), layer(torch.randn(small, 8)), layer(torch.randn(big, 8))
     assert calls == [1, small]
@@ -106,16 +113,17 @@ def test_fused_layer_equals_the_torch_modules(any_tiny_model, seq_lens, monkeypa
     head, q/k/v biases (Qwen2), q/k/v/o and MLP biases (Llama's attention_bias and mlp_bias),
     per-head q/k norms and head_dim 32 (Qwen3), head_dim 16 (the kernel's generic loop)."""
     model = load_model(Path(any_tiny_model), attention="cpu")
-    assert model.model.fused_decode is not None
+    decoder = FusedCpuDecoder(model)
     ids, positions, caches, meta = decode_step(model, seq_lens, unwritten_row=len(seq_lens) // 2)
     modules_caches = [(k.clone(), v.clone()) for k, v in caches]
+    every_row = torch.arange(len(seq_lens))
     calls = []
     real = cpu.decode_layer_cpu
     monkeypatch.setattr(cpu, "decode_layer_cpu", lambda *a, **k: calls.append(1) or real(*a, **k))
-    with torch.inference_mode():
-        fused = model.model(ids, positions, caches, meta())
-        model.use_cpu_kernels(False)
-        reference = model.model(ids, positions, modules_caches, meta())
+    assert decoder.takes(len(seq_lens), meta())
+    fused = decoder(ids, positions, caches, meta(), every_row)
+    use_small_batch_linear(model, False)
+    reference = model(ids, positions, modules_caches, meta(), every_row)
     assert len(calls) == model.args.num_layers, "the step did not take the fused path"
     torch.testing.assert_close(fused, reference, atol=1e-4, rtol=1e-4)
     for (k, v), (k_ref, v_ref) in zip(caches, modules_caches):
@@ -134,31 +142,32 @@ def _decode_meta(rows: int, num_decode_rows: int) -> AttentionMetadata:
 @pytest.mark.parametrize("threads", [1, 2, 16])
 def test_the_plan_and_the_row_count_choose_the_path_never_the_threads(tiny_llama, threads,
                                                                       monkeypatch):
-    model = load_model(Path(tiny_llama), attention="cpu")
+    decoder = FusedCpuDecoder(load_model(Path(tiny_llama), attention="cpu"))
     monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
-    hidden = model.args.hidden_size
     prompt = AttentionMetadata(slot_mapping=torch.arange(3), cu_seqlens_q=torch.tensor(
         [0, 2, 3], dtype=torch.int32), seq_lens=torch.tensor([2, 1], dtype=torch.int32),
         block_tables=torch.zeros(2, 1, dtype=torch.int32), max_seqlen_q=2, max_seqlen_k=2,
         num_decode_rows=1)
-    assert not model.model.decodes_only(torch.zeros(3, hidden), prompt)   # a two-token prompt
-    most = Linear.kernel_rows
-    assert model.model.decodes_only(torch.zeros(most, hidden), _decode_meta(most, most))
-    assert not model.model.decodes_only(torch.zeros(most + 1, hidden),
-                                        _decode_meta(most + 1, most + 1))
+    assert not decoder.takes(3, prompt)   # a two-token prompt
+    most = SmallBatchLinear.kernel_rows
+    assert decoder.takes(most, _decode_meta(most, most))
+    assert not decoder.takes(most + 1, _decode_meta(most + 1, most + 1))
     # one query per row, but the plan counts one row as no decode (a prefill's last token): the
     # plan decides, not the shape
-    assert not model.model.decodes_only(torch.zeros(4, hidden), _decode_meta(4, 3))
+    assert not decoder.takes(4, _decode_meta(4, 3))
+    # the engine's own limit, fixed when it starts; 0 never fuses
+    assert not FusedCpuDecoder(decoder.model, max_rows=3).takes(4, _decode_meta(4, 4))
+    assert not FusedCpuDecoder(decoder.model, max_rows=0).takes(1, _decode_meta(1, 1))
 
 
 def test_a_plan_of_decodes_with_more_tokens_than_rows_is_an_error(tiny_llama):
-    model = load_model(Path(tiny_llama), attention="cpu")
+    decoder = FusedCpuDecoder(load_model(Path(tiny_llama), attention="cpu"))
     meta = AttentionMetadata(slot_mapping=torch.arange(3), cu_seqlens_q=torch.tensor(
         [0, 2, 3], dtype=torch.int32), seq_lens=torch.tensor([2, 1], dtype=torch.int32),
         block_tables=torch.zeros(2, 1, dtype=torch.int32), max_seqlen_q=2, max_seqlen_k=2,
         num_decode_rows=2)
     with pytest.raises(ValueError, match="marks all 2 rows as decodes, but the step has 3 tokens"):
-        model.model.decodes_only(torch.zeros(3, model.args.hidden_size), meta)
+        decoder.takes(3, meta)
 
 
 def test_the_fused_layer_refuses_weights_it_cannot_read(tiny_llama):
@@ -167,10 +176,10 @@ def test_the_fused_layer_refuses_weights_it_cannot_read(tiny_llama):
     layer.mlp.down_proj.weight = torch.nn.Parameter(layer.mlp.down_proj.weight.double(),
                                                     requires_grad=False)
     with pytest.raises(ValueError, match="contiguous float32 weights.*w_down is torch.float64"):
-        model.use_cpu_kernels()
+        FusedCpuDecoder(model)
     layer.self_attn.qkv_proj = None
     with pytest.raises(ValueError, match="fuse_projections"):
-        layer.cpu_weights()
+        layer_weights(layer)
 
 
 @pytest.mark.parametrize("where", ["self_attn", "mlp", "layer"])
@@ -183,7 +192,7 @@ def test_the_fused_layer_refuses_a_tensor_it_has_no_slot_for(tiny_llama, where):
     owner.register_parameter("extra_scale", torch.nn.Parameter(torch.ones(4)))
     name = "extra_scale" if where == "layer" else f"{where}.extra_scale"
     with pytest.raises(ValueError, match=f"no slot for the layer's {name}"):
-        model.use_cpu_kernels()
+        FusedCpuDecoder(model)
 
 
 def test_a_separate_projection_that_is_no_view_of_the_fused_one_is_refused(tiny_llama):
@@ -191,7 +200,7 @@ def test_a_separate_projection_that_is_no_view_of_the_fused_one_is_refused(tiny_
     attn = model.model.layers[0].self_attn
     attn.k_proj.weight = torch.nn.Parameter(attn.k_proj.weight.clone(), requires_grad=False)
     with pytest.raises(ValueError, match="k_proj.weight is no longer a view of"):
-        model.use_cpu_kernels()
+        FusedCpuDecoder(model)
 
 
 def test_a_table_outside_the_pool_is_an_error_not_a_wild_read(tiny_llama):
@@ -199,8 +208,8 @@ def test_a_table_outside_the_pool_is_an_error_not_a_wild_read(tiny_llama):
     ids, positions, caches, meta = decode_step(model, [20, 3])
     bad = meta()
     bad.block_tables[0, 1] = caches[0][0].shape[0] + 5
-    with torch.inference_mode(), pytest.raises(ValueError, match="outside the KV pool"):
-        model.model(ids, positions, caches, bad)
+    with pytest.raises(ValueError, match="outside the KV pool"):
+        FusedCpuDecoder(model)(ids, positions, caches, bad, torch.arange(2))
 
 
 def test_engine_on_the_fused_path_equals_transformers(any_tiny_model, monkeypatch):
@@ -220,3 +229,28 @@ def test_engine_on_the_fused_path_equals_transformers(any_tiny_model, monkeypatc
     verdicts = [compare(ref, out.outputs[0].token_ids, out.outputs[0].logprobs, f"request {i}")
                 for i, (ref, out) in enumerate(zip(references, outputs))]
     assert verdicts.count("equal") >= len(prompts) - 1, verdicts
+
+
+def test_the_teaching_model_holds_no_c_kernel_code():
+    """minicb/model/llama.py is the model a reader learns from: torch alone. The CPU fast path
+    (ctypes, the C kernels, their weight slots) lives in minicb/model/fused_cpu.py, and the runner
+    chooses it."""
+    import ast
+
+    import minicb.model.llama as llama
+
+    source = Path(llama.__file__).read_text()
+    tree = ast.parse(source)
+    imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
+                for alias in node.names}
+    imported |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    assert imported <= {"__future__", "dataclasses", "torch", "torch.nn.functional", "torch.nn",
+                        "minicb.model.attention"}, imported
+    names = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}
+    names |= {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)}
+    names |= {node.name for node in ast.walk(tree)
+              if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
+    kernel_names = {n for n in names if any(w in n.lower() for w in ("cpu", "kernel", "ctypes",
+                                                                      "fused_decode"))}
+    assert not kernel_names, f"the teaching model names C-kernel code: {kernel_names}"
+    assert "ctypes" not in source and "minicb.kernels" not in source

@@ -55,3 +55,19 @@ def test_fused_and_separate_projections_agree():
         for fused_part, proj in ((q, layer.self_attn.q_proj), (k, layer.self_attn.k_proj),
                                  (v, layer.self_attn.v_proj)):
             assert torch.allclose(fused_part, proj(x), atol=1e-5, rtol=1e-5)
+
+
+def test_the_model_counts_each_weight_once_as_its_checkpoint_does():
+    """Fusing adds no parameter: the fused q/k/v and gate/up matrices hold the same numbers as the
+    separate projections (which are views of them), so parameters() and state_dict() list the
+    checkpoint's tensors, each once (the shipped model's 4.0 M, not 6.0 M)."""
+    model = load_model(Path(default_model_path()))
+    checkpoint = {}
+    for file in Path(default_model_path()).glob("*.safetensors"):
+        checkpoint.update(load_file(str(file)))
+    if model.args.tie_word_embeddings:
+        checkpoint.pop("lm_head.weight", None)
+    assert sum(p.numel() for p in model.parameters()) == \
+        sum(t.numel() for t in checkpoint.values())
+    assert {name for name, _ in model.named_parameters()} == set(checkpoint)
+    assert set(model.state_dict()) - {"lm_head.weight"} == set(checkpoint)
