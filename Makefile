@@ -24,7 +24,8 @@ export MPLCONFIGDIR := $(abspath $(VENV))/matplotlib
 CH         ?=
 
 .PHONY: setup lock browser-setup test test-fast test-gpu lab demo lint grade env-check guidellm peer-vllm clean \
-	book notebooks router-setup cluster schemathesis-setup schemathesis guidellm-cluster
+	book notebooks router-setup cluster schemathesis-setup schemathesis guidellm-cluster \
+	lm-eval-setup lm-eval
 
 setup: $(STAMP)
 
@@ -133,6 +134,17 @@ guidellm: setup
 	    --output kind=json,path=benchmarks/results/guidellm-completions.json && \
 	  $(GUIDELLM_RUN) --backend kind=openai_http,target=http://127.0.0.1:8765,model=minicb,request_format=/v1/chat/completions \
 	    --output kind=json,path=benchmarks/results/guidellm-chat.json
+
+# lm-evaluation-harness in its own environment (benchmarks/lm-eval.md): the project's two tasks
+# (benchmarks/lm_eval_tasks) through minicb serve and through lm-eval's hf model on the same
+# weights, compared item by item; the result in benchmarks/results/lm-eval.json.
+LMEVAL_SPEC ?= lm_eval[api,hf]==0.4.13
+lm-eval-setup:
+	@test -x .venv-lmeval/bin/lm_eval || { echo "setup: $(LMEVAL_SPEC) in .venv-lmeval"; \
+	  $(PYTHON) -m venv .venv-lmeval && .venv-lmeval/bin/pip install --quiet $(TORCH_SPEC) \
+	  && .venv-lmeval/bin/pip install --quiet "$(LMEVAL_SPEC)"; }
+lm-eval: setup lm-eval-setup
+	$(BIN)/python -m minicb bench lm-eval
 
 # The same through the cluster's one URL (two replicas behind vllm-router, cache_aware)
 guidellm-cluster: setup router-setup

@@ -12,7 +12,7 @@ COMMANDS = {
     "cluster": ("minicb.serving.cluster", "N serve replicas behind vllm-router, one URL"),
     "bench": ("minicb.bench",
               "benchmarks: offline, serve, load-study, kernels, memory, overhead, policies, "
-              "prefix"),
+              "prefix, lm-eval, structured, ..."),
     "demo": ("minicb.tools.demo",
              "the terminal tour: one workload through naive, static and continuous"),
     "env-check": ("minicb.tools.env_check",

@@ -242,6 +242,12 @@ FACTS.update({
     "vllm_default_block_size": Fact(16, "tokens", "vLLM engine arguments, --block-size default "
                                     "on CUDA, https://docs.vllm.ai/en/latest/configuration/"
                                     "engine_args.html"),
+    "vllm_free_block_order": Fact("least recently used first", "eviction order",
+                                  "vllm-project/vllm, vllm/v1/core/kv_cache_utils.py, class "
+                                  "FreeKVCacheBlockQueue: one doubly linked list of free blocks, "
+                                  "cached ones included; new blocks are taken from its front, "
+                                  "freed ones appended at its back, a request's blocks in reverse "
+                                  "order so the tail of a block chain is evicted first"),
     "sglang_default_page_size": Fact(1, "tokens", "SGLang server arguments, --page-size default "
                                      "(a radix tree over single tokens), sgl-project/sglang "
                                      "python/sglang/srt/server_args.py, "

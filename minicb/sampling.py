@@ -95,10 +95,8 @@ class SamplingParams:
     def _check_processors(self) -> None:
         for name in ("presence_penalty", "frequency_penalty"):
             _check_number(name, getattr(self, name), -2.0, 2.0, "0 turns it off")
-        _check_number("repetition_penalty", self.repetition_penalty, 0.0, MAX_REPETITION_PENALTY,
-                      "1 turns it off; above 1 discourages repeats")
-        if self.repetition_penalty == 0:
-            raise ValueError("repetition_penalty must be above 0 (got 0); 1 turns it off.")
+        _check_number("repetition_penalty", self.repetition_penalty, MIN_REPETITION_PENALTY,
+                      MAX_REPETITION_PENALTY, "1 turns it off; above 1 discourages repeats")
         _check_number("min_p", self.min_p, 0.0, 1.0, "0 turns it off")
         _check_int("min_tokens", self.min_tokens, 0, self.max_tokens,
                    "it cannot exceed max_tokens")
@@ -156,6 +154,10 @@ MAX_STOP_STRINGS = 32
 MAX_STOP_CHARS = 4096
 MAX_STOP_TOKEN_IDS = 1024
 MAX_REPETITION_PENALTY = 100.0
+# vLLM takes any repetition_penalty above 0; a value this small already multiplies every seen
+# token's logit by 100, and one below float32's smallest number (1.4e-45) becomes 0, which turns
+# a grammar mask's -inf into NaN (0 * -inf) and lets a masked token through
+MIN_REPETITION_PENALTY = 0.01
 MAX_LOGIT_BIAS = 1024
 GREEDY_BELOW = 1e-5               # temperatures below this sample greedily
 

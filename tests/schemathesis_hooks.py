@@ -1,12 +1,14 @@
 """Schemathesis hooks for the contract run (`make schemathesis`,
 tests/serving/test_openapi_contract.py).
 
-The one rule of the server that its OpenAPI document cannot state is the context: a prompt's
-tokens plus max_tokens must fit max_model_len (else a 400, code "context_length_exceeded"). A
-schema-valid body may break it (a long message, or max_tokens at its maximum with any prompt),
-so the generated cases that might are left out here, by a bound that never undercounts: the
-tokenizer is byte-level BPE, so a text has at most as many tokens as UTF-8 bytes, plus the
-special tokens the tokenizer adds. Every other rule is in the schema and checked by every check.
+The rules of the server that its OpenAPI document cannot state: the context (a prompt's tokens
+plus max_tokens must fit max_model_len, else a 400, code "context_length_exceeded"), the rules
+that relate two fields, and the constraints only the grammar library can judge (a JSON schema,
+regex or grammar). A schema-valid body may break the context (a long message, or max_tokens at
+its maximum with any prompt), so the generated cases that might are left out here, by a bound
+that never undercounts: the tokenizer is byte-level BPE, so a text has at most as many tokens as
+UTF-8 bytes, plus the special tokens the tokenizer adds; and so are those that break the others
+(breaks_a_rule_beyond_the_schema). Every other rule is in the schema and checked by every check.
 """
 
 from __future__ import annotations
@@ -45,6 +47,40 @@ def most_prompt_tokens(body: dict) -> int:
     return len(prompt) if isinstance(prompt, list) else 0
 
 
+def breaks_a_rule_beyond_the_schema(body: dict, max_model_len: int = MAX_MODEL_LEN) -> bool:
+    """Whether a schema-valid body breaks one of the server's rules that relate two fields, or
+    carries a constraint only the grammar library can judge (minicb.serving.openai_sampling):
+    top_logprobs without logprobs: true; min_tokens above max_tokens; two ways to ask for one
+    constraint; a constraint with ignore_eos or min_tokens; a JSON schema, regex or grammar
+    (compiled or refused with a 400 quoting xgrammar: the dedicated tests cover them)."""
+    chat = "messages" in body
+    if chat and body.get("top_logprobs") and body.get("logprobs") is not True:
+        return True
+    max_tokens = body.get("max_tokens")
+    if max_tokens is None:
+        max_tokens = body.get("max_completion_tokens")
+    if max_tokens is None:
+        max_tokens = max_model_len if chat else 16
+    min_tokens = body.get("min_tokens") or 0
+    if isinstance(min_tokens, (int, float)) and min_tokens > max_tokens:
+        return True
+    response_format = body.get("response_format")
+    kind = response_format.get("type") if isinstance(response_format, dict) else None
+    extension = body.get("structured_outputs")
+    named = isinstance(extension, dict) and any(
+        value not in (None, False) for name, value in extension.items()
+        if name != "disable_any_whitespace")
+    if extension is not None and named == (kind in ("json_object", "json_schema")):
+        return True         # two constraints, or structured_outputs' options without one
+    constrained = kind in ("json_object", "json_schema") or extension is not None
+    if constrained and (body.get("ignore_eos") or min_tokens):
+        return True
+    if kind == "json_schema":
+        return True
+    return isinstance(extension, dict) and any(
+        extension.get(name) is not None for name in ("json", "regex", "grammar"))
+
+
 if schemathesis is not None:
     @schemathesis.hook
     def filter_case(context, case) -> bool:
@@ -57,5 +93,6 @@ if schemathesis is not None:
         if max_tokens is None:
             max_tokens = body.get("max_completion_tokens")
         counted = isinstance(max_tokens, (int, float)) and not isinstance(max_tokens, bool)
-        needed = most_prompt_tokens(body) + (int(max_tokens) if counted else 1)
-        return needed <= MAX_MODEL_LEN
+        # max_tokens 0 (a completion's prompt alone) still computes one token
+        needed = most_prompt_tokens(body) + (max(int(max_tokens), 1) if counted else 1)
+        return needed <= MAX_MODEL_LEN and not breaks_a_rule_beyond_the_schema(body)

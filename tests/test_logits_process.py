@@ -143,7 +143,7 @@ def test_sampler_logprobs_are_the_raw_models():
 @pytest.mark.parametrize("field,value,words", [
     ("presence_penalty", 2.5, "presence_penalty must be a finite number from -2 to 2"),
     ("frequency_penalty", float("nan"), "frequency_penalty must be"),
-    ("repetition_penalty", 0, "repetition_penalty must be above 0"),
+    ("repetition_penalty", 0, "repetition_penalty must be a finite number from 0.01"),
     ("repetition_penalty", -1.0, "repetition_penalty must be"),
     ("min_p", 1.5, "min_p must be"),
     ("min_tokens", 17, "min_tokens must be an integer from 0 to 16"),
@@ -224,3 +224,14 @@ def test_sampled_rows_draw_only_what_min_p_and_the_bias_leave():
     drawn = set(Sampler()(logits.expand(2000, -1).clone(), params, generators).token_ids)
     probs = (logits.index_put((torch.tensor([0]),), torch.tensor(-98.0))).softmax(-1)
     assert drawn == set((probs >= 0.3 * probs.max()).nonzero().flatten().tolist()) == {1, 2, 3}
+
+
+def test_a_repetition_penalty_too_small_for_float32_is_refused():
+    """One below float32's range becomes 0 and turns a mask's -inf into NaN: refuse it early."""
+    import pytest
+
+    from minicb.sampling import MIN_REPETITION_PENALTY, SamplingParams
+
+    with pytest.raises(ValueError, match="repetition_penalty"):
+        SamplingParams(repetition_penalty=1e-46)
+    SamplingParams(repetition_penalty=MIN_REPETITION_PENALTY)

@@ -41,6 +41,10 @@ BENCHMARKS = {
                     "speculative decoding against none: tokens/s and TPOT by batch size"),
     "disagg": ("minicb.bench.disagg",
                "prefill/decode disaggregation and tensor parallelism on a GPU's cost model"),
+    "lm-eval": ("minicb.bench.lm_eval",
+                "lm-evaluation-harness through minicb serve against its hf model, item by item"),
+    "structured": ("minicb.bench.structured",
+                   "the per-step cost of grammar masks and penalties, and tokens/s with them"),
 }
 
 

@@ -47,6 +47,7 @@ from minicb.metrics import RequestMetrics
 from minicb.outputs import RequestOutput
 from minicb.sampling import SamplingParams
 from minicb.serving.metrics import ServingStats
+from minicb.serving.openai_logprobs import token_texts
 
 
 class QueueFullError(RuntimeError):
@@ -72,9 +73,11 @@ class StreamDelta:
     metrics: RequestMetrics | None = None  # on the finished delta
     error: str | None = None
     index: int = 0
-    # this delta's tokens' {token id: logprob} (SamplingParams.logprobs), and the prompt's
-    # (prompt_logprobs, on a request's first delta and its last); None unless asked
+    # this delta's tokens' {token id: logprob} (SamplingParams.logprobs: the top-k and the chosen
+    # token), and the prompt's with its token ids (prompt_logprobs, on a request's first delta and
+    # its last; None for the prompt's first token); None unless asked
     logprobs: list[dict[int, float]] | None = None
+    prompt_token_ids: list[int] | None = None
     prompt_logprobs: list[dict[int, float] | None] | None = None
 
 
@@ -135,6 +138,7 @@ class AsyncLLMEngine:
         # prompts are tokenised here, on one thread, with a tokenizer of their own
         self._tokenizer = copy.deepcopy(engine.tokenizer)
         self._tokenize_thread = ThreadPoolExecutor(1, thread_name_prefix="minicb-tokenize")
+        self._token_texts: list[str] | None = None
         self._ids = itertools.count()
         self._validating = 0          # samples of requests being tokenised (they count as waiting)
         self._finish_times: deque[float] = deque(maxlen=1024)   # when recent samples finished
@@ -169,6 +173,13 @@ class AsyncLLMEngine:
     @property
     def vocab_size(self) -> int:
         return self.engine.vocab_size
+
+    async def token_texts(self) -> list[str]:
+        """Each token id's text, for log-probabilities: decoded once, on the tokenizer's thread."""
+        if self._token_texts is None:
+            self._token_texts = await asyncio.get_running_loop().run_in_executor(
+                self._tokenize_thread, token_texts, self._tokenizer, self.vocab_size)
+        return self._token_texts
 
     def kv_usage(self) -> tuple[int, int, PrefixCacheStats]:
         """KV blocks in use, blocks free, and the prefix cache's counters."""
@@ -368,10 +379,13 @@ class AsyncLLMEngine:
         logprobs = completion.logprobs
         if logprobs is not None and output.finished:     # a finished output carries them all
             logprobs = logprobs[len(logprobs) - len(output.new_token_ids):]
+        prompt_logprobs = output.prompt_logprobs
         return StreamDelta(output.request_id, list(output.new_token_ids), completion.new_text,
                            output.finished, completion.finish_reason, len(output.prompt_token_ids),
                            completion.num_tokens, output.metrics, output.error, completion.index,
-                           logprobs, output.prompt_logprobs)
+                           logprobs=logprobs, prompt_logprobs=prompt_logprobs,
+                           prompt_token_ids=None if prompt_logprobs is None
+                           else list(output.prompt_token_ids))
 
     def _abort_everything(self) -> None:
         for request_id in self.engine.request_ids():

@@ -16,31 +16,18 @@ import uuid
 from dataclasses import dataclass
 
 from minicb.sampling import MAX_TEMPERATURE, SamplingParams
+from minicb.serving.errors import APIError
+from minicb.serving.openai_sampling import extra_schemas, sampling_extras
 
 log = logging.getLogger("minicb.serving")
-
-
-class APIError(Exception):
-    """An error the client caused (or overload); becomes a JSON error body with `status`."""
-
-    def __init__(self, message: str, param: str | None = None, code: str | None = None,
-                 status: int = 400, error_type: str = "invalid_request_error",
-                 headers: dict[str, str] | None = None):
-        super().__init__(message)
-        self.message, self.param, self.code, self.status = message, param, code, status
-        self.error_type, self.headers = error_type, headers
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.error_type, "param": self.param,
-                          "code": self.code}}
 
 
 def param_named_in(message: str) -> str | None:
     """The field an engine error is about: its messages start with the field's name."""
     match = re.match(r"(\w+)", message)
-    if match and match.group(1) in (*_SAMPLING_FIELDS, "stop", "stop_token_ids", "ignore_eos",
-                                    "logprobs"):
-        return match.group(1)
+    if match and match.group(1) in (*_SAMPLING_FIELDS, *_EXTRA_FIELDS, "stop", "stop_token_ids",
+                                    "ignore_eos", "logprobs", "prompt_logprobs"):
+        return "logprobs" if match.group(1) == "prompt_logprobs" else match.group(1)
     return "prompt" if "prompt" in message or "token ids" in message else None
 
 
@@ -58,6 +45,11 @@ class ParsedRequest:
     continuous_usage: bool = False
     # echo (completions): the prompt's text comes back in front of each choice's text
     echo: bool = False
+    # max_tokens=0 (completions): the engine computes one token, which is dropped, so the answer
+    # is the prompt alone (with echo, its log-probabilities: how evaluation harnesses score text)
+    generate: bool = True
+    # the field that asked for a structured output, to name it if the constraint cannot compile
+    constraint_field: str | None = None
 
 
 # the most samples (`n`) one request may ask for: each is a sequence in the batch, holding a slot
@@ -101,8 +93,8 @@ def _is_token_ids(value) -> bool:
         isinstance(t, int) and not isinstance(t, bool) for t in value)
 
 
-def _sampling(body: dict, max_model_len: int,
-              default_max_tokens: int) -> tuple[SamplingParams, bool]:
+def _sampling(body: dict, max_model_len: int, default_max_tokens: int, chat: bool,
+              vocab_size: int) -> tuple[SamplingParams, bool, str | None]:
     values = {name: _field(body, name, *spec) for name, spec in _SAMPLING_FIELDS.items()}
     n = 1 if values["n"] is None else values["n"]
     if values["seed"] is not None and not 0 <= values["seed"] <= MAX_SEED:
@@ -117,12 +109,14 @@ def _sampling(body: dict, max_model_len: int,
                        f"per request, "
                        "or send several requests (with different seeds) for more.", param="n")
     # max_completion_tokens is OpenAI's newer name for max_tokens (SGLang's router sends it)
+    # completions allow 0: the prompt alone comes back (with echo, its log-probabilities)
+    least = 1 if chat else 0
     for name in ("max_tokens", "max_completion_tokens"):
         value = values[name]
-        if value is not None and not 1 <= value < max_model_len:
+        if value is not None and not least <= value < max_model_len:
             raise APIError(f"{name}={value} cannot fit: max_model_len is {max_model_len} and the "
-                           f"prompt needs at least one token; ask for 1 to {max_model_len - 1} "
-                           "tokens.", param=name)
+                           f"prompt needs at least one token; ask for {least} to "
+                           f"{max_model_len - 1} tokens.", param=name)
     max_tokens = (values["max_tokens"] if values["max_tokens"] is not None
                   else values["max_completion_tokens"])
     stop = body.get("stop")
@@ -138,6 +132,12 @@ def _sampling(body: dict, max_model_len: int,
     if isinstance(stop, str) and len(stop) > MAX_STOP_CHARS:
         raise APIError(f"'stop' may be at most {MAX_STOP_CHARS} characters (got {len(stop)}).",
                        param="stop")
+    max_tokens = default_max_tokens if max_tokens is None else max_tokens
+    extras, constraint_field = sampling_extras(body, chat, vocab_size)
+    if extras.get("min_tokens", 0) > max_tokens:
+        raise APIError(f"'min_tokens' ({extras['min_tokens']}) exceeds max_tokens ({max_tokens}); "
+                       "ask for at most as many tokens as the output may have.",
+                       param="min_tokens")
     stop_token_ids = _integers(body.get("stop_token_ids"))
     if stop_token_ids is not None and not (stop_token_ids == [] or _is_token_ids(stop_token_ids)):
         raise APIError(f"'stop_token_ids' must be a list of integers (got {stop_token_ids!r}).",
@@ -147,14 +147,15 @@ def _sampling(body: dict, max_model_len: int,
             n=n, temperature=1.0 if values["temperature"] is None else values["temperature"],
             top_p=1.0 if values["top_p"] is None else values["top_p"],
             top_k=-1 if values["top_k"] is None else values["top_k"], seed=values["seed"],
-            max_tokens=default_max_tokens if max_tokens is None else max_tokens, stop=stop,
+            max_tokens=max(max_tokens, 1), stop=stop,
             stop_token_ids=stop_token_ids or [],
             ignore_eos=_field(body, "ignore_eos", (bool,), "true or false", False),
             skip_special_tokens=_field(body, "skip_special_tokens", (bool,), "true or false",
-                                       True))
+                                       True), **extras)
     except ValueError as error:
         raise APIError(str(error), param=param_named_in(str(error))) from None
-    return params, max_tokens is not None
+    return params, values["max_tokens"] is not None or values["max_completion_tokens"] is not None,\
+        constraint_field
 
 
 def _check_model(body: dict, model_name: str) -> None:
@@ -174,15 +175,16 @@ def _check_model(body: dict, model_name: str) -> None:
 # accepted at the value that asks for nothing and refused, naming the field and the fix, at a
 # value this server cannot honour; any other field is ignored with one log line naming it (as
 # vLLM's server does), so a client written for a richer server still gets its answer.
+# fields read by minicb.serving.openai_sampling
+_EXTRA_FIELDS = ("logprobs", "top_logprobs", "presence_penalty", "frequency_penalty",
+                 "repetition_penalty", "logit_bias", "min_p", "min_tokens", "response_format",
+                 "structured_outputs")
 _IMPLEMENTED = {"model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature",
                 "top_p", "top_k", "seed", "n", "stop", "stop_token_ids", "stream", "stream_options",
                 "ignore_eos", "skip_special_tokens", "priority", "return_token_ids", "user",
-                "echo"}
-_NO_EFFECT = {"presence_penalty": (0,), "frequency_penalty": (0,), "repetition_penalty": (1,),
-              "logit_bias": ({},), "logprobs": (False, 0), "top_logprobs": (0,), "best_of": (1,),
-              "suffix": ("",), "tools": ([],), "tool_choice": ("none", "auto"),
-              "response_format": ({"type": "text"},), "store": (False,), "metadata": ({},),
-              "service_tier": ("auto", "default"), "min_tokens": (0,),
+                "echo", *_EXTRA_FIELDS}
+_NO_EFFECT = {"best_of": (1,), "suffix": ("",), "tools": ([],), "tool_choice": ("none", "auto"),
+              "store": (False,), "metadata": ({},), "service_tier": ("auto", "default"),
               # routers' extension fields (vLLM's router, SGLang's router)
               "no_stop_trim": (False,), "return_hidden_states": (False,),
               "continue_final_message": (False,)}
@@ -192,11 +194,13 @@ _NO_EFFECT = {"presence_penalty": (0,), "frequency_penalty": (0,), "repetition_p
 _ANY_BOOLEAN = {"include_reasoning", "separate_reasoning", "stream_reasoning",
                 "parallel_tool_calls"}
 # how to get what a refused value asks for, where there is a way
-_FIXES = {"logprobs": "this server returns no log-probabilities",
-          "top_logprobs": "this server returns no log-probabilities",
-          "tools": "this model has no tool-calling format", "response_format":
-          "this server has no constrained (JSON) decoding", "return_hidden_states":
-          "this server returns text and token ids only"}
+_FIXES = {"tools": "this model was not trained to call tools, and its chat template has no "
+                   "format for them; to get arguments as JSON, send response_format with a "
+                   "json_schema", "tool_choice": "this server calls no tools",
+          "best_of": "it would rank samples by log-probability; send n and the logprobs "
+                     "field and rank them yourself",
+          "suffix": "this model was not trained to fill in the middle",
+          "return_hidden_states": "this server returns text and token ids only"}
 
 
 def _same_json(value, allowed) -> bool:
@@ -256,7 +260,8 @@ def _options(body: dict, prompt, params: SamplingParams, require_fit: bool) -> P
                          require_fit, priority, continuous)
 
 
-def parse_completion(body: dict, model_name: str, max_model_len: int) -> ParsedRequest:
+def parse_completion(body: dict, model_name: str, max_model_len: int,
+                     vocab_size: int) -> ParsedRequest:
     """POST /v1/completions: prompt as a string or token ids (or a list holding one of those)."""
     _check_model(body, model_name)
     _check_fields(body, chat=False)
@@ -272,9 +277,12 @@ def parse_completion(body: dict, model_name: str, max_model_len: int) -> ParsedR
     if prompt == "":
         raise APIError("'prompt' is empty; send at least one character (or token id).",
                        param="prompt")
-    params, require_fit = _sampling(body, max_model_len, default_max_tokens=16)   # OpenAI's default
+    params, require_fit, constraint_field = _sampling(body, max_model_len, 16,  # OpenAI's default
+                                                      chat=False, vocab_size=vocab_size)
     parsed = _options(body, prompt, params, require_fit)
     parsed.echo = _field(body, "echo", (bool,), "true or false", False)
+    parsed.generate = body.get("max_tokens") != 0 and body.get("max_completion_tokens") != 0
+    parsed.constraint_field = constraint_field
     return parsed
 
 
@@ -289,7 +297,8 @@ def _text_content(content: str | list) -> str:
     return "".join(part["text"] for part in content)
 
 
-def parse_chat(body: dict, model_name: str, max_model_len: int, tokenizer) -> ParsedRequest:
+def parse_chat(body: dict, model_name: str, max_model_len: int, tokenizer,
+               vocab_size: int) -> ParsedRequest:
     """POST /v1/chat/completions: messages rendered through the tokenizer's chat template."""
     _check_model(body, model_name)
     _check_fields(body, chat=True)
@@ -317,8 +326,11 @@ def parse_chat(body: dict, model_name: str, max_model_len: int, tokenizer) -> Pa
         raise APIError(f"the chat template failed on these messages: {error}",
                        param="messages") from None
     # no max_tokens: as OpenAI, generate until a stop or the context is full
-    params, require_fit = _sampling(body, max_model_len, default_max_tokens=max_model_len)
-    return _options(body, prompt, params, require_fit)
+    params, require_fit, constraint_field = _sampling(body, max_model_len, max_model_len,
+                                                      chat=True, vocab_size=vocab_size)
+    parsed = _options(body, prompt, params, require_fit)
+    parsed.constraint_field = constraint_field
+    return parsed
 
 
 # --- responses
@@ -333,18 +345,19 @@ def usage(num_prompt_tokens: int, num_output_tokens: int) -> dict:
 
 
 def choice(chat: bool, text: str, finish_reason: str | None, token_ids: list[int] | None,
-           delta: bool, first: bool = False, index: int = 0) -> dict:
+           delta: bool, first: bool = False, index: int = 0, logprobs: dict | None = None) -> dict:
     """One entry of `choices` (`index`: which of the n samples): text for completions, a message
-    (or a delta of one) for chat."""
+    (or a delta of one) for chat; `logprobs` in the endpoint's shape (openai_logprobs)."""
     if not chat:
-        entry = {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
+        entry = {"index": index, "text": text, "logprobs": logprobs,
+                 "finish_reason": finish_reason}
     elif delta:
         entry = {"index": index,
                  "delta": {"role": "assistant", "content": text} if first else {"content": text},
-                 "logprobs": None, "finish_reason": finish_reason}
+                 "logprobs": logprobs, "finish_reason": finish_reason}
     else:
         entry = {"index": index, "message": {"role": "assistant", "content": text},
-                 "logprobs": None, "finish_reason": finish_reason}
+                 "logprobs": logprobs, "finish_reason": finish_reason}
     if token_ids is not None:
         entry["token_ids"] = token_ids
     return entry
@@ -362,8 +375,10 @@ def response(chat: bool, request_id: str, model: str, choices: list[dict], usage
 
 # --- the contract as JSON Schema (published in the server's OpenAPI document) --------------------
 # A request the schemas allow is served, one they forbid gets a 400 naming the field: the parser
-# above enforces exactly these bounds. The one rule a schema cannot state is the context: prompt
-# tokens plus max_tokens must fit max_model_len (a 400 whose code is "context_length_exceeded").
+# above enforces exactly these bounds. The rules a schema here cannot state: the context (prompt
+# tokens plus max_tokens must fit max_model_len: a 400 whose code is "context_length_exceeded"),
+# min_tokens <= max_tokens, top_logprobs only with logprobs: true, and a constraint (JSON schema,
+# regex, grammar) the grammar library can compile (minicb.serving.openai_sampling).
 MAX_STOP_LIST = 32                  # stop strings in a list ...
 MAX_STOP_ITEM_CHARS = 128           # ... of at most this many characters each
 MAX_STOP_CHARS = 4096               # one stop string
@@ -415,7 +430,10 @@ def request_schemas(max_model_len: int, vocab_size: int, priority: bool) -> tupl
         {"type": "string", "minLength": 1}, token_ids,
         {"type": "array", "minItems": 1, "maxItems": 1,
          "items": {"anyOf": [{"type": "string", "minLength": 1}, token_ids]}}]},
-        "echo": boolean}
+        "echo": boolean, **extra_schemas(vocab_size, chat=False),
+        # 0: the prompt alone comes back (with echo and logprobs, the prompt's log-probabilities)
+        "max_tokens": {"type": "integer", "minimum": 0, "maximum": max_model_len - 1},
+        "max_completion_tokens": {"type": "integer", "minimum": 0, "maximum": max_model_len - 1}}
     text_part = {"type": "object", "required": ["type", "text"],
                  "properties": {"type": _const("text"), "text": {"type": "string"}}}
     chat = {"messages": {"type": "array", "minItems": 1, "items": {
@@ -423,7 +441,7 @@ def request_schemas(max_model_len: int, vocab_size: int, priority: bool) -> tupl
         "properties": {"role": {"enum": list(CHAT_ROLES)},
                        "content": {"anyOf": [{"type": "string"},
                                             {"type": "array", "items": text_part}]}}}},
-        "echo": _const(False)}
+        "echo": _const(False), **extra_schemas(vocab_size, chat=True)}
     bodies = []
     for required, own in ((["prompt"], completion), (["messages"], chat)):
         properties = {name: (spec if name in required else _nullable(spec))

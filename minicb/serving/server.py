@@ -9,9 +9,11 @@ blocks, prefix-cache queries, hits and evictions, latency histograms). Tokens st
 server-sent events when the request says `"stream": true`. `"n": k` (up to MAX_N) returns k
 samples as choices 0..k-1 (streamed chunks carry their choice's index); they share the prompt's
 KV blocks, sample i uses seed + i when a seed is given, and usage counts the prompt once and the
-completion tokens of every choice. A client that hangs up has its request (every sample of it)
-aborted and its KV blocks freed before the next step; a bad request gets HTTP 400 and an
-OpenAI-style error object; too many waiting requests get 503 with Retry-After.
+completion tokens of every choice. Log-probabilities (the prompt's too, with echo), penalties,
+logit bias, min_p, min_tokens and structured outputs are read by openai_sampling and written
+back in OpenAI's shapes by openai_logprobs. A client that hangs up has its request (every
+sample of it) aborted and its KV blocks freed before the next step; a bad request gets HTTP 400
+and an OpenAI-style error object; too many waiting requests get 503 with Retry-After.
 
 The continuous scheduler's policy knobs are flags (--policy, --step-order,
 --max-prefill-tokens-per-step, --max-wait-steps, --watermark-blocks; see benchmarks/policies.md).
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import math
 import threading
@@ -48,8 +51,9 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from minicb.config import EngineConfig
 from minicb.engine import LLMEngine
 from minicb.serving.async_engine import AsyncLLMEngine, QueueFullError, RequestStream, StreamDelta
+from minicb.serving.errors import APIError
+from minicb.serving.openai_logprobs import ChoiceLogprobs
 from minicb.serving.openai_protocol import (
-    APIError,
     ParsedRequest,
     choice,
     new_id,
@@ -194,7 +198,9 @@ def build_app(model: str | None = None, *, engine: AsyncLLMEngine | None = None,
     completion_schema, chat_schema = request_schemas(
         max_model_len, engine.vocab_size, priority=engine.config.policy == "priority")
     errors = {400: "a request this server refuses: the error names the field and the fix (also a "
-                   "prompt plus max_tokens beyond the context: code context_length_exceeded)",
+                   "prompt plus max_tokens beyond the context: code context_length_exceeded; "
+                   "min_tokens above max_tokens; top_logprobs without logprobs; a JSON schema, "
+                   "regex or grammar that cannot be compiled, quoting the grammar library)",
               404: "a model this server does not serve (code model_not_found)",
               408: "the body did not arrive in time", 413: "the body is over the size limit",
               500: "the engine failed", 503: "too many requests waiting (with Retry-After)"}
@@ -211,12 +217,14 @@ def build_app(model: str | None = None, *, engine: AsyncLLMEngine | None = None,
 
     @app.post("/v1/completions", openapi_extra=documented(completion_schema))
     async def completions(request: Request):
-        parsed = parse_completion(await _json_body(request), model_name, max_model_len)
+        parsed = parse_completion(await _json_body(request), model_name, max_model_len,
+                                  engine.vocab_size)
         return await _serve(engine, request, parsed, model_name, chat=False)
 
     @app.post("/v1/chat/completions", openapi_extra=documented(chat_schema))
     async def chat_completions(request: Request):
-        parsed = parse_chat(await _json_body(request), model_name, max_model_len, engine.tokenizer)
+        parsed = parse_chat(await _json_body(request), model_name, max_model_len, engine.tokenizer,
+                            engine.vocab_size)
         return await _serve(engine, request, parsed, model_name, chat=True)
 
     return app
@@ -274,14 +282,20 @@ async def _serve(engine: AsyncLLMEngine, request: Request, parsed: ParsedRequest
                                           require_fit=parsed.require_fit)
     except ValueError as error:
         code = "context_length_exceeded" if "max_model_len" in str(error) else None
-        raise APIError(str(error), param=param_named_in(str(error)), code=code) from None
+        param = param_named_in(str(error))
+        if param == "structured_outputs":      # name the field the client used
+            param = parsed.constraint_field or param
+        raise APIError(str(error), param=param, code=code) from None
     except QueueFullError as error:
         raise APIError(str(error), status=503, error_type="server_overloaded", code="overloaded",
                        headers={"Retry-After": str(math.ceil(error.retry_after))}) from None
     response_id = new_id("chatcmpl" if chat else "cmpl")
     echoed = _echoed(engine, parsed)
+    k = parsed.params.logprobs
+    texts = None if k is None else await engine.token_texts()
+    logprobs = [None if k is None else ChoiceLogprobs(chat, k, texts) for _ in range(stream.n)]
     if parsed.stream:
-        events = _events(engine, stream, parsed, response_id, model_name, chat, echoed)
+        events = _events(engine, stream, parsed, response_id, model_name, chat, echoed, logprobs)
         return StreamingResponse(events, media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
     deltas = await _collect_unless_disconnected(engine, stream, request)
@@ -292,16 +306,38 @@ async def _serve(engine: AsyncLLMEngine, request: Request, parsed: ParsedRequest
         raise APIError(f"the engine failed while serving this request: {failed.error}", status=500,
                        error_type="internal_error")
     choices, num_prompt_tokens, num_output_tokens = [], 0, 0
+    prompt = next((d for d in deltas if d.prompt_logprobs is not None), None)
     for index in range(stream.n):
-        sample = [d for d in deltas if d.index == index]
+        sample = [_kept(parsed, d) for d in deltas if d.index == index]
         last = sample[-1]
-        token_ids = [t for d in sample for t in d.token_ids] if parsed.return_token_ids else None
+        token_ids = [t for d in sample for t in d.token_ids]
+        entries = [e for d in sample for e in d.logprobs or []]
+        lp = None if logprobs[index] is None else logprobs[index](
+            token_ids, entries, *_prompt_logprobs(parsed, prompt))
         choices.append(choice(chat, echoed + "".join(d.text for d in sample), last.finish_reason,
-                              token_ids, False, index=index))
+                              token_ids if parsed.return_token_ids else None, False, index=index,
+                              logprobs=lp))
         num_prompt_tokens = max(num_prompt_tokens, last.num_prompt_tokens)
         num_output_tokens += last.num_output_tokens
     return response(chat, response_id, model_name, choices,
                     usage(num_prompt_tokens, num_output_tokens), chunk=False)
+
+
+def _kept(parsed: ParsedRequest, delta: StreamDelta) -> StreamDelta:
+    """The delta as the client sees it: under max_tokens=0 the one token the engine computed is
+    dropped, and the answer ends "length" (it asked for no tokens and got none)."""
+    if parsed.generate:
+        return delta
+    finish = "length" if delta.finish_reason in ("stop", "length") else delta.finish_reason
+    return dataclasses.replace(delta, token_ids=[], text="", logprobs=None, finish_reason=finish,
+                               num_output_tokens=0)
+
+
+def _prompt_logprobs(parsed: ParsedRequest, delta: StreamDelta | None) -> tuple:
+    """(prompt token ids, their logprobs) for a choice that echoes them, else (None, None)."""
+    if not parsed.echo or delta is None:
+        return None, None
+    return delta.prompt_token_ids, delta.prompt_logprobs
 
 
 def _echoed(engine: AsyncLLMEngine, parsed: ParsedRequest) -> str:
@@ -323,8 +359,8 @@ def _sse(data: dict | str) -> str:
 
 
 async def _events(engine: AsyncLLMEngine, stream: RequestStream, parsed: ParsedRequest,
-                  response_id: str, model_name: str, chat: bool,
-                  echoed: str = "") -> AsyncIterator[str]:
+                  response_id: str, model_name: str, chat: bool, echoed: str,
+                  logprobs: list[ChoiceLogprobs | None]) -> AsyncIterator[str]:
     """Server-sent events: one chunk per step and sample that produced tokens, tagged with the
     sample's choice index. When the client hangs up, the server cancels this generator
     mid-await and `finally` aborts the request, every sample of it."""
@@ -334,7 +370,10 @@ async def _events(engine: AsyncLLMEngine, stream: RequestStream, parsed: ParsedR
         so_far: dict[int, int] = {}         # tokens streamed per choice (continuous usage)
         num_prompt_tokens = num_output_tokens = 0
         failed = False
+        prompt = None               # the delta with the prompt's logprobs (echo), once it came
         async for delta in stream:
+            delta = _kept(parsed, delta)
+            prompt = prompt or (delta if delta.prompt_logprobs is not None else None)
             if delta.finish_reason == "error":
                 yield _sse(APIError(f"the engine failed: {delta.error}", status=500,
                                     error_type="internal_error").body())
@@ -344,7 +383,12 @@ async def _events(engine: AsyncLLMEngine, stream: RequestStream, parsed: ParsedR
             ids = delta.token_ids if parsed.return_token_ids else None
             first = delta.index in unsent
             text = echoed + delta.text if first else delta.text    # echo: the prompt goes first
-            entry = choice(chat, text, finish, ids, delta=True, first=first, index=delta.index)
+            builder = logprobs[delta.index]
+            lp = None if builder is None else builder(
+                delta.token_ids, delta.logprobs, *(_prompt_logprobs(parsed, prompt) if first
+                                                   else (None, None)))
+            entry = choice(chat, text, finish, ids, delta=True, first=first, index=delta.index,
+                           logprobs=lp)
             unsent.discard(delta.index)
             so_far[delta.index] = so_far.get(delta.index, 0) + len(delta.token_ids)
             running_usage = usage(delta.num_prompt_tokens, sum(so_far.values())) \

@@ -1,6 +1,7 @@
 """The book's interview questions as data, and a self-quiz that hides each answer until asked.
 
-Every chapter notebook (notebooks/NN_*.ipynb) ends with a section
+Every chapter notebook (notebooks/NN_*.ipynb), and every appendix (notebooks/appendix_*.ipynb),
+ends with a section
 
     ## Interview questions
 
@@ -82,11 +83,13 @@ def _markdown_cells(path: Path) -> list[str]:
 
 
 def book_interview(chapters_dir: str | Path) -> list[InterviewQuestion]:
-    """Every chapter's interview questions, in chapter order, read from the chapter notebooks."""
+    """Every chapter's interview questions, in chapter order, then the appendices', read from the
+    notebooks."""
     sources = sorted(Path(chapters_dir).glob("[0-9][0-9]_*.ipynb"))
     if not sources:
         raise FileNotFoundError(f"no chapter notebooks (NN_*.ipynb) in {chapters_dir}; pass "
                                 "the book's notebooks/ folder.")
+    sources += sorted(Path(chapters_dir).glob("appendix_*.ipynb"))
     questions = []
     for path in sources:
         cells = _markdown_cells(path)

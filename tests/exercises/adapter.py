@@ -21,6 +21,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 CHAPTERS = {
+    "00": "ch00_load_test",
     "01": "ch01_kv_loop",
     "02": "ch02_static_batch",
     "03": "ch03_scheduler_step",
@@ -50,7 +51,7 @@ def implementation() -> str:
 
 
 def chapter(number: str) -> ModuleType:
-    """The module of chapter `number` ("01" … "08") from the graded implementation."""
+    """The module of chapter `number` ("00" … "09") from the graded implementation."""
     folder = os.environ.get("MINICB_GRADE_DIR")
     if not folder:
         return importlib.import_module(f"{implementation()}.{CHAPTERS[number]}")

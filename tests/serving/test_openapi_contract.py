@@ -22,7 +22,7 @@ import jsonschema
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from schemathesis_hooks import most_prompt_tokens
+from schemathesis_hooks import breaks_a_rule_beyond_the_schema, most_prompt_tokens
 
 from minicb.serving.openai_protocol import ERROR_SCHEMA
 from minicb.serving.server import ServerThread, build_app
@@ -64,7 +64,8 @@ def test_the_document_states_error_bodies_bounds_and_metrics_as_text(served):
 def _fits(body: dict) -> bool:
     """Whether the context rule (not expressible in a schema) surely lets the body through."""
     max_tokens = body.get("max_tokens") or body.get("max_completion_tokens") or 1
-    return most_prompt_tokens(body) + max_tokens <= MAX_MODEL_LEN
+    return (most_prompt_tokens(body) + max_tokens <= MAX_MODEL_LEN
+            and not breaks_a_rule_beyond_the_schema(body, MAX_MODEL_LEN))
 
 
 def _valid_bodies(schema: dict) -> st.SearchStrategy:
@@ -80,7 +81,13 @@ def _valid_bodies(schema: dict) -> st.SearchStrategy:
             st.text(min_size=1, max_size=4), max_size=3)),
         "stop_token_ids": st.lists(st.integers(0, 5000), max_size=3),
         "stream": st.booleans(), "ignore_eos": st.booleans(), "echo": st.booleans(),
-        "user": st.text(max_size=5), "logprobs": st.sampled_from([False, 0]),
+        "user": st.text(max_size=5), "logprobs": st.sampled_from([False, True, 0, 2]),
+        "top_logprobs": st.integers(0, 3), "presence_penalty": st.floats(-2, 2),
+        "frequency_penalty": st.floats(-2, 2), "repetition_penalty": st.floats(0.5, 2),
+        "min_p": st.floats(0, 1), "logit_bias": st.dictionaries(
+            st.integers(0, 4095).map(str), st.floats(-100, 100), max_size=3),
+        "response_format": st.sampled_from([{"type": "text"}, {"type": "json_object"}]),
+        "structured_outputs": st.sampled_from([{"choice": ["yes", "no"]}, {"json_object": True}]),
         "skip_special_tokens": st.booleans(), "include_reasoning": st.booleans(),
         "no_stop_trim": st.just(False), "return_hidden_states": st.just(False),
     }
@@ -97,12 +104,23 @@ def _valid_bodies(schema: dict) -> st.SearchStrategy:
 
 # one field broken per body: (field, a value the schema forbids)
 BROKEN = [("temperature", 100.5), ("temperature", -1), ("top_p", 0), ("top_k", 0), ("top_k", -2),
-          ("stop", ""), ("stop", [""]), ("n", 0), ("max_tokens", 0),
+          ("stop", ""), ("stop", [""]), ("n", 0), ("max_tokens", -1),
           ("max_tokens", MAX_MODEL_LEN), ("max_completion_tokens", MAX_MODEL_LEN),
-          ("seed", -1), ("seed", 2**53), ("stream", "yes"), ("logprobs", True),
+          ("seed", -1), ("seed", 2**53), ("stream", "yes"), ("logprobs", 21),
           ("return_hidden_states", True), ("skip_special_tokens", "no"), ("tools", [{}]),
-          ("response_format", {"type": "json_object"}), ("stream_options", False),
-          ("user", 5), ("model", 5), ("stop", ["x"] * 33), ("include_reasoning", "yes")]
+          ("response_format", {"type": "xml"}), ("stream_options", False),
+          ("user", 5), ("model", 5), ("stop", ["x"] * 33), ("include_reasoning", "yes"),
+          ("presence_penalty", 2.5), ("frequency_penalty", -2.5), ("repetition_penalty", 0),
+          ("min_p", 1.5), ("min_tokens", -1), ("logit_bias", {"4096": 1}),
+          ("logit_bias", {"5": -101}), ("logit_bias", {"05": 1}),
+          ("structured_outputs", {"disable_any_whitespace": "yes"}),
+          ("structured_outputs", {"regex": "a", "choice": ["b"]}),
+          ("structured_outputs", {"choice": []}), ("structured_outputs", {"json": "{}"})]
+# where the two endpoints differ: a completion may ask for 0 tokens (the prompt's logprobs, with
+# echo) and for logprobs as a number; a chat asks for logprobs with true and top_logprobs
+BROKEN_BY_PATH = {"/v1/completions": [("logprobs", True)],
+                  "/v1/chat/completions": [("max_tokens", 0), ("logprobs", 2),
+                                           ("top_logprobs", 21)]}
 
 
 @pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
@@ -123,7 +141,7 @@ def test_what_the_schema_allows_is_served_and_what_it_forbids_is_refused(served,
     allowed()
     base = ({"prompt": "def add(a, b):"} if "prompt" in schema["properties"]
             else {"messages": [{"role": "user", "content": "hi"}]}) | {"max_tokens": 2}
-    for field, value in BROKEN:
+    for field, value in BROKEN + BROKEN_BY_PATH[path]:
         body = base | {field: value}
         assert not jsonschema.Draft202012Validator(schema).is_valid(body), (field, value)
         response = httpx.post(server.url + path, json=body, timeout=60)

@@ -314,21 +314,39 @@ BAD_REQUESTS = [
     ({"model": "tiny", "prompt": "hi", "temperature": -0.5}, "temperature"),
     ({"model": "tiny", "prompt": "hi", "top_p": 0}, "top_p"),
     ({"model": "tiny", "prompt": "hi", "top_p": 1.5}, "top_p"),
-    ({"model": "tiny", "prompt": "hi", "logprobs": 5}, "logprobs"),
-    ({"model": "tiny", "prompt": "hi", "presence_penalty": 0.5}, "presence_penalty"),
-    ({"model": "tiny", "prompt": "hi", "frequency_penalty": 1}, "frequency_penalty"),
-    ({"model": "tiny", "prompt": "hi", "logit_bias": {"5": 10}}, "logit_bias"),
+    ({"model": "tiny", "prompt": "hi", "logprobs": 21}, "logprobs"),
+    ({"model": "tiny", "prompt": "hi", "logprobs": True}, "logprobs"),
+    ({"model": "tiny", "prompt": "hi", "presence_penalty": 2.5}, "presence_penalty"),
+    ({"model": "tiny", "prompt": "hi", "frequency_penalty": -3}, "frequency_penalty"),
+    ({"model": "tiny", "prompt": "hi", "repetition_penalty": 0}, "repetition_penalty"),
+    ({"model": "tiny", "prompt": "hi", "repetition_penalty": 5e-324}, "repetition_penalty"),
+    ({"model": "tiny", "prompt": "hi", "structured_outputs": {"choice": ["a"], "json_object": 0}},
+     "structured_outputs"),
+    ({"model": "tiny", "prompt": "hi", "min_p": 1.5}, "min_p"),
+    ({"model": "tiny", "prompt": "hi", "min_tokens": -1}, "min_tokens"),
+    ({"model": "tiny", "prompt": "hi", "max_tokens": 4, "min_tokens": 5}, "min_tokens"),
+    ({"model": "tiny", "prompt": "hi", "logit_bias": {"5": 101}}, "logit_bias"),
+    ({"model": "tiny", "prompt": "hi", "logit_bias": {"99999": 1}}, "logit_bias"),
+    ({"model": "tiny", "prompt": "hi", "logit_bias": {"x": 1}}, "logit_bias"),
+    ({"model": "tiny", "prompt": "hi", "response_format": {"type": "xml"}}, "response_format"),
+    ({"model": "tiny", "prompt": "hi", "response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "object", "properties": {"a": {"type": "nonsense"}}}}}},
+     "response_format"),
+    ({"model": "tiny", "prompt": "hi", "structured_outputs": {"regex": "(unclosed"}},
+     "structured_outputs"),
+    ({"model": "tiny", "prompt": "hi", "structured_outputs": {"regex": "a", "choice": ["b"]}},
+     "structured_outputs"),
+    ({"model": "tiny", "prompt": "hi", "structured_outputs": {"grammar": "root ::= undefined"}},
+     "structured_outputs"),
     ({"model": "tiny", "prompt": "hi", "best_of": 3}, "best_of"),
     ({"model": "tiny", "prompt": "hi", "suffix": "return x"}, "suffix"),
     ({"model": "tiny", "prompt": "hi", "tools": [{"type": "function"}]}, "tools"),
-    ({"model": "tiny", "prompt": "hi", "response_format": {"type": "json_object"}},
-     "response_format"),
     ({"model": "tiny", "prompt": "hi", "return_hidden_states": True}, "return_hidden_states"),
     ({"model": "tiny", "prompt": "hi", "skip_special_tokens": "no"}, "skip_special_tokens"),
     ({"model": "tiny", "prompt": "hi", "no_stop_trim": True}, "no_stop_trim"),
     ({"model": "tiny", "prompt": "hi", "include_reasoning": "yes"}, "include_reasoning"),
     ({"model": "tiny", "prompt": "hi", "max_completion_tokens": 10_000}, "max_completion_tokens"),
-    ({"model": "tiny", "prompt": "hi", "max_tokens": 4, "max_completion_tokens": 0},
+    ({"model": "tiny", "prompt": "hi", "max_tokens": 4, "max_completion_tokens": -1},
      "max_completion_tokens"),
     ({"model": "tiny", "prompt": ""}, "prompt"),
     ({"model": "tiny", "prompt": "hi", "stop": ""}, "stop"),
@@ -627,8 +645,8 @@ def test_overload_gets_503_with_retry_after_and_chat_without_template_gets_400(t
 
 def test_the_fields_that_ask_for_nothing_are_accepted(server):
     body = {"model": "tiny", "prompt": "hi", "max_tokens": 2, "presence_penalty": 0,
-            "frequency_penalty": 0.0, "logit_bias": {}, "best_of": 1, "echo": False, "logprobs": 0,
-            "user": "someone"}
+            "frequency_penalty": 0.0, "logit_bias": {}, "best_of": 1, "echo": False,
+            "logprobs": False, "response_format": {"type": "text"}, "user": "someone"}
     response = httpx.post(server.url + "/v1/completions", json=body)
     assert response.status_code == 200, response.text
 
@@ -857,8 +875,8 @@ def test_unknown_fields_are_ignored_and_named_in_one_log_line(server, caplog):
 
 @pytest.mark.parametrize("field, value, words", [
     ("return_hidden_states", True, "text and token ids only"),
-    ("tools", [{"type": "function", "function": {"name": "f"}}], "tool-calling"),
-    ("response_format", {"type": "json_object"}, "constrained"),
+    ("tools", [{"type": "function", "function": {"name": "f"}}], "not trained to call tools"),
+    ("top_logprobs", 2, "needs 'logprobs': true"),
     ("echo", True, "/v1/completions"),
     ("continue_final_message", True, "send false")])
 def test_a_chat_feature_this_server_cannot_honour_is_refused_naming_it(server, field, value,
