@@ -87,8 +87,11 @@ test-fast: setup
 
 # On a CUDA machine: every kernel and Triton-engine test with compiled kernels on the GPU, the
 # tests marked gpu included (make test runs Triton through its interpreter, where those skip).
+# scripts/gpu_session.sh runs it with a machine's own Python (make -o setup test-gpu BIN=...).
+GPU_TESTS  := tests/minicb_kernels/test_kernels.py tests/test_engine_triton.py \
+	tests/model/test_cuda_graphs.py
 test-gpu: setup
-	$(BIN)/python -m pytest tests/minicb_kernels/test_kernels.py tests/test_engine_triton.py -p no:cacheprovider
+	$(BIN)/python -m pytest $(GPU_TESTS) -p no:cacheprovider
 
 # The book as a website (Sphinx, myst-nb, sphinx-book-theme; book/): built from the committed,
 # executed notebooks without running them, every Sphinx warning an error. Open

@@ -96,6 +96,9 @@ class EngineConfig:
         None, "largest decode step (rows) the fused CPU layer takes; bigger steps run the torch "
         f"modules (default: {FUSED_DECODE_ROWS_PER_THREAD} per thread of the engine's ceiling at "
         "start; fixed for the engine's life, so outputs never depend on the machine's load)")
+    enforce_eager: bool = knob(
+        False, "run every step eagerly: no CUDA graphs for decode steps (graphs are captured "
+        "only on CUDA with attention='triton'; elsewhere every step is eager anyway)")
     seed: int = knob(0, "seed of the sampler's default generator")
     async_scheduling: bool = knob(
         False, "overlap the host's work with the model: plan and pack step n + 1 while step n runs "
@@ -198,6 +201,8 @@ class EngineConfig:
                                                       and self.max_fused_decode_rows >= 0),
                f"max_fused_decode_rows must be None (the default) or an integer >= 0 (0: never "
                f"fuse) (got {self.max_fused_decode_rows!r}).")
+        _check(isinstance(self.enforce_eager, bool),
+               f"enforce_eager must be True or False (got {self.enforce_eager!r}).")
         _check(self.num_kv_blocks is None or (isinstance(self.num_kv_blocks, int)
                                               and self.num_kv_blocks >= 1),
                f"num_kv_blocks must be an integer >= 1 or None (got {self.num_kv_blocks!r}).")

@@ -18,6 +18,7 @@ from minicb.kv import make_kv_manager
 from minicb.logits_process import LogitsState
 from minicb.metrics import RequestMetrics, StepTotals, count_step
 from minicb.model.attention import resolve_backend
+from minicb.model.cuda_graphs import uses_cuda_graphs
 from minicb.model.loader import load_model, load_tokenizer, resolve_model_path
 from minicb.outputs import CompletionOutput, RequestOutput
 from minicb.request import Request, RequestStatus
@@ -65,6 +66,8 @@ class LLMEngine:
                                   config.max_model_len, config.enable_prefix_caching)
         self.scheduler = make_scheduler(config, self.kv, time.perf_counter, self.eos_token_ids)
         self.runner = ModelRunner(self.model, config, pad_token_id=pad or 0, proposer=proposer)
+        if uses_cuda_graphs(config):        # after the KV pool, whose addresses the graphs read
+            self.runner.use_cuda_graphs(capture=True)
         self.core = self._make_core(config)
         # the grammar compiler and its cache, built by the first constrained request
         self._structured: StructuredOutputManager | None = None
@@ -78,6 +81,7 @@ class LLMEngine:
         self._detokenizers: dict[str, IncrementalDetokenizer] = {}
         self.requests: dict[str, Request] = {}       # by the engine's id (a sample's, for n > 1)
         self._groups: dict[str, list[str]] = {}      # the caller's request id -> its samples' ids
+        self._final_only: set[str] = set()           # samples reported only once finished
         self._arrivals = 0
         self._seed_generator = torch.Generator().manual_seed(config.seed)
         # per-step counts (slot, padding and KV use): running totals + the last steps; see
@@ -101,7 +105,7 @@ class LLMEngine:
     # --- requests --------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: Prompt | ProcessedPrompt,
                     params: SamplingParams | None = None, arrival_time: float | None = None,
-                    priority: int = 0) -> list[Request]:
+                    priority: int = 0, stream: bool = True) -> list[Request]:
         """Queue one request; return its Requests (one per sample).
 
         `prompt` is text or token ids, checked here by the front door (`self.processor`), or a
@@ -110,7 +114,8 @@ class LLMEngine:
         With `params.n > 1` the request runs as n samples: inside the engine they are requests
         `{request_id}-{i}`, reported under `request_id` with `CompletionOutput.index` i. Sample i
         draws from `seed + i` (when a seed is given), and the samples after the first share the
-        first one's prompt blocks (paged KV).
+        first one's prompt blocks (paged KV). `stream=False` reports the request once, when it
+        finishes (vLLM's final-only output): no output is built for it while it runs.
         """
         if request_id in self._groups:
             raise ValueError(f"request id {request_id!r} is already in use; ids must be unique.")
@@ -142,6 +147,8 @@ class LLMEngine:
             request.logits_state = self._logits_state(sample_params, token_ids)
             self._arrivals += 1
             self.requests[sample_id] = request
+            if not stream:
+                self._final_only.add(sample_id)
             if (params.stop or self.stream_text) and self.tokenizer is not None:
                 self._detokenizers[sample_id] = IncrementalDetokenizer(
                     self.tokenizer, params.stop, params.skip_special_tokens)
@@ -230,17 +237,25 @@ class LLMEngine:
                 texts = self._detokenize(touched)                # stop strings, streamed text
             self.step_stats.add(count_step(result.plan, self.kv, self.scheduler.running,
                                            self.config.max_num_seqs))
-        # the requests aborted since the last step come back from the core, applied at its start
+        # the requests aborted since the last step come back from the core, applied at its start;
+        # the scheduler lists every request that finished (stops, errors, aborts), so a request
+        # that does not stream is reported once, finished, without asking every row
         ended = result.aborted
-        outputs = [self._output(r, texts.get(r.request_id, "")) for r in touched + ended]
-        for request in ended + [r for r in touched if r.finished]:
-            self._forget(request)
+        finished = self.scheduler.take_finished()
+        finished_ids = {r.request_id for r in finished}
+        final_only = self._final_only
+        outputs = [self._output(r, texts.get(r.request_id, "")) for r in touched + ended
+                   if r.request_id not in final_only or r.request_id in finished_ids]
+        for request in finished:
+            if request.request_id in self.requests:
+                self._forget(request)
         return outputs
 
     def _forget(self, request: Request) -> None:
         """A finished request has been reported: drop it, and its group once every sample is."""
         self.requests.pop(request.request_id, None)
         self._detokenizers.pop(request.request_id, None)
+        self._final_only.discard(request.request_id)
         group = self._groups.get(request.group_id)
         if group is not None and not any(sample_id in self.requests for sample_id in group):
             del self._groups[request.group_id]
@@ -256,7 +271,7 @@ class LLMEngine:
                 continue
             try:
                 texts[request.request_id] = detokenizer.add(
-                    request.output_token_ids[request.num_reported_tokens:])
+                    request.output_token_ids[len(detokenizer.token_ids):])
             except Exception as error:     # one request's text must not stop the others
                 if not request.finished:
                     request.error = f"the stop check failed: {type(error).__name__}: {error}"

@@ -54,7 +54,8 @@ class LLM:
             for index, prompt in enumerate(processed):
                 request_id = str(self._counter)
                 self._counter += 1
-                engine.add_request(request_id, prompt, priority=priority[index] if priority else 0)
+                engine.add_request(request_id, prompt, priority=priority[index] if priority else 0,
+                                   stream=False)
                 request_ids.append(request_id)
                 finished[request_id] = []
             total = sum(prompt.params.n for prompt in processed)

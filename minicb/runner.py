@@ -11,16 +11,32 @@ one position and one slot per row, worked out in plain Python, then one tensor e
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from minicb.config import ResolvedConfig
+from minicb.input_batch import DecodeInputs, InputBatch
 from minicb.model.attention import AttentionMetadata
+from minicb.model.cuda_graphs import DecodeGraphs, graph_memory_bytes
 from minicb.model.fused_cpu import FusedCpuDecoder
 from minicb.model.llama import LlamaForCausalLM
 from minicb.model.loader import DTYPES
 from minicb.sampling import Logprob, ModelRunnerOutput, Sampler
 from minicb.scheduler.base import ScheduledSeq, SchedulerOutput
 from minicb.spec.rejection import accept
+
+
+class PackedStep(NamedTuple):
+    """A step as the forward and the sampler take it. It carries all the step reads of the
+    runner's state between steps (`decode`), so a step prepared while the last one runs
+    (overlapped scheduling) never shares that state with it."""
+
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    meta: AttentionMetadata
+    logits_indices: torch.Tensor
+    decode: DecodeInputs | None     # a step of decodes only: what it read of the batch
 
 
 def _row_logits(seq: ScheduledSeq, end: int) -> list[torch.Tensor]:
@@ -46,15 +62,22 @@ def free_memory(device: torch.device) -> int:
 
 def check_kv_fits(config: ResolvedConfig, *models_args) -> None:
     """Refuse, before anything is allocated, a KV pool the machine cannot hold, naming the knobs
-    behind it. Each block holds every model's KV (the target's, and a draft model's)."""
+    behind it. Each block holds every model's KV (the target's, and a draft model's); the target's
+    CUDA graphs, captured after the pool, need their memory too (graph_memory_bytes)."""
     device = torch.device(config.device)
     per_token = sum(2 * args.num_layers * args.num_kv_heads * args.head_dim
                     * DTYPES[config.dtype].itemsize for args in models_args)
     kv_bytes = per_token * config.num_kv_blocks * config.block_size
-    available = free_memory(device)
+    graph_bytes = graph_memory_bytes(models_args[0], config)
+    available = free_memory(device) - graph_bytes
     if kv_bytes <= 0.9 * available:
         return
-    sized_by = f"num_kv_blocks={config.num_kv_blocks}" if config.given("num_kv_blocks") else \
+    if graph_bytes:
+        sized_by = f"after {graph_bytes / 2**30:.2f} GiB for CUDA graphs (enforce_eager=True " \
+            "frees it); "
+    else:
+        sized_by = ""
+    sized_by += f"num_kv_blocks={config.num_kv_blocks}" if config.given("num_kv_blocks") else \
         (f"num_kv_blocks defaulting to max_num_seqs={config.max_num_seqs} x max_model_len="
          f"{config.max_model_len} tokens")
     raise ValueError(f"the KV cache would need {kv_bytes / 2**30:.1f} GiB ({sized_by}, "
@@ -74,8 +97,12 @@ class ModelRunner:
         self.device = torch.device(config.device)
         self.pad_token_id = pad_token_id
         self.sampler = Sampler()
-        # the last step's sampled tokens, one per plain row that sampled, on the logits' device
+        # the last step's sampled tokens, one per plain row that sampled, on the logits' device:
+        # written and read only by the step being run (steps run one at a time, in order)
         self.sampled: torch.Tensor | None = None
+        # each running request's block table and sampling settings, kept between steps
+        self.input_batch = InputBatch(2 * config.max_num_seqs, config.blocks_per_seq() + 1,
+                                      config.block_size)
         args = model.args
         shape = (config.num_kv_blocks, config.block_size, args.num_kv_heads, args.head_dim)
         dtype = DTYPES[config.dtype]
@@ -86,17 +113,28 @@ class ModelRunner:
         # max_fused_decode_rows rows through the fused C decode layer; other steps run the model
         self.fused = (FusedCpuDecoder(model, config.max_fused_decode_rows)
                       if config.attention == "cpu" else None)
+        self.graphs: DecodeGraphs | None = None     # decode-only steps through CUDA graphs
+
+    def use_cuda_graphs(self, capture: bool = True) -> None:
+        """Run decode-only steps through DecodeGraphs: captured (CUDA, after the KV pool), or with
+        capture=False replayed without capture (the same static buffers and padding, the eager
+        forward run on them: how a CPU tests the path). Prefill, mixed and verification steps
+        stay eager."""
+        self.graphs = DecodeGraphs(self.model.args, self.eager_forward, self.config, capture,
+                                   self.pad_token_id)
 
     def kv_cache_bytes(self) -> int:
         """The pool's bytes: the model's caches and, with a draft model, the draft's."""
         own = sum(k.numel() * k.element_size() * 2 for k, _ in self.kv_caches)
         return own + (self.proposer.runner.kv_cache_bytes() if self.proposer is not None else 0)
 
-    def prepare(self, output: SchedulerOutput) -> tuple[torch.Tensor, torch.Tensor,
-                                                        AttentionMetadata, torch.Tensor]:
-        """Pack the step: input ids, positions, attention metadata and the rows to sample."""
-        if all(s.is_decode and not s.ghost and not s.prompt_targets for s in output.seqs):
-            return self._prepare_decodes(output)
+    def prepare(self, output: SchedulerOutput) -> PackedStep:
+        """Pack the step: input ids, positions, attention metadata, the rows to sample and, for a
+        step of decodes only, what it read of the persistent batch."""
+        rows = len(output.seqs)
+        if (output.num_decode_rows == rows and output.num_useful_rows == rows
+                and not any(s.prompt_targets for s in output.seqs)):
+            return self._prepare_decodes(output)       # decodes only, none a ghost or a prompt
         return self._prepare_packed(output)
 
     def _prepare_packed(self, output: SchedulerOutput):
@@ -143,16 +181,16 @@ class ModelRunner:
 
     def _prepare_decodes(self, output: SchedulerOutput):
         """The decode-only step: row r is one token at position start_r, every row needs its
-        logits, nothing is padded; the slots come from each row's table in plain Python."""
-        seqs, block_size = output.seqs, self.config.block_size
-        positions = [s.start for s in seqs]
-        slots = [s.block_table[p // block_size] * block_size + p % block_size
-                 for s, p in zip(seqs, positions)]
-        rows = torch.arange(len(seqs) + 1, dtype=torch.int32)
-        return self._to_device(output, [s.token_ids[0] for s in seqs],
-                               torch.tensor(positions), torch.tensor(slots), rows,
-                               [p + 1 for p in positions], self._block_tables(seqs),
-                               [1] * len(seqs), rows[:-1].long())
+        logits, nothing is padded. The rows' block tables come from the persistent batch in
+        one gather (a row rewritten only when its table changed); positions, tokens and slots
+        are read in the same single pass over the rows."""
+        inputs = self.input_batch.gather(output.seqs)
+        rows = torch.arange(len(output.seqs) + 1, dtype=torch.int32)
+        return self._to_device(output, inputs.tokens, torch.tensor(inputs.positions),
+                               torch.tensor(inputs.slots), rows,
+                               [p + 1 for p in inputs.positions],
+                               torch.from_numpy(inputs.block_tables), [1] * len(output.seqs),
+                               rows[:-1].long(), inputs)
 
     @staticmethod
     def _block_tables(seqs) -> torch.Tensor:
@@ -163,7 +201,7 @@ class ModelRunner:
                             dtype=torch.int32)
 
     def _to_device(self, output, input_ids, positions, slot_mapping, cu_seqlens_q, seq_lens,
-                   block_tables, q_lens, logits_indices):
+                   block_tables, q_lens, logits_indices, decode=None) -> PackedStep:
         on_host = self.device.type == "cpu"     # then every .to() would be a no-op call
 
         def moved(tensor: torch.Tensor) -> torch.Tensor:
@@ -174,13 +212,23 @@ class ModelRunner:
             seq_lens=moved(torch.tensor(seq_lens, dtype=torch.int32)),
             block_tables=moved(block_tables), max_seqlen_q=max(q_lens),
             max_seqlen_k=max(max(seq_lens), 1), q_lens_host=q_lens, seq_lens_host=seq_lens,
-            decode_rows=[s.is_decode for s in output.seqs],
+            decode_rows=([True] * len(q_lens) if output.num_decode_rows == len(q_lens)
+                         else [s.is_decode for s in output.seqs]),
             num_decode_rows=output.num_decode_rows)
-        return moved(torch.tensor(input_ids)), moved(positions), meta, moved(logits_indices)
+        return PackedStep(moved(torch.tensor(input_ids)), moved(positions), meta,
+                          moved(logits_indices), decode)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                 logits_indices: torch.Tensor) -> torch.Tensor:
-        """The packed step's logits: the fused decode layer's when it takes the step, else the
+        """The packed step's logits: a decode-only step that fits a captured size through its
+        CUDA graph, any other step eagerly."""
+        if self.graphs is not None and self.graphs.can_run(meta, logits_indices.shape[0]):
+            return self.graphs.run(input_ids, positions, meta)
+        return self.eager_forward(input_ids, positions, meta, logits_indices)
+
+    def eager_forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                      meta: AttentionMetadata, logits_indices: torch.Tensor) -> torch.Tensor:
+        """The step run op by op: the fused decode layer's when it takes the step, else the
         model's."""
         if self.fused is not None and self.fused.takes(input_ids.shape[0], meta):
             return self.fused(input_ids, positions, self.kv_caches, meta, logits_indices)
@@ -202,57 +250,77 @@ class ModelRunner:
             self.proposer.propose(output)          # the draft's tokens, before the target's pass
         return self.run(output, self.prepare(output))
 
-    def run(self, output: SchedulerOutput, packed: tuple, previous: torch.Tensor | None = None
-            ) -> ModelRunnerOutput:
-        """Run a packed step (`prepare`'s tensors): copy-on-write, the forward, sampling.
-        `previous`: the step before's sampled tokens, one per row that sampled (overlapped
-        scheduling): the plan's placeholders (-1 - r) are filled from row r of it, here, where
-        the tokens are, without a trip through the host."""
+    def run(self, output: SchedulerOutput, packed: PackedStep,
+            previous: torch.Tensor | None = None) -> ModelRunnerOutput:
+        """Run a packed step (`prepare`'s): copy-on-write, the forward, sampling. Everything the
+        step reads of the persistent batch travels in `packed`, so the next step can be prepared
+        meanwhile. `previous`: the step before's sampled tokens, one per row that sampled
+        (overlapped scheduling): the plan's placeholders (-1 - r) are filled from row r of it,
+        here, where the tokens are, without a trip through the host."""
         self.copy_blocks(output.block_copies)      # before the forward writes into the copies
-        input_ids, positions, meta, logits_indices = packed
-        if previous is not None:
+        input_ids, positions, meta, logits_indices, decode = packed
+        if previous is not None and len(previous):   # (a step that sampled nothing names none)
             holes = input_ids < 0
             input_ids = torch.where(holes, previous[(-1 - input_ids).clamp(0, len(previous) - 1)],
                                     input_ids)
-        rows = [s for s in output.seqs if s.needs_logits]
         logits = self.forward(input_ids, positions, meta, logits_indices)
         prompt_logprobs = None
-        if any(s.prompt_targets for s in output.seqs):
-            logits, prompt_logprobs = self._prompt_logprobs(output.seqs, logits)
-        result = self.sample(rows, logits)
+        if decode is not None:                    # every row a decode: its settings are at hand
+            rows = output.seqs
+            result = self.sample(rows, logits, decode)
+        else:
+            rows = [s for s in output.seqs if s.needs_logits]
+            if any(s.prompt_targets for s in output.seqs):
+                logits, prompt_logprobs = self._prompt_logprobs(output.seqs, logits)
+            result = self.sample(rows, logits)
         result.prompt_logprobs = prompt_logprobs
         if self.proposer is not None:
             self.proposer.catch_up([s for s, tokens in zip(rows, result.sampled_token_ids)
                                     if s.proposal and tokens and len(tokens) > len(s.proposal)])
         return result
 
-    def sample(self, rows: list[ScheduledSeq], logits: torch.Tensor) -> ModelRunnerOutput:
+    def sample(self, rows: list[ScheduledSeq], logits: torch.Tensor,
+               decode: DecodeInputs | None = None) -> ModelRunnerOutput:
         """Every row's tokens, one path for all: `logits` holds each row's `num_logits`
         positions in turn (one for a decode or a prompt's last chunk, 1 + k for a verification
         row). The one-position rows are sampled together by the sampler; each verification row
         goes to the acceptance rule (minicb.spec.rejection.accept, with the request's own
         generator), which keeps 1 to k + 1 tokens; then every kept token's logprob, read by the
-        sampler from its own position's logits."""
-        firsts = [0]
-        for seq in rows:
-            firsts.append(firsts[-1] + seq.num_logits)
+        sampler from its own position's logits. `decode`: in a step of decodes only, what the
+        persistent batch read of its rows, their sampling settings included."""
+        if decode is not None:
+            firsts = range(len(rows) + 1)
+            plain = range(len(rows))
+            greedy = decode.all_greedy
+        else:
+            firsts = [0]
+            for seq in rows:
+                firsts.append(firsts[-1] + seq.num_logits)
+            plain = [i for i, s in enumerate(rows) if not s.proposal]
+            greedy = None
         tokens: list[list[int] | None] = [None] * len(rows)
         errors: list[str | None] = [None] * len(rows)
-        plain = [i for i, s in enumerate(rows) if not s.proposal]
-        if plain:
-            at = torch.tensor([firsts[i] for i in plain]) if len(plain) < len(rows) else None
-            drawn, failed = self._sample_plain(logits if at is None else logits[at],
-                                               [rows[i] for i in plain])
+        if len(plain) == len(rows):
+            drawn, errors = self._sample_plain(logits, rows, greedy)
+            tokens = [None if token is None else [token] for token in drawn]
+        elif plain:
+            at = torch.tensor([firsts[i] for i in plain])
+            drawn, failed = self._sample_plain(logits[at], [rows[i] for i in plain])
             for i, token, error in zip(plain, drawn, failed):
                 tokens[i], errors[i] = (None if token is None else [token]), error
-        for i, seq in enumerate(rows):
-            if seq.proposal:
-                try:
-                    tokens[i] = accept(logits[firsts[i]:firsts[i + 1]], seq.proposal, seq.params,
-                                       seq.generator, seq.draft_probs)
-                except Exception as error:
-                    errors[i] = f"verification failed: {type(error).__name__}: {error}"
-        return ModelRunnerOutput(tokens, self._logprobs(rows, logits, firsts, tokens), errors)
+        if len(plain) < len(rows):
+            for i, seq in enumerate(rows):
+                if seq.proposal:
+                    try:
+                        tokens[i] = accept(logits[firsts[i]:firsts[i + 1]], seq.proposal,
+                                           seq.params, seq.generator, seq.draft_probs)
+                    except Exception as error:
+                        errors[i] = f"verification failed: {type(error).__name__}: {error}"
+        if decode is not None and not decode.any_logprobs:
+            logprobs = [None] * len(rows)
+        else:
+            logprobs = self._logprobs(rows, logits, firsts, tokens)
+        return ModelRunnerOutput(tokens, logprobs, errors)
 
     @staticmethod
     def _prompt_logprobs(seqs: list[ScheduledSeq], logits: torch.Tensor):
@@ -269,12 +337,16 @@ class ModelRunner:
                   for index, s in enumerate(seqs) if s.prompt_targets}
         return logits[~is_prompt], by_row
 
-    def _sample_plain(self, logits: torch.Tensor, rows: list[ScheduledSeq]
+    def _sample_plain(self, logits: torch.Tensor, rows: list[ScheduledSeq],
+                      all_greedy: bool | None = None
                       ) -> tuple[list[int | None], list[str | None]]:
         """One token per row, the batch at once. If one request's settings break the batch's
         sampling, each row is sampled alone, so only a row that fails by itself goes without a
         token (the engine ends that request, with the error, and every other request carries
-        on)."""
+        on). `all_greedy`: whether every row is greedy, when the caller knows."""
+        if all_greedy:         # no settings to read: every row takes its argmax
+            self.sampled = self.sampler.argmax(logits.float())
+            return self.sampled.tolist(), [None] * len(rows)
         params, generators = [s.params for s in rows], [s.generator for s in rows]
         states = [s.logits_state for s in rows]
         try:

@@ -244,3 +244,30 @@ def test_requests_with_host_state_run_synchronous_steps_and_say_so(caplog):
     while engine.has_unfinished_requests():
         engine.step()
     assert_all_blocks_free(engine)
+
+
+def test_a_packed_step_carries_what_it_read_of_the_persistent_batch():
+    """Overlapped scheduling packs step n + 1 (rewriting persistent-batch rows) before step n
+    runs: step n must still sample with what it packed, as the synchronous engine does."""
+    import dataclasses
+
+    engines = [LLM(max_num_seqs=4).llm_engine for _ in range(2)]
+    for engine in engines:
+        for i in range(2):
+            engine.add_request(str(i), PROMPTS[i], SamplingParams(temperature=1.5, seed=i,
+                                                                  max_tokens=4, logprobs=1))
+        engine.step()                                           # the prompts
+    plans = [engine.scheduler.schedule() for engine in engines]
+    assert plans[0].num_decode_rows == len(plans[0].seqs) == 2
+    want = engines[1].runner.execute(plans[1])
+    runner = engines[0].runner
+    packed = runner.prepare(plans[0])
+    assert packed.decode is not None and packed.decode.any_logprobs
+    # the next step's packing: one row left, now greedy without logprobs, on another block
+    seq = plans[0].seqs[0]
+    rewritten = dataclasses.replace(seq, params=SamplingParams(temperature=0),
+                                    block_table=seq.block_table[:-1] + [0])
+    runner.prepare(dataclasses.replace(plans[0], seqs=[rewritten]))
+    have = runner.run(plans[0], packed)
+    assert have.sampled_token_ids == want.sampled_token_ids
+    assert have.logprobs == want.logprobs and all(want.logprobs)

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from minicb.parallel import LINKS, LLAMA2_7B, tp_step_parts
 from minicb.calibrate import A100_LLAMA2_7B
+from minicb.parallel import LINKS, LLAMA2_7B, tp_step_parts
 from minicb.repeats import Repeats
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -24,9 +24,11 @@ BENCHMARKS = {
     "gpu-compile": ("minicb.bench.gpu_compile",
                     "every launch the engine can choose, compiled for seven GPUs, against "
                     "each one's limits"),
+    "graphs": ("minicb.bench.graphs",
+               "decode steps through CUDA graphs against eager steps and transformers (a GPU)"),
     "memory": ("minicb.bench.memory", "requests that fit one KV budget, contiguous against paged"),
     "overhead": ("minicb.bench.overhead",
-                 "the scheduler's CPU time per step against the model's step"),
+                 "the host's part of a decode step (schedule, pack, sample, update)"),
     "timeline": ("minicb.bench.timeline",
                  "the device's busy share of wall time, synchronous steps against overlapped"),
     "policies": ("minicb.bench.policies", "admission policies and their latency trade-offs"),

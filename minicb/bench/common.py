@@ -27,6 +27,13 @@ RANDOM_MODELS = {
                        num_key_value_heads=2, max_position_embeddings=32768, rope_theta=1_000_000.0,
                        rms_norm_eps=1e-6, tie_word_embeddings=True, bos_token_id=151643,
                        eos_token_id=151643),
+    # a Llama that costs almost nothing (one layer, hidden size 64): what a step costs with it
+    # is the host's part, schedule, packing, sampling and bookkeeping (bench overhead)
+    "llama-tiny": dict(architecture="Llama", vocab_size=512, hidden_size=64,
+                       intermediate_size=160, num_hidden_layers=1, num_attention_heads=4,
+                       num_key_value_heads=2, max_position_embeddings=2048, rope_theta=10000.0,
+                       rms_norm_eps=1e-5, tie_word_embeddings=False, bos_token_id=1,
+                       eos_token_id=2),
     # a ~100M-parameter Llama with grouped-query attention, for CPU runs a size above the
     # default model: its matrix products, not the per-operation overhead, fill a step
     "llama-100m": dict(architecture="Llama", vocab_size=4096, hidden_size=1024,

@@ -1,22 +1,32 @@
-"""`python -m minicb bench overhead`: is the CPU side of the loop small next to the model?
+"""`python -m minicb bench overhead`: the host's part of a decode step.
 
-    python -m minicb bench overhead [--running 1 4 16 64 256 1024] [--batch-sizes 1 16 64 256]
+    python -m minicb bench overhead [--batch-sizes 1 64 256] [--repeats 3] [--steps 50]
 
-Two measurements, one plot:
+A decode step is the model's forward plus everything the host does around it: schedule, pack
+the batch, sample, apply the tokens (update), count the step and build the outputs. On a GPU the
+forward shrinks a hundredfold and the host's part becomes most of the step, so it is measured
+with a model that costs almost nothing: a random Llama of one layer and hidden size 64
+(`llama-tiny`), every row a greedy decode of a 128-token prompt.
 
-- schedule() + update() per step against the number of running requests, on the cost-model
-  runner (minicb.sim: the real scheduler and KV managers, no model), for both KV managers;
-- the model's decode step at a few batch sizes, on the real engine, split into its phases:
-  schedule, prepare (packing the batch), forward + sample, update, and the rest of step().
+Per decode step, the CPU time of the stepping thread (one torch thread, so the forward runs on
+it too): the whole `engine.step()`, the model's forward inside it, and the host's phases. The
+host's part is the step less the forward. Each batch size is measured `--repeats` times, the
+order of the sizes alternating between repeats, with the load average beside each point.
 
-Next to them, the floor of a decode step: the weights must be read once per step, so it cannot
-take less than weight bytes / memory bandwidth (a plain copy's, measured here).
+`--baseline DIR` measures, beside this engine, the engine of an earlier checkout in DIR (say
+`git worktree add DIR <commit>`), each point right after the same point of this one: the
+before/after of a change on one machine, under the same load.
 """
 
 from __future__ import annotations
 
 import argparse
+import inspect
+import json
+import os
 import statistics
+import subprocess
+import sys
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -25,54 +35,35 @@ import torch
 
 from minicb.bench.common import (
     RESULTS_DIR,
-    copy_bandwidth_gbps,
     display_path,
     format_table,
-    make_timer,
     resolve_model,
-    weight_bytes,
     write_results,
 )
-from minicb.sim import simulate
-from minicb.workload import fixed
 
-TARGET_RUNNING, TARGET_SHARE = 256, 0.10
+# the host's part of a decode step this engine aims for on the project's 2-core CPU, in µs
+TARGET_HOST_US = {1: 60.0, 256: 1000.0}
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m minicb bench overhead",
                                 description=__doc__.split("\n")[0])
-    p.add_argument("--running", type=int, nargs="+",
-                   default=[1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024])
-    p.add_argument("--batch-sizes", type=int, nargs="*", default=[1, 16, 64, 256],
-                   help="decode batch sizes at which the real model's step is timed (none given: "
-                        "skip the model)")
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 64, 256])
+    p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--context", type=int, default=128, help="prompt tokens of every request")
-    p.add_argument("--steps", type=int, default=20, help="decode steps measured per point")
-    p.add_argument("--model", default=None)
-    p.add_argument("--random-model", default=None)
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
-    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--steps", type=int, default=50, help="decode steps measured per point")
+    p.add_argument("--model", default=None, help="a checkpoint instead of the random one")
+    p.add_argument("--random-model", default="llama-tiny")
     p.add_argument("--out-dir", default=str(RESULTS_DIR))
+    p.add_argument("--stem", default="overhead", help="the result files' name")
+    p.add_argument("--baseline", default=None, metavar="DIR",
+                   help="also measure the engine of the checkout in DIR, alternating")
     return p.parse_args(argv)
 
 
-def scheduler_cost(running: int, kv_cache: str, context: int, steps: int) -> float:
-    """Median microseconds of schedule() + update() over the decode steps of `running` requests."""
-    workload = fixed("overhead", [context] * running, [steps + 1] * running)
-    result = simulate(workload, scheduler="continuous", kv_cache=kv_cache, max_num_seqs=running,
-                      max_num_batched_tokens=running * context)
-    decode_steps = result.steps[1:]   # the first step is everyone's prefill
-    return statistics.median(s.scheduler_seconds for s in decode_steps) * 1e6
-
-
 class PhaseClock:
-    """Wraps methods of live objects so every call adds its CPU time to a named phase.
-
-    CPU time of the whole process (every torch thread), not wall-clock: on a machine shared with
-    other work the wall clock also counts the time the neighbours held the cores.
-    """
+    """Wraps methods of live objects so every call adds the stepping thread's CPU time to a named
+    phase (CPU time, not the wall clock: neighbours holding the cores do not count)."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = defaultdict(float)
@@ -81,125 +72,156 @@ class PhaseClock:
         original = getattr(owner, method)
 
         def timed(*args, **kwargs):
-            start = time.process_time()
+            start = time.thread_time()
             try:
                 return original(*args, **kwargs)
             finally:
-                self.seconds[phase] += time.process_time() - start
+                self.seconds[phase] += time.thread_time() - start
 
         setattr(owner, method, timed)
 
 
-def model_step(model_path: str, batch: int, context: int, steps: int, device: str,
-               dtype: str) -> dict:
-    """CPU milliseconds per decode step with `batch` running requests, split into phases (on a
-    GPU the forward runs asynchronously, so there the step is timed by the wall clock)."""
+PHASES = ("schedule", "prepare", "forward", "sample", "update")
+
+
+def host_step(model_path: str, batch: int, context: int, steps: int) -> dict:
+    """Medians over `steps` decode steps of `batch` rows, in µs: the step, the forward, the
+    host's part (the step less the forward) and the mean of each phase."""
     from minicb import LLM, SamplingParams
 
+    budget = max(2048, batch)
+    # long enough that no request finishes before the last timed step: the first prompts decode
+    # while the last ones still prefill
+    max_tokens = steps + 8 + -(-batch * context // budget)
     llm = LLM(model_path, scheduler="continuous", kv_cache="paged", max_num_seqs=batch,
-              max_num_batched_tokens=max(2048, batch), max_model_len=context + steps + 8,
-              device=device, dtype=dtype)
+              max_num_batched_tokens=budget, max_model_len=context + max_tokens, cpu_threads=1)
     engine = llm.llm_engine
     vocab = engine.vocab_size
+    # as LLM.generate adds them: reported once, finished (an earlier engine without the
+    # choice builds an output for every request every step)
+    final_only = ({"stream": False} if "stream" in inspect.signature(engine.add_request).parameters
+                  else {})
     for index in range(batch):
         prompt = [(7 * index + 3 * j) % (vocab - 3) + 3 for j in range(context)]
         engine.add_request(str(index), prompt,
-                           SamplingParams(max_tokens=steps + 4, temperature=0, ignore_eos=True))
+                           SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True),
+                           **final_only)
     while any(r.is_prefilling for r in engine.scheduler.waiting + engine.scheduler.running):
         engine.step()
-    engine.step()   # one decode step to warm up
-    clock = PhaseClock()
-    clock.wrap(engine.scheduler, "schedule", "schedule")
-    clock.wrap(engine.scheduler, "update", "update")
-    clock.wrap(engine.runner, "prepare", "prepare")
-    clock.wrap(engine.runner, "execute", "execute")
-    cpu, wall = [], []
-    on_gpu = device.startswith("cuda")
-    for _ in range(steps):
-        cpu_start, wall_start = time.process_time(), time.perf_counter()
+    for _ in range(3):          # warm-up decode steps
         engine.step()
-        if on_gpu:
-            torch.cuda.synchronize()
-        cpu.append(time.process_time() - cpu_start)
-        wall.append(time.perf_counter() - wall_start)
-    ms = {phase: 1e3 * seconds / steps for phase, seconds in clock.seconds.items()}
-    mean_ms = 1e3 * sum(wall if on_gpu else cpu) / steps
-    return {"batch": batch, "step_ms": 1e3 * statistics.median(wall if on_gpu else cpu),
-            "mean_step_ms": mean_ms, "wall_step_ms": 1e3 * statistics.median(wall),
-            "schedule_ms": ms["schedule"], "prepare_ms": ms["prepare"],
-            "forward_sample_ms": ms["execute"] - ms["prepare"], "update_ms": ms["update"],
-            "other_ms": mean_ms - ms["schedule"] - ms["execute"] - ms["update"]}
+    clock = PhaseClock()
+    # the forward: the runner's, which picks the fused CPU decode layer or the model (an earlier
+    # engine called the model itself)
+    forward = engine.runner if hasattr(engine.runner, "forward") else engine.runner.model
+    for owner, method, phase in [(engine.scheduler, "schedule", "schedule"),
+                                 (engine.scheduler, "update", "update"),
+                                 (engine.runner, "prepare", "prepare"),
+                                 (engine.runner, "sample", "sample"),  # (an earlier engine: none)
+                                 (forward, "forward", "forward")]:
+        if hasattr(owner, method):
+            clock.wrap(owner, method, phase)
+    step_s, forward_s, host_s, wall_s = [], [], [], []
+    for _ in range(steps):
+        forward_before = clock.seconds["forward"]
+        start, wall_start = time.thread_time(), time.perf_counter()
+        engine.step()
+        step = time.thread_time() - start
+        wall_s.append(time.perf_counter() - wall_start)
+        forward = clock.seconds["forward"] - forward_before
+        step_s.append(step)
+        forward_s.append(forward)
+        host_s.append(step - forward)
+    assert engine.scheduler.num_running == batch, "every row decoded through every timed step"
+    mean_us = {phase: 1e6 * clock.seconds[phase] / steps for phase in PHASES}
+    mean_us["rest"] = 1e6 * statistics.mean(step_s) - sum(mean_us.values())
+    return {"batch": batch, "host_us": 1e6 * statistics.median(host_s),
+            "step_us": 1e6 * statistics.median(step_s),
+            "forward_us": 1e6 * statistics.median(forward_s),
+            "wall_step_us": 1e6 * statistics.median(wall_s), "phases_mean_us": mean_us,
+            "load_average": list(os.getloadavg())}
 
 
-def decode_floor(model_path: str, device: str, dtype: str) -> dict:
-    """Weight bytes / copy bandwidth: no decode step can be faster than reading the weights once."""
-    from minicb.model.loader import load_model
+def summarize(points: list[dict], batch_sizes: list[int]) -> list[dict]:
+    """Per batch size: the host's part over the repeats (median, spread) against its target."""
+    rows = []
+    for batch in batch_sizes:
+        mine = [p for p in points if p["batch"] == batch]
+        host = [p["host_us"] for p in mine]
+        target = TARGET_HOST_US.get(batch)
+        rows.append({"batch": batch, "host_us_median": statistics.median(host),
+                     "host_us_min": min(host), "host_us_max": max(host),
+                     "step_us_median": statistics.median(p["step_us"] for p in mine),
+                     "forward_us_median": statistics.median(p["forward_us"] for p in mine),
+                     "phases_mean_us": {phase: statistics.median(p["phases_mean_us"][phase]
+                                                                 for p in mine)
+                                        for phase in mine[0]["phases_mean_us"]},
+                     "load_averages": [p["load_average"][0] for p in mine],
+                     "target_us": target,
+                     "met": None if target is None else statistics.median(host) <= target})
+    return rows
 
-    weights = weight_bytes(load_model(Path(model_path), device, dtype))
-    bandwidth = copy_bandwidth_gbps(device, make_timer(device, 100))
-    return {"weight_bytes": weights, "copy_bandwidth_gbps": bandwidth,
-            "floor_ms": weights / (bandwidth * 1e9) * 1e3}
+
+def baseline_step(directory: str, model_path: str, batch: int, context: int, steps: int) -> dict:
+    """host_step run on the engine in `directory`: this file's code, in a fresh process started
+    there, so that its `minicb` is the one found there."""
+    directory = str(Path(directory).resolve())
+    done = subprocess.run([sys.executable, "-c", f"exec(open({__file__!r}).read())", model_path,
+                           str(batch), str(context), str(steps)], cwd=directory,
+                          env={**os.environ, "PYTHONPATH": directory}, capture_output=True,
+                          text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv or [])
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    scheduler = {kv: [{"running": n, "us_per_step": scheduler_cost(n, kv, args.context, args.steps)}
-                      for n in args.running] for kv in ("paged", "contiguous")}
-    print(format_table([
-        {"running": p["running"], "paged": p["us_per_step"], "contiguous": c["us_per_step"]}
-        for p, c in zip(scheduler["paged"], scheduler["contiguous"])],
-                       [("running", "running requests", "d"), ("paged", "paged: us / step", ".0f"),
-                        ("contiguous", "contiguous: us / step", ".0f")]))
-    model_steps, floor, model = [], None, None
-    if args.batch_sizes:
-        model_path, label = resolve_model(args.model, args.random_model, args.dtype)
-        model = {"label": label, "path": display_path(model_path), "device": args.device,
-                 "dtype": args.dtype, "context": args.context}
-        for batch in args.batch_sizes:
-            model_steps.append(model_step(model_path, batch, args.context, args.steps, args.device,
-                                          args.dtype))
-        floor = decode_floor(model_path, args.device, args.dtype)
-        print()
-        print(format_table(model_steps, [("batch", "decode batch", "d"),
-                                         ("step_ms", "step ms (median)", ".2f"),
-                                         ("schedule_ms", "schedule", ".2f"),
-                                         ("prepare_ms", "prepare", ".2f"),
-                                         ("forward_sample_ms", "forward+sample", ".2f"),
-                                         ("update_ms", "update", ".2f"),
-                                         ("other_ms", "rest of step()", ".2f")]))
-        print(f"floor: {floor['weight_bytes'] / 2**20:.1f} MiB of weights / "
-              f"{floor['copy_bandwidth_gbps']:.1f} GB/s copy bandwidth = {floor['floor_ms']:.3f} "
-              "ms per decode step")
-    target = overhead_share(scheduler["paged"], model_steps)
-    if target:
-        print(f"schedule+update at {target['running']} running: {target['scheduler_us']:.0f} us on "
-              f"the cost model, {target['in_engine_us']:.0f} us in the engine = "
-              f"{100 * target['share']:.1f}% of the {target['step_ms']:.1f} ms step (target < "
-              f"{100 * TARGET_SHARE:.0f}%: {'met' if target['met'] else 'NOT met'})")
-    payload = {"benchmark": "overhead", "runner": "minicb.sim cost model for the scheduler; the "
-               "real engine for "
-               "the model", "context": args.context, "steps": args.steps, "scheduler": scheduler,
-               "model": model, "model_steps": model_steps, "floor": floor, "target": target}
+    torch.set_num_threads(1)
+    model_path, label = resolve_model(args.model, None if args.model else args.random_model,
+                                      "float32")
+    points, baseline = [], []
+    for repeat in range(args.repeats):      # alternate the order: drift hits every size alike
+        order = args.batch_sizes if repeat % 2 == 0 else args.batch_sizes[::-1]
+        for batch in order:
+            points.append({"repeat": repeat, **host_step(model_path, batch, args.context,
+                                                           args.steps)})
+            if args.baseline:
+                baseline.append({"repeat": repeat, **baseline_step(
+                    args.baseline, model_path, batch, args.context, args.steps)})
+    rows = summarize(points, args.batch_sizes)
+    print(format_table([{**r, **{k: r["phases_mean_us"][k] for k in (*PHASES, "rest")},
+                         "loads": " ".join(f"{x:.1f}" for x in r["load_averages"])}
+                        for r in rows],
+                       [("batch", "rows", "d"), ("host_us_median", "host µs (median)", ".0f"),
+                        ("host_us_min", "min", ".0f"), ("host_us_max", "max", ".0f"),
+                        ("forward_us_median", "forward µs", ".0f"),
+                        ("schedule", "schedule", ".0f"), ("prepare", "prepare", ".0f"),
+                        ("sample", "sample", ".0f"), ("update", "update", ".0f"),
+                        ("rest", "rest of step()", ".0f"), ("loads", "load (1 min)", "s")]))
+    for r in rows:
+        if r["target_us"] is not None:
+            print(f"{r['batch']} rows: host {r['host_us_median']:.0f} µs, target <= "
+                  f"{r['target_us']:.0f} µs: {'met' if r['met'] else 'NOT met'}")
+    before = summarize(baseline, args.batch_sizes) if baseline else None
+    for old, new in zip(before or [], rows):
+        print(f"{new['batch']} rows: baseline {old['host_us_median']:.0f} µs "
+              f"({old['host_us_min']:.0f}-{old['host_us_max']:.0f}), this engine "
+              f"{new['host_us_median']:.0f} µs ({new['host_us_min']:.0f}-{new['host_us_max']:.0f})"
+              f": {old['host_us_median'] / new['host_us_median']:.2f}x")
+    payload = {"benchmark": "overhead", "model": {"label": label,
+                                                  "path": display_path(model_path)},
+               "context": args.context, "steps": args.steps, "repeats": args.repeats,
+               "clock": "CPU time of the stepping thread, one torch thread",
+               "points": points, "summary": rows,
+               "baseline": None if not baseline else {"directory": display_path(args.baseline),
+                                                      "points": baseline, "summary": before}}
     from minicb.bench.plots import plot_overhead
 
-    stem = "overhead" + (f"-{args.device}" if args.device != "cpu" else "") + \
-        (f"-{args.random_model}" if args.random_model else "")
-    json_path, png_path = write_results(args.out_dir, stem, payload, plot_overhead)
+    json_path, png_path = write_results(args.out_dir, args.stem, payload, plot_overhead)
     print(f"results: {json_path}, {png_path}")
     return 0
 
 
-def overhead_share(scheduler: list[dict], model_steps: list[dict]) -> dict | None:
-    """schedule+update against the model's step at the largest measured batch up to 256 running."""
-    candidates = [m for m in model_steps if m["batch"] <= TARGET_RUNNING]
-    if not candidates:
-        return None
-    step = max(candidates, key=lambda m: m["batch"])
-    cost = min(scheduler, key=lambda p: abs(p["running"] - step["batch"]))
-    in_engine_us = 1e3 * (step["schedule_ms"] + step["update_ms"])
-    share = max(cost["us_per_step"], in_engine_us) / (1e3 * step["step_ms"])
-    return {"running": step["batch"], "scheduler_us": cost["us_per_step"],
-            "in_engine_us": in_engine_us, "step_ms": step["step_ms"], "share": share,
-            "target": TARGET_SHARE, "met": share < TARGET_SHARE}
+if __name__ == "__main__":      # one point, as a JSON line (baseline_step runs it so)
+    torch.set_num_threads(1)
+    path, batch, context, steps = sys.argv[1], *map(int, sys.argv[2:5])
+    print(json.dumps(host_step(path, batch, context, steps)))

@@ -87,28 +87,29 @@ def plot_memory(payload: dict):
 
 
 def plot_overhead(payload: dict):
-    fig, ax = plt.subplots(figsize=(10, 4.5))
-    for kv, points in payload["scheduler"].items():
-        ax.plot([p["running"] for p in points], [p["us_per_step"] for p in points], marker="o",
-                label=f"schedule + update ({kv})")
-    model = payload["model_steps"]
-    if model:
-        ax.plot([p["batch"] for p in model], [p["step_ms"] * 1e3 for p in model], marker="s",
-                color="black", label=f"model decode step ({payload['model']['label']})")
-        ax.plot([p["batch"] for p in model], [p["step_ms"] * 1e2 for p in model], color="black",
-                linestyle=":", label="10% of the model step")
-        ax.plot([p["batch"] for p in model],
-                [(p["schedule_ms"] + p["update_ms"]) * 1e3 for p in model], marker="^",
-                linestyle="--", color="tab:green", label="schedule + update in the engine")
-        ax.plot([p["batch"] for p in model], [p["prepare_ms"] * 1e3 for p in model], marker="v",
-                linestyle="--", color="tab:purple",
-                label="prepare (packing the batch) in the engine")
-    if payload.get("floor"):
-        ax.axhline(payload["floor"]["floor_ms"] * 1e3, color="gray", linestyle="-.",
-                   label="floor: weight bytes / copy bandwidth")
-    ax.set(xscale="log", yscale="log", xlabel="running requests", ylabel="microseconds per step")
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
-    ax.set_title(f"CPU side of the loop vs the model\n{describe(payload['machine'])}", fontsize=10)
+    """The host's part of a decode step at each batch size (one panel each, the forward left
+    out): its phases, the whole with its spread over the repeats, the target and, when measured,
+    the baseline engine's whole."""
+    rows = payload["summary"]
+    before = {r["batch"]: r for r in (payload.get("baseline") or {}).get("summary") or []}
+    phases = ["schedule", "prepare", "sample", "update", "rest"]
+    fig, axes = plt.subplots(1, len(rows), figsize=(4 * len(rows), 4), squeeze=False)
+    for ax, r in zip(axes[0], rows):
+        ax.bar(phases, [max(r["phases_mean_us"][p], 0.0) for p in phases], color="tab:blue")
+        ax.axhline(r["host_us_median"], color="black",
+                   label=f"host part {r['host_us_median']:.0f} µs "
+                         f"({r['host_us_min']:.0f}-{r['host_us_max']:.0f})")
+        if r["batch"] in before:
+            ax.axhline(before[r["batch"]]["host_us_median"], color="gray", linestyle=":",
+                       label=f"baseline {before[r['batch']]['host_us_median']:.0f} µs")
+        if r.get("target_us") is not None:
+            ax.axhline(r["target_us"], color="red", linestyle="--",
+                       label=f"target {r['target_us']:.0f} µs")
+        ax.set(title=f"{r['batch']} decode rows", ylabel="µs per step (CPU time)")
+        ax.tick_params(axis="x", labelrotation=30)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"The host's part of a decode step ({payload['model']['label']})\n"
+                 f"{describe(payload['machine'])}", fontsize=10)
     fig.tight_layout()
     return fig
 

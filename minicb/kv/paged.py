@@ -48,7 +48,7 @@ class PagedKVManager(KVManager):
 
     def _missing_blocks(self, request, num_tokens: int) -> int:
         have = len(self.tables.get(request.request_id, ()))
-        return max(self.blocks_for(num_tokens) - have, 0)
+        return max(-(-num_tokens // self.block_size) - have, 0)
 
     def _shared_block_to_copy(self, request) -> int | None:
         """Index of the shared, partly filled block this request must copy before writing."""
@@ -58,12 +58,19 @@ class PagedKVManager(KVManager):
         return index
 
     def can_allocate(self, request, num_tokens: int, reserve_blocks: int = 0) -> bool:
+        missing = self._missing_blocks(request, num_tokens)
+        if not (missing or reserve_blocks or request.request_id in self.copy_before_write):
+            return True          # most decode steps: the last block still has room
         copies = self._shared_block_to_copy(request) is not None
-        return (self._missing_blocks(request, num_tokens) + copies
-                + reserve_blocks <= self.num_free_blocks())
+        return missing + copies + reserve_blocks <= self.num_free_blocks()
 
     def allocate(self, request, num_tokens: int) -> None:
-        table = self.tables.setdefault(request.request_id, [])
+        request_id = request.request_id
+        table = self.tables.get(request_id)
+        if (table is not None and len(table) * self.block_size >= num_tokens
+                and request_id not in self.copy_before_write and request_id not in self.claims):
+            return               # most decode steps: nothing to allocate, nothing to copy
+        table = self.tables.setdefault(request_id, [])
         index = self._shared_block_to_copy(request)
         self.copy_before_write.pop(request.request_id, None)
         if index is not None:

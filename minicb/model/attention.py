@@ -36,6 +36,9 @@ class AttentionMetadata:
     # built by hand, without a plan, marks the rows of one query, the plan's own definition.
     decode_rows: list[bool] | None = None
     num_decode_rows: int | None = None      # sum(decode_rows)
+    # the Triton kernel's key splits per decode, fixed by a captured CUDA graph (its launch grid
+    # cannot change between replays); None: the kernel chooses from max_seqlen_k each step
+    num_splits: int | None = None
     _torch_plans: dict = field(default_factory=dict, init=False, repr=False, compare=False)
     _writes: tuple | None = field(default=None, init=False, repr=False, compare=False)
 
@@ -303,7 +306,7 @@ def triton_backend():
     def attend(q, k_cache, v_cache, meta, scale):
         return kernels.paged_attention(q, k_cache, v_cache, meta.cu_seqlens_q, meta.seq_lens,
                                        meta.block_tables, scale, meta.max_seqlen_q,
-                                       meta.max_seqlen_k)
+                                       meta.max_seqlen_k, num_splits=meta.num_splits)
 
     return write, attend
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import torch
 
@@ -51,6 +52,9 @@ class ScheduledSeq:
     prompt_targets: list[int] = field(default_factory=list)
     # the request's penalties, min_tokens and grammar state (minicb.logits_process), or None
     logits_state: LogitsState | None = None
+    # the request's id: the runner keeps the request's row of its persistent batch under it
+    # (minicb.input_batch), so it never needs the Request itself
+    req_id: str | None = None
 
     @property
     def num_logits(self) -> int:
@@ -83,31 +87,50 @@ class SchedulerOutput:
     # token ids may hold placeholders for the previous step's tokens (minicb.request)
     committed: bool = False
 
-    # every count of a step's rows and tokens is defined here, once, from the rows' is_decode
+    # every count of a step's rows and tokens is defined here, once, from the rows' is_decode;
+    # read after the plan is complete (counted in one pass over the rows, then kept)
+    @cached_property
+    def _counts(self) -> tuple[int, int, int, int, int, int]:
+        tokens = useful = decode_rows = prefill_tokens = decode_tokens = pad_tokens = 0
+        for s in self.seqs:
+            tokens += s.num_tokens + s.num_pad
+            pad_tokens += s.num_pad
+            if s.ghost:
+                pad_tokens += s.num_tokens
+            else:
+                useful += 1
+            if s.is_decode:
+                decode_rows += 1
+                if not s.ghost:
+                    decode_tokens += s.num_tokens
+            else:
+                prefill_tokens += s.num_tokens
+        return tokens, useful, decode_rows, prefill_tokens, decode_tokens, pad_tokens
+
     @property
     def num_tokens(self) -> int:
-        return sum(s.num_tokens + s.num_pad for s in self.seqs)
+        return self._counts[0]
 
     @property
     def num_useful_rows(self) -> int:
         """Rows whose output is kept (not a static batch's finished ghost)."""
-        return sum(not s.ghost for s in self.seqs)
+        return self._counts[1]
 
     @property
     def num_decode_rows(self) -> int:
-        return sum(s.is_decode for s in self.seqs)
+        return self._counts[2]
 
     @property
     def num_prefill_tokens(self) -> int:
-        return sum(s.num_tokens for s in self.seqs if not s.is_decode)
+        return self._counts[3]
 
     @property
     def num_decode_tokens(self) -> int:
-        return sum(s.num_tokens for s in self.seqs if s.is_decode and not s.ghost)
+        return self._counts[4]
 
     @property
     def num_pad_tokens(self) -> int:
-        return sum(s.num_pad + (s.num_tokens if s.ghost else 0) for s in self.seqs)
+        return self._counts[5]
 
     @property
     def is_empty(self) -> bool:
@@ -132,6 +155,9 @@ class Scheduler:
         # (penalties, min_tokens, a grammar): a step for them cannot be planned before the last
         # one's tokens are known, so overlapped scheduling runs synchronous steps meanwhile
         self.num_host_state_requests = 0
+        # every request finished (by a stop, an error or an abort) since take_finished() last
+        # ran: the engine reports those that got no token from them, without a scan of everyone
+        self.finished_requests: list[Request] = []
 
     def check_fits(self, num_prompt_tokens: int, max_tokens: int,
                    require_fit: bool = False) -> None:
@@ -206,7 +232,7 @@ class Scheduler:
                             request.params, request.generator, num_pad=num_pad, ghost=ghost,
                             needs_logits=not ghost and start + num_tokens == request.num_tokens,
                             is_decode=num_pad + len(tokens) == 1, prompt_targets=targets,
-                            logits_state=request.logits_state)
+                            logits_state=request.logits_state, req_id=request.request_id)
 
     # --- overlapped scheduling ------------------------------------------------------------------
     def commit(self, output: SchedulerOutput) -> None:
@@ -310,7 +336,7 @@ class Scheduler:
             reason = self.check_stop(request, token)
             if reason is not None:
                 break
-        rejected = seq.num_logits - kept
+        rejected = 1 + len(seq.proposal) - kept        # the row's logits positions, less kept
         request.num_computed_tokens = seq.start + seq.num_tokens - rejected
         if rejected:
             self.kv.truncate(request, request.num_computed_tokens)
@@ -367,6 +393,11 @@ class Scheduler:
         self.kv.free(request)
         self._mark_finished(request, status)
 
+    def take_finished(self) -> list[Request]:
+        """The requests finished since the last call, and forget them."""
+        finished, self.finished_requests = self.finished_requests, []
+        return finished
+
     def _mark_finished(self, request: Request, status: RequestStatus) -> None:
         if request.logits_state is not None and not request.finished:
             self.num_host_state_requests -= 1
@@ -374,6 +405,7 @@ class Scheduler:
             request.num_computed_tokens = max(
                 request.num_computed_tokens - len(request.placeholders), 0)
             request.placeholders.clear()
+        self.finished_requests.append(request)
         self.fork_parents.pop(request.request_id, None)
         request.status = status
         request.times.finished = self.clock()

@@ -28,10 +28,13 @@ class StepBudget:
     prefill_tokens: int
     scheduled: set[str] = field(default_factory=set)
 
-    def tokens_for(self, request: Request) -> int:
-        """How many of the request's uncomputed tokens fit what is left."""
+    def tokens_for(self, request: Request, prefilling: bool | None = None) -> int:
+        """How many of the request's uncomputed tokens fit what is left (`prefilling`: the
+        request's is_prefilling, when the caller has it at hand)."""
         wanted = request.num_uncomputed_tokens
-        if not request.is_prefilling:
+        if prefilling is None:
+            prefilling = request.is_prefilling
+        if not prefilling:
             return min(wanted, self.tokens)          # a decode: one token
         return min(wanted, self.tokens, self.prefill_tokens)
 
@@ -60,28 +63,34 @@ class ContinuousScheduler(Scheduler):
         return output
 
     def _take(self, output: SchedulerOutput, request: Request, num_tokens: int,
-              budget: StepBudget) -> None:
-        prompt_tokens = request.is_prefilling
+              budget: StepBudget, prompt_tokens: bool) -> None:
+        """Plan `num_tokens` of the request's tokens; `prompt_tokens`: whether they are a
+        prompt's (or a recompute's), which the prefill cap counts."""
         self.kv.allocate(request, request.num_computed_tokens + num_tokens)
-        output.block_copies.extend(self.kv.pop_block_copies())
+        copies = self.kv.pop_block_copies()
+        if copies:
+            output.block_copies.extend(copies)
         output.seqs.append(self.row(request, num_tokens))      # its table, after allocation
         budget.charge(request, num_tokens, prompt_tokens)
 
     # --- running requests --------------------------------------------------------------------
     def _schedule_running(self, output: SchedulerOutput, budget: StepBudget) -> None:
-        pending = sum(r.status is RequestStatus.RUNNING and r.request_id not in budget.scheduled
+        scheduled, running = budget.scheduled, RequestStatus.RUNNING
+        pending = sum(r.status is running and r.request_id not in scheduled
                       for r in self.running)
+        speculative = self.config.speculative_method is not None
         for request in list(self.running):
-            if (request.status is not RequestStatus.RUNNING or request.request_id
-                in budget.scheduled or (request.placeholders and self.awaits_last_token(request))):
+            if (request.status is not running or request.request_id in scheduled
+                    or (request.placeholders and self.awaits_last_token(request))):
                 continue
             pending -= 1
-            if self.config.speculative_method is not None and not request.is_prefilling:
+            prefilling = request.is_prefilling
+            if speculative and not prefilling:
                 proposal = self._propose(request, budget.tokens - 1 - pending)
                 if proposal:
                     self._take_verification(output, request, proposal, budget)
                     continue
-            num_tokens = budget.tokens_for(request)
+            num_tokens = budget.tokens_for(request, prefilling)
             if num_tokens == 0:
                 continue
             needed = request.num_computed_tokens + num_tokens
@@ -90,8 +99,8 @@ class ContinuousScheduler(Scheduler):
                 self._preempt(victim, output)
                 if victim is request:
                     break
-            if request.status is RequestStatus.RUNNING:
-                self._take(output, request, num_tokens, budget)
+            if request.status is running:
+                self._take(output, request, num_tokens, budget, prefilling)
 
     # --- speculative decoding ------------------------------------------------------------------
     # How many tokens a running decode may propose (k; a draft model's are drafted later, in the
@@ -134,7 +143,7 @@ class ContinuousScheduler(Scheduler):
         output.seqs.append(ScheduledSeq(
             request, num_tokens, start, request.token_ids(start, start + 1) + proposal,
             list(self.kv.block_table(request)), request.params, request.generator,
-            needs_logits=True, is_decode=False, proposal=proposal))
+            needs_logits=True, is_decode=False, proposal=proposal, req_id=request.request_id))
         budget.charge(request, num_tokens, False)
 
     def _pick_victim(self, budget: StepBudget) -> Request:
@@ -174,7 +183,8 @@ class ContinuousScheduler(Scheduler):
                 break
             if not self._claim_computed_prefix(request):
                 break   # a parallel sample waits one step for its prompt, then shares it
-            num_tokens = budget.tokens_for(request)
+            prefilling = request.is_prefilling
+            num_tokens = budget.tokens_for(request, prefilling)
             if num_tokens == 0 or not self.kv.can_allocate(
                     request, request.num_computed_tokens + num_tokens,
                     reserve_blocks=self.config.watermark_blocks):
@@ -184,7 +194,7 @@ class ContinuousScheduler(Scheduler):
             admitted.append(request)
             self.running.append(request)
             self._start_running(request)
-            self._take(output, request, num_tokens, budget)
+            self._take(output, request, num_tokens, budget, prefilling)
         self.waiting.remove_all(admitted)
     # Ageing (max_wait_steps = W) promises, under every policy: from the step in which a request is
     # overdue (arrived more than W steps ago, so from step arrival_step + W + 1 on) until it is

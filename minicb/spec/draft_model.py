@@ -57,7 +57,7 @@ class DraftModelProposer:
     def _forward(self, output: SchedulerOutput, rows: torch.Tensor | None = None) -> torch.Tensor:
         """The draft's forward over a plan; logits for `rows` (indices among the rows the packing
         returns logits for), every such row when None."""
-        input_ids, positions, meta, logits_indices = self.runner.prepare(output)
+        input_ids, positions, meta, logits_indices, _ = self.runner.prepare(output)
         if rows is not None:
             logits_indices = logits_indices[rows]
         return self.runner.forward(input_ids, positions, meta, logits_indices)
@@ -93,7 +93,8 @@ class DraftModelProposer:
             # the next draft decode step: each row feeds the token it just drafted
             rows = [ScheduledSeq(seqs[r].request, 1, seqs[r].start + depth + 1,
                                  [drafted[r][-1]], seqs[r].block_table, seqs[r].params,
-                                 seqs[r].generator, needs_logits=True, is_decode=True)
+                                 seqs[r].generator, needs_logits=True, is_decode=True,
+                                 req_id=seqs[r].req_id)
                     for r in active]
             logits = self._forward(SchedulerOutput(output.step, rows))
         for seq, tokens, q in zip(seqs, drafted, probs):
@@ -107,7 +108,7 @@ class DraftModelProposer:
         """One draft token per row: the argmax for greedy requests; for sampled ones a draw from
         q with the request's generator. Returns the tokens and q (rows of greedy requests unused),
         or None when every row is greedy."""
-        tokens = logits.argmax(dim=-1)
+        tokens = Sampler.argmax(logits.float())
         sampled = [j for j, s in enumerate(seqs) if not s.params.greedy]
         if not sampled:
             return tokens, None
@@ -122,7 +123,8 @@ class DraftModelProposer:
         if not seqs:
             return
         rows = [ScheduledSeq(s.request, 1, s.start + len(s.proposal), s.proposal[-1:],
-                             s.block_table, s.params, s.generator, is_decode=True) for s in seqs]
+                             s.block_table, s.params, s.generator, is_decode=True,
+                             req_id=s.req_id) for s in seqs]
         self._forward(SchedulerOutput(0, rows), torch.zeros(0, dtype=torch.long))
 
 

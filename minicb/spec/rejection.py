@@ -39,7 +39,7 @@ def accept(logits: torch.Tensor, proposed: Sequence[int], params: SamplingParams
         raise ValueError(f"verification needs k + 1 = {k + 1} rows of logits, got "
                          f"{logits.shape[0]}")
     if params.greedy:
-        target = logits.argmax(dim=-1).tolist()
+        target = Sampler.argmax(logits.float()).tolist()
         accepted = 0
         while accepted < k and proposed[accepted] == target[accepted]:
             accepted += 1

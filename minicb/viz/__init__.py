@@ -49,8 +49,13 @@ from minicb.viz.kernels import paged_lookup, recorded_kernel_results
 from minicb.viz.knobs import knob_row, knob_sweep, knob_view, knob_widget
 from minicb.viz.lanes import busy_fraction, lane_chart
 from minicb.viz.memory import block_map, block_owners, block_reuse, free_blocks_timeline
-from minicb.viz.quiz import (book_interview, interview_markdown, quiz_card, quiz_widget,
-                             worked_question)
+from minicb.viz.quiz import (
+           book_interview,
+           interview_markdown,
+           quiz_card,
+           quiz_widget,
+           worked_question,
+)
 from minicb.viz.schedule import (
            compare_timelines,
            draw_slots,
@@ -60,11 +65,11 @@ from minicb.viz.schedule import (
            slot_timeline,
 )
 from minicb.viz.serving import (
-    load_study_plot,
-    peer_load_plot,
-    rate_label,
-    routing_strips,
-    step_costs,
+           load_study_plot,
+           peer_load_plot,
+           rate_label,
+           routing_strips,
+           step_costs,
 )
 from minicb.viz.source import show_file, show_source
 from minicb.viz.speculative import accepted_lengths, verify_steps

@@ -120,20 +120,20 @@ def test_memory_waste_and_occupancy(tmp_path):
     _check_machine(payload)
 
 
-def test_overhead_measures_scheduler_and_model(tiny_llama, tmp_path):
-    assert bench_main(["overhead", "--model", tiny_llama, "--running", "1", "8", "--batch-sizes",
-                       "1", "4", "--steps", "3", "--context", "8", "--threads", "1", "--out-dir",
-                       str(tmp_path)]) == 0
+def test_overhead_measures_the_hosts_part_of_a_decode_step(tiny_llama, tmp_path):
+    assert bench_main(["overhead", "--model", tiny_llama, "--batch-sizes", "1", "4", "--repeats",
+                       "2", "--steps", "3", "--context", "8", "--out-dir", str(tmp_path)]) == 0
     payload = json.loads((tmp_path / "overhead.json").read_text())
     assert (tmp_path / "overhead.png").exists()
-    for kv in ("paged", "contiguous"):
-        assert [p["running"] for p in payload["scheduler"][kv]] == [1, 8]
-        assert all(p["us_per_step"] > 0 for p in payload["scheduler"][kv])
-    assert [m["batch"] for m in payload["model_steps"]] == [1, 4]
-    for step in payload["model_steps"]:
-        assert step["step_ms"] > 0 and step["forward_sample_ms"] > 0 and step["schedule_ms"] >= 0
-    assert payload["floor"]["weight_bytes"] > 0 and payload["floor"]["floor_ms"] > 0
-    assert payload["target"]["running"] == 4
+    assert sorted(p["batch"] for p in payload["points"]) == [1, 1, 4, 4]
+    for point in payload["points"]:
+        assert 0 < point["forward_us"] < point["step_us"]
+        assert point["host_us"] > 0 and len(point["load_average"]) == 3
+        assert set(point["phases_mean_us"]) == {"schedule", "prepare", "forward", "sample",
+                                                "update", "rest"}
+    summary = {row["batch"]: row for row in payload["summary"]}
+    assert summary[1]["target_us"] == 60.0 and summary[4]["target_us"] is None
+    assert summary[1]["host_us_min"] <= summary[1]["host_us_median"] <= summary[1]["host_us_max"]
     _check_machine(payload)
 
 

@@ -12,8 +12,13 @@ from pathlib import Path
 import httpx
 from adapter import chapter, run_docstring_examples
 
-from minicb.bench.routing_trace import (TraceConfig, overall_hit_rate, replica_counts,
-                                        start_replicas, trace_prompts)
+from minicb.bench.routing_trace import (
+    TraceConfig,
+    overall_hit_rate,
+    replica_counts,
+    start_replicas,
+    trace_prompts,
+)
 
 ch09 = chapter("09")
 RECORD = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "routing-trace.json"

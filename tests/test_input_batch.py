@@ -1,0 +1,54 @@
+"""The persistent batch: rows written when a request joins or its table changes, never stale."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from minicb.input_batch import InputBatch
+from minicb.sampling import SamplingParams
+
+GREEDY, SAMPLED = SamplingParams(temperature=0), SamplingParams(temperature=0.8, logprobs=2)
+
+
+def row(req_id: str, start: int, table: list[int], params=GREEDY, token: int = 7):
+    return SimpleNamespace(req_id=req_id, start=start, block_table=table, params=params,
+                           token_ids=[token])
+
+
+def tables(batch: InputBatch, inputs) -> list[list[int]]:
+    return batch.block_tables[inputs.rows, :inputs.width].tolist()
+
+
+def test_rows_follow_the_plans_tables_through_appends_copies_and_reused_ids():
+    batch = InputBatch(max_rows=4, max_blocks=4, block_size=2)
+    first = batch.gather([row("a", 3, [5, 6]), row("b", 0, [9])])
+    assert tables(batch, first) == [[5, 6], [9, 0]]           # padded with block 0
+    assert first.positions == [3, 0] and first.slots == [6 * 2 + 1, 9 * 2]
+    assert first.all_greedy and not first.any_logprobs
+    # a block appended, a block copied on write (same length, another block), a new request
+    second = batch.gather([row("a", 4, [5, 6, 2]), row("b", 1, [8]), row("c", 0, [1], SAMPLED)])
+    assert tables(batch, second) == [[5, 6, 2], [8, 0, 0], [1, 0, 0]]
+    assert second.rows[:2] == first.rows                       # the same rows, rewritten
+    assert not second.all_greedy and second.any_logprobs
+    # "a" left; a new request under its id, with a shorter table, must not read the old row
+    third = batch.gather([row("a", 0, [3])])
+    assert tables(batch, third) == [[3]] and third.slots == [6]
+
+
+def test_a_full_batch_starts_afresh_and_stays_right():
+    batch = InputBatch(max_rows=3, max_blocks=2, block_size=4)
+    for step in range(5):            # new ids every step: the rows fill up and are reused
+        ids = [f"{step}-{i}" for i in range(2)]
+        inputs = batch.gather([row(i, 1, [10 * step + k]) for k, i in enumerate(ids)])
+        assert len(batch.row_of) <= 3 and max(inputs.rows) < 3
+        assert tables(batch, inputs) == [[10 * step], [10 * step + 1]]
+
+
+def test_a_gather_is_a_snapshot_the_next_gather_leaves_alone():
+    """Overlapped scheduling gathers step n + 1 while step n still reads its own gather: rewriting
+    a row (its table, its settings) must not change what step n read."""
+    batch = InputBatch(max_rows=4, max_blocks=4, block_size=2)
+    first = batch.gather([row("a", 3, [5, 6]), row("b", 0, [9])])
+    batch.gather([row("a", 4, [5, 6, 2], SAMPLED), row("b", 1, [8], SAMPLED)])
+    assert first.block_tables.tolist() == [[5, 6], [9, 0]]
+    assert first.all_greedy and not first.any_logprobs
