@@ -100,6 +100,11 @@ class EngineConfig:
         False, "run every step eagerly: no CUDA graphs for decode steps (graphs are captured "
         "only on CUDA with attention='triton'; elsewhere every step is eager anyway)")
     seed: int = knob(0, "seed of the sampler's default generator")
+    async_scheduling: bool = knob(
+        False, "overlap the host's work with the model: plan and pack step n + 1 while step n runs "
+        "in its own thread; stops are applied one step late (the token past one is discarded). "
+        "Speculative decoding, and requests with penalties, min_tokens or structured output, run "
+        "synchronous steps (minicb/core.py)")
     policy: str = knob("fcfs", "admission order; under 'priority' a lower value goes first, as in "
                        "vLLM; "
                        "preemption evicts the latest arrival (under priority, the lowest priority)",
@@ -210,6 +215,8 @@ class EngineConfig:
                                                and self.max_wait_steps >= 1),
                f"max_wait_steps must be None (no ageing) or an integer >= 1 (got "
                f"{self.max_wait_steps!r}).")
+        _check(isinstance(self.async_scheduling, bool),
+               f"async_scheduling must be true or false (got {self.async_scheduling!r}).")
         _check(_is_int(self.watermark_blocks) and self.watermark_blocks >= 0,
                f"watermark_blocks must be an integer >= 0 (got {self.watermark_blocks!r}).")
         defaults = {f.name: f.default for f in fields(self)}

@@ -3,6 +3,7 @@ engine (minicb/serving/async_engine.py) both drive it."""
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from dataclasses import replace
@@ -10,7 +11,7 @@ from dataclasses import replace
 import torch
 
 from minicb.config import EngineConfig
-from minicb.core import EngineCore, ModelExecutor
+from minicb.core import EngineCore, ModelExecutor, OverlappedModelExecutor
 from minicb.detokenizer import IncrementalDetokenizer
 from minicb.inputs import InputProcessor, ProcessedPrompt, Prompt
 from minicb.kv import make_kv_manager
@@ -27,6 +28,7 @@ from minicb.scheduler import make_scheduler
 from minicb.structured_outputs import StructuredOutputManager
 from minicb.threads import ThreadPolicy
 
+log = logging.getLogger("minicb.engine")
 
 class LLMEngine:
     """One engine, swappable parts: scheduler × KV manager × attention backend."""
@@ -66,7 +68,7 @@ class LLMEngine:
         self.runner = ModelRunner(self.model, config, pad_token_id=pad or 0, proposer=proposer)
         if uses_cuda_graphs(config):        # after the KV pool, whose addresses the graphs read
             self.runner.use_cuda_graphs(capture=True)
-        self.core = EngineCore(self.scheduler, ModelExecutor(self.runner, self.threads))
+        self.core = self._make_core(config)
         # the grammar compiler and its cache, built by the first constrained request
         self._structured: StructuredOutputManager | None = None
         self._structured_lock = threading.Lock()
@@ -85,6 +87,20 @@ class LLMEngine:
         # per-step counts (slot, padding and KV use): running totals + the last steps; see
         # minicb.metrics
         self.step_stats = StepTotals()
+
+    def _make_core(self, config) -> EngineCore:
+        """The engine core: synchronous steps, or overlapped ones where every feature in use can
+        overlap (a fallback is said once, in a warning naming why)."""
+        overlap = config.async_scheduling
+        if overlap and config.speculative_method is not None:
+            log.warning("async_scheduling: running synchronous steps, since speculative decoding "
+                        "(speculative_method=%r) plans each step from the tokens the last one "
+                        "accepted, which an overlapped step does not know yet.",
+                        config.speculative_method)
+            overlap = False
+        executor = (OverlappedModelExecutor if overlap else ModelExecutor)(self.runner,
+                                                                            self.threads)
+        return EngineCore(self.scheduler, executor, overlap=overlap)
 
     # --- requests --------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: Prompt | ProcessedPrompt,
@@ -195,7 +211,8 @@ class LLMEngine:
                         if sample_id in self.requests and not self.requests[sample_id].finished)
 
     def has_unfinished_requests(self) -> bool:
-        """Requests queued or running, or aborted ones the next step reports."""
+        """Requests queued or running, aborted ones the next step reports, or a step in
+        flight (overlapped scheduling)."""
         return self.core.has_unfinished()
 
     @property

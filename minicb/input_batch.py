@@ -25,9 +25,12 @@ from minicb.sampling import SamplingParams
 
 @dataclass
 class DecodeInputs:
-    """What a step of decodes reads of its rows, gathered in one pass."""
+    """What a step of decodes reads of its rows, gathered in one pass. A snapshot: nothing here
+    aliases the batch's arrays, so the next step's gather (planned while this step runs, under
+    overlapped scheduling) can rewrite rows without changing what this step reads."""
 
     rows: list[int]           # each row's place in the batch's arrays
+    block_tables: np.ndarray  # int32 [rows, width]: the rows' tables, copied out of the batch
     positions: list[int]      # the one token's position (its request's cached tokens)
     tokens: list[int]         # the one token
     slots: list[int]          # where its K/V goes: block_table[p // block_size] * block_size + …
@@ -75,7 +78,10 @@ class InputBatch:
                 width = len(table)
             all_greedy = all_greedy and greedy[row]
             any_logprobs = any_logprobs or wants_logprobs[row]
-        return DecodeInputs(rows, positions, tokens, slots, width, all_greedy, any_logprobs)
+        # (indexing with a list copies: the step's tables, whatever later steps write)
+        block_tables = self.block_tables[rows, :width]
+        return DecodeInputs(rows, block_tables, positions, tokens, slots, width, all_greedy,
+                            any_logprobs)
 
     def _write_table(self, row: int, table: list[int]) -> None:
         if len(table) > self.block_tables.shape[1]:

@@ -59,6 +59,11 @@ class Request:
         self.prompt = prompt
         self.prompt_token_ids = list(prompt_token_ids)
         self.output_token_ids: list[int] = []
+        # overlapped scheduling: the tokens of steps planned but not yet collected, oldest first.
+        # Each is -1 - r, r the row of that step's sampled tokens the runner fills it from (on
+        # the device) before the next forward; the host learns the token one step later, when it
+        # moves into output_token_ids. Always empty in synchronous steps.
+        self.placeholders: list[int] = []
         self.params = params
         self.priority = priority
         self.status = RequestStatus.WAITING
@@ -86,7 +91,7 @@ class Request:
     # --- lengths -------------------------------------------------------------------------
     @property
     def all_token_ids(self) -> list[int]:
-        return self.prompt_token_ids + self.output_token_ids
+        return self.prompt_token_ids + self.output_token_ids + self.placeholders
 
     def token_ids(self, start: int, stop: int) -> list[int]:
         """all_token_ids[start:stop] without building the whole list: a step reads only the
@@ -94,9 +99,13 @@ class Request:
         prompt_len = len(self.prompt_token_ids)
         if stop <= prompt_len:
             return self.prompt_token_ids[start:stop]
-        if start >= prompt_len:
-            return self.output_token_ids[start - prompt_len:stop - prompt_len]
-        return self.prompt_token_ids[start:] + self.output_token_ids[:stop - prompt_len]
+        if start < prompt_len:
+            return self.prompt_token_ids[start:] + self.token_ids(prompt_len, stop)
+        first, last = start - prompt_len, stop - prompt_len
+        outputs = self.output_token_ids
+        if last <= len(outputs):
+            return outputs[first:last]
+        return outputs[first:] + self.placeholders[max(first - len(outputs), 0):last - len(outputs)]
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -104,7 +113,8 @@ class Request:
 
     @property
     def num_tokens(self) -> int:
-        return len(self.prompt_token_ids) + len(self.output_token_ids)
+        """Prompt and output tokens, those still in flight (placeholders) included."""
+        return len(self.prompt_token_ids) + len(self.output_token_ids) + len(self.placeholders)
 
     @property
     def num_output_tokens(self) -> int:
@@ -117,7 +127,7 @@ class Request:
     @property
     def is_prefilling(self) -> bool:
         """True until the whole prompt (and, after a preemption, the output so far) is cached."""
-        return self.num_uncomputed_tokens > 1 or self.num_output_tokens == 0
+        return self.num_uncomputed_tokens > 1 or not (self.output_token_ids or self.placeholders)
 
     @property
     def finished(self) -> bool:
@@ -133,5 +143,7 @@ class Request:
 
     def __repr__(self) -> str:
         return (f"Request({self.request_id!r}, prompt={self.num_prompt_tokens}, "
-                f"out={self.num_output_tokens}, computed={self.num_computed_tokens}, "
+                f"out={self.num_output_tokens}"
+                f"{f'+{len(self.placeholders)} in flight' if self.placeholders else ''}, "
+                f"computed={self.num_computed_tokens}, "
                 f"{self.status.name})")

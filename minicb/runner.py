@@ -11,6 +11,8 @@ one position and one slot per row, worked out in plain Python, then one tensor e
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from minicb.config import ResolvedConfig
@@ -23,6 +25,18 @@ from minicb.model.loader import DTYPES
 from minicb.sampling import Logprob, ModelRunnerOutput, Sampler
 from minicb.scheduler.base import ScheduledSeq, SchedulerOutput
 from minicb.spec.rejection import accept
+
+
+class PackedStep(NamedTuple):
+    """A step as the forward and the sampler take it. It carries all the step reads of the
+    runner's state between steps (`decode`), so a step prepared while the last one runs
+    (overlapped scheduling) never shares that state with it."""
+
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    meta: AttentionMetadata
+    logits_indices: torch.Tensor
+    decode: DecodeInputs | None     # a step of decodes only: what it read of the batch
 
 
 def _row_logits(seq: ScheduledSeq, end: int) -> list[torch.Tensor]:
@@ -83,10 +97,12 @@ class ModelRunner:
         self.device = torch.device(config.device)
         self.pad_token_id = pad_token_id
         self.sampler = Sampler()
+        # the last step's sampled tokens, one per plain row that sampled, on the logits' device:
+        # written and read only by the step being run (steps run one at a time, in order)
+        self.sampled: torch.Tensor | None = None
         # each running request's block table and sampling settings, kept between steps
         self.input_batch = InputBatch(2 * config.max_num_seqs, config.blocks_per_seq() + 1,
                                       config.block_size)
-        self._decode_inputs: DecodeInputs | None = None   # what a decode-only step read of it
         args = model.args
         shape = (config.num_kv_blocks, config.block_size, args.num_kv_heads, args.head_dim)
         dtype = DTYPES[config.dtype]
@@ -112,9 +128,9 @@ class ModelRunner:
         own = sum(k.numel() * k.element_size() * 2 for k, _ in self.kv_caches)
         return own + (self.proposer.runner.kv_cache_bytes() if self.proposer is not None else 0)
 
-    def prepare(self, output: SchedulerOutput) -> tuple[torch.Tensor, torch.Tensor,
-                                                        AttentionMetadata, torch.Tensor]:
-        """Pack the step: input ids, positions, attention metadata and the rows to sample."""
+    def prepare(self, output: SchedulerOutput) -> PackedStep:
+        """Pack the step: input ids, positions, attention metadata, the rows to sample and, for a
+        step of decodes only, what it read of the persistent batch."""
         rows = len(output.seqs)
         if (output.num_decode_rows == rows and output.num_useful_rows == rows
                 and not any(s.prompt_targets for s in output.seqs)):
@@ -168,13 +184,13 @@ class ModelRunner:
         logits, nothing is padded. The rows' block tables come from the persistent batch in
         one gather (a row rewritten only when its table changed); positions, tokens and slots
         are read in the same single pass over the rows."""
-        inputs = self._decode_inputs = self.input_batch.gather(output.seqs)
+        inputs = self.input_batch.gather(output.seqs)
         rows = torch.arange(len(output.seqs) + 1, dtype=torch.int32)
-        block_tables = torch.from_numpy(self.input_batch.block_tables[inputs.rows, :inputs.width])
         return self._to_device(output, inputs.tokens, torch.tensor(inputs.positions),
                                torch.tensor(inputs.slots), rows,
-                               [p + 1 for p in inputs.positions], block_tables,
-                               [1] * len(output.seqs), rows[:-1].long())
+                               [p + 1 for p in inputs.positions],
+                               torch.from_numpy(inputs.block_tables), [1] * len(output.seqs),
+                               rows[:-1].long(), inputs)
 
     @staticmethod
     def _block_tables(seqs) -> torch.Tensor:
@@ -185,7 +201,7 @@ class ModelRunner:
                             dtype=torch.int32)
 
     def _to_device(self, output, input_ids, positions, slot_mapping, cu_seqlens_q, seq_lens,
-                   block_tables, q_lens, logits_indices):
+                   block_tables, q_lens, logits_indices, decode=None) -> PackedStep:
         on_host = self.device.type == "cpu"     # then every .to() would be a no-op call
 
         def moved(tensor: torch.Tensor) -> torch.Tensor:
@@ -199,7 +215,8 @@ class ModelRunner:
             decode_rows=([True] * len(q_lens) if output.num_decode_rows == len(q_lens)
                          else [s.is_decode for s in output.seqs]),
             num_decode_rows=output.num_decode_rows)
-        return moved(torch.tensor(input_ids)), moved(positions), meta, moved(logits_indices)
+        return PackedStep(moved(torch.tensor(input_ids)), moved(positions), meta,
+                          moved(logits_indices), decode)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                 logits_indices: torch.Tensor) -> torch.Tensor:
@@ -228,17 +245,29 @@ class ModelRunner:
                 v_cache[destination] = v_cache[source]
 
     def execute(self, output: SchedulerOutput) -> ModelRunnerOutput:
-        self.copy_blocks(output.block_copies)      # before the forward writes into the copies
         if self.proposer is not None:
             self.proposer.copy_blocks(output.block_copies)
             self.proposer.propose(output)          # the draft's tokens, before the target's pass
-        self._decode_inputs = None
-        input_ids, positions, meta, logits_indices = self.prepare(output)
+        return self.run(output, self.prepare(output))
+
+    def run(self, output: SchedulerOutput, packed: PackedStep,
+            previous: torch.Tensor | None = None) -> ModelRunnerOutput:
+        """Run a packed step (`prepare`'s): copy-on-write, the forward, sampling. Everything the
+        step reads of the persistent batch travels in `packed`, so the next step can be prepared
+        meanwhile. `previous`: the step before's sampled tokens, one per row that sampled
+        (overlapped scheduling): the plan's placeholders (-1 - r) are filled from row r of it,
+        here, where the tokens are, without a trip through the host."""
+        self.copy_blocks(output.block_copies)      # before the forward writes into the copies
+        input_ids, positions, meta, logits_indices, decode = packed
+        if previous is not None and len(previous):   # (a step that sampled nothing names none)
+            holes = input_ids < 0
+            input_ids = torch.where(holes, previous[(-1 - input_ids).clamp(0, len(previous) - 1)],
+                                    input_ids)
         logits = self.forward(input_ids, positions, meta, logits_indices)
         prompt_logprobs = None
-        if self._decode_inputs is not None:       # every row a decode: its settings are at hand
+        if decode is not None:                    # every row a decode: its settings are at hand
             rows = output.seqs
-            result = self.sample(rows, logits, self._decode_inputs)
+            result = self.sample(rows, logits, decode)
         else:
             rows = [s for s in output.seqs if s.needs_logits]
             if any(s.prompt_targets for s in output.seqs):
@@ -316,14 +345,17 @@ class ModelRunner:
         token (the engine ends that request, with the error, and every other request carries
         on). `all_greedy`: whether every row is greedy, when the caller knows."""
         if all_greedy:         # no settings to read: every row takes its argmax
-            return self.sampler.argmax(logits.float()).tolist(), [None] * len(rows)
+            self.sampled = self.sampler.argmax(logits.float())
+            return self.sampled.tolist(), [None] * len(rows)
         params, generators = [s.params for s in rows], [s.generator for s in rows]
         states = [s.logits_state for s in rows]
         try:
-            return (self.sampler.sample(logits, params, generators, states).tolist(),
-                    [None] * len(rows))
+            sampled = self.sampler.sample(logits, params, generators, states)
         except Exception:
             pass
+        else:
+            self.sampled = sampled
+            return sampled.tolist(), [None] * len(rows)
         tokens: list[int | None] = []
         errors: list[str | None] = []
         for row in range(len(rows)):
@@ -335,6 +367,8 @@ class ModelRunner:
             except Exception as error:
                 tokens.append(None)
                 errors.append(f"sampling failed: {type(error).__name__}: {error}")
+        # (a row without a token holds 0: its request ends, and the token is never fed)
+        self.sampled = torch.tensor([0 if t is None else t for t in tokens], device=logits.device)
         return tokens, errors
 
     def _logprobs(self, rows: list[ScheduledSeq], logits: torch.Tensor, firsts: list[int],
@@ -347,7 +381,7 @@ class ModelRunner:
         if not asked:
             return result
         positions = [firsts[i] + j for i in asked for j in range(len(tokens[i]))]
-        kept = torch.tensor([t for i in asked for t in tokens[i]])
+        kept = torch.tensor([t for i in asked for t in tokens[i]], device=logits.device)
         params = [rows[i].params for i in asked for _ in tokens[i]]
         flat = iter(self.sampler.logprobs(logits[positions], kept, params))
         for i in asked:

@@ -338,16 +338,21 @@ class Sampler:
         if all(w is None for w in wanted):
             return [None] * len(wanted)
         logprobs = logits.float().log_softmax(dim=-1)
-        chosen = logprobs.gather(1, tokens[:, None]).squeeze(1).tolist()
-        k = max(w or 0 for w in wanted)
-        top_values, top_ids = logprobs.topk(max(k, 1), dim=-1)
-        token_ids = tokens.tolist()
+        tokens = tokens.to(logprobs.device)
+        chosen = logprobs.gather(1, tokens[:, None])
+        k = max(max(w or 0 for w in wanted), 1)
+        top_values, top_ids = logprobs.topk(k, dim=-1)
+        # one copy to the host for the whole batch, not one per row: per row, the chosen token's
+        # logprob, the top k logprobs, their ids and the chosen id (float64 holds every id and
+        # every float32 exactly)
+        table = torch.cat([chosen.double(), top_values.double(), top_ids.double(),
+                           tokens[:, None].double()], dim=1).tolist()
         result: list[Logprob | None] = []
-        for row, w in enumerate(wanted):
+        for row, w in zip(table, wanted):
             if w is None:
                 result.append(None)
                 continue
-            top = dict(zip(top_ids[row, :w].tolist(), top_values[row, :w].tolist()))
-            top.setdefault(token_ids[row], chosen[row])
-            result.append((chosen[row], top))
+            top = dict(zip(map(int, row[1 + k:1 + k + w]), row[1:1 + w]))
+            top.setdefault(int(row[-1]), row[0])
+            result.append((row[0], top))
         return result

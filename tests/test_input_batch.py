@@ -42,3 +42,13 @@ def test_a_full_batch_starts_afresh_and_stays_right():
         inputs = batch.gather([row(i, 1, [10 * step + k]) for k, i in enumerate(ids)])
         assert len(batch.row_of) <= 3 and max(inputs.rows) < 3
         assert tables(batch, inputs) == [[10 * step], [10 * step + 1]]
+
+
+def test_a_gather_is_a_snapshot_the_next_gather_leaves_alone():
+    """Overlapped scheduling gathers step n + 1 while step n still reads its own gather: rewriting
+    a row (its table, its settings) must not change what step n read."""
+    batch = InputBatch(max_rows=4, max_blocks=4, block_size=2)
+    first = batch.gather([row("a", 3, [5, 6]), row("b", 0, [9])])
+    batch.gather([row("a", 4, [5, 6, 2], SAMPLED), row("b", 1, [8], SAMPLED)])
+    assert first.block_tables.tolist() == [[5, 6], [9, 0]]
+    assert first.all_greedy and not first.any_logprobs

@@ -105,3 +105,44 @@ def test_a_token_of_probability_zero_is_never_drawn():
     logits = torch.tensor([float("-inf"), 0.0, float("-inf"), 0.0, float("-inf")])
     counts = draw(SamplingParams(), logits=logits, rows=200, rounds=10)
     assert counts[[0, 2, 4]].sum() == 0 and counts[[1, 3]].min() > 800
+
+
+def test_logprobs_come_to_the_host_in_one_copy_and_match_each_row_alone(monkeypatch):
+    """Sampler.logprobs reads the whole batch with one device-to-host copy (not one per row), and
+    each row's values are those of its own log_softmax and topk."""
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(6, 50, generator=generator) * 3
+    tokens = torch.randint(0, 50, (6,), generator=generator)
+    wanted = [0, 3, None, 5, 1, 20]
+    params = [SamplingParams(logprobs=w) for w in wanted]
+    copies = []
+    tolist = torch.Tensor.tolist
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda self: copies.append(self.shape) or
+                        tolist(self))
+    result = Sampler.logprobs(logits, tokens, params)
+    monkeypatch.undo()
+    assert len(copies) == 1
+    for row, w in enumerate(wanted):
+        if w is None:
+            assert result[row] is None
+            continue
+        logprobs = logits[row].float().log_softmax(dim=-1)
+        values, ids = logprobs.topk(max(w, 1))
+        expected = dict(zip(ids[:w].tolist(), values[:w].tolist()))
+        expected.setdefault(int(tokens[row]), logprobs[tokens[row]].item())   # as vLLM's
+        assert result[row][0] == logprobs[tokens[row]].item()
+        assert result[row][1] == expected
+        assert list(result[row][1])[:w] == ids[:w].tolist()      # in rank order
+
+
+def test_seeded_draws_are_pinned():
+    """Each seeded row draws one uniform per step from its own generator: the tokens below were
+    drawn by this sampler, and any change to how a seed maps to tokens shows here."""
+    generator = torch.Generator().manual_seed(1)
+    logits = torch.randn(6, 100, generator=generator) * 2
+    settings = [(1.0, -1, 1.0, 1), (0.7, 10, 1.0, 2), (1.3, -1, 0.8, 3), (0, -1, 1.0, 4),
+                (1.0, 5, 0.5, 5), (0.5, -1, 1.0, 6)]
+    params = [SamplingParams(temperature=t, top_k=k, top_p=p, seed=s) for t, k, p, s in settings]
+    generators = [torch.Generator().manual_seed(p.seed) for p in params]
+    drawn = [Sampler.sample(logits, params, generators).tolist() for _ in range(3)]
+    assert drawn == [[70, 57, 1, 7, 46, 83], [44, 25, 13, 7, 31, 75], [44, 59, 22, 7, 46, 92]]

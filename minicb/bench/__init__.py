@@ -29,6 +29,8 @@ BENCHMARKS = {
     "memory": ("minicb.bench.memory", "requests that fit one KV budget, contiguous against paged"),
     "overhead": ("minicb.bench.overhead",
                  "the host's part of a decode step (schedule, pack, sample, update)"),
+    "timeline": ("minicb.bench.timeline",
+                 "the device's busy share of wall time, synchronous steps against overlapped"),
     "policies": ("minicb.bench.policies", "admission policies and their latency trade-offs"),
     "prefix": ("minicb.bench.prefix", "prefix caching on shared-prefix traffic"),
     "calibrate": ("minicb.bench.calibrate",

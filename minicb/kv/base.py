@@ -65,8 +65,10 @@ class KVManager(ABC):
         many tokens it now has computed."""
         return 0
 
-    def cache_full_blocks(self, request) -> None:  # noqa: B027 (a hook: doing nothing is right)
-        """After a step: offer the request's newly computed full blocks to the prefix cache."""
+    def cache_full_blocks(  # noqa: B027 (a hook: doing nothing is right)
+            self, request, num_tokens: int | None = None) -> None:
+        """After a step: offer the request's newly computed full blocks to the prefix cache (those
+        among its first `num_tokens` tokens; default: its computed ones)."""
 
     def truncate(self, request, num_tokens: int) -> None:  # noqa: B027 (a hook)
         """Keep only the blocks holding the request's first `num_tokens` tokens (speculative

@@ -157,11 +157,12 @@ class PagedKVManager(KVManager):
             self.copy_before_write[child.request_id] = num_tokens // self.block_size
         return num_tokens
 
-    def cache_full_blocks(self, request) -> None:
+    def cache_full_blocks(self, request, num_tokens: int | None = None) -> None:
         if self.cache is None:
             return
         chain = self.chains.setdefault(request.request_id, [])
-        num_full = request.num_computed_tokens // self.block_size
+        num_full = (request.num_computed_tokens if num_tokens is None else num_tokens) \
+            // self.block_size
         if len(chain) >= num_full or (chain and chain[-1] is None):
             return
         size, table = self.block_size, self.tables[request.request_id]

@@ -83,6 +83,9 @@ class SchedulerOutput:
     preempted: list[Request] = field(default_factory=list)
     # (source, destination) blocks the runner copies before the forward: copy-on-write
     block_copies: list[tuple[int, int]] = field(default_factory=list)
+    # overlapped scheduling: Scheduler.commit applied the plan when it was launched, and its
+    # token ids may hold placeholders for the previous step's tokens (minicb.request)
+    committed: bool = False
 
     # every count of a step's rows and tokens is defined here, once, from the rows' is_decode;
     # read after the plan is complete (counted in one pass over the rows, then kept)
@@ -148,6 +151,10 @@ class Scheduler:
         self.step_count = 0
         self.num_preemptions = 0
         self.fork_parents: dict[str, Request] = {}   # parallel sample's id → its first sample
+        # live requests whose logits processing reads state the host updates from each token
+        # (penalties, min_tokens, a grammar): a step for them cannot be planned before the last
+        # one's tokens are known, so overlapped scheduling runs synchronous steps meanwhile
+        self.num_host_state_requests = 0
         # every request finished (by a stop, an error or an abort) since take_finished() last
         # ran: the engine reports those that got no token from them, without a scan of everyone
         self.finished_requests: list[Request] = []
@@ -180,6 +187,8 @@ class Scheduler:
         request.status = RequestStatus.WAITING
         if fork_of is not None:
             self.fork_parents[request.request_id] = fork_of
+        if request.logits_state is not None:
+            self.num_host_state_requests += 1
         self.waiting.append(request)
 
     def has_unfinished(self) -> bool:   # asked before every step: stops at the first found
@@ -225,6 +234,32 @@ class Scheduler:
                             is_decode=num_pad + len(tokens) == 1, prompt_targets=targets,
                             logits_state=request.logits_state, req_id=request.request_id)
 
+    # --- overlapped scheduling ------------------------------------------------------------------
+    def commit(self, output: SchedulerOutput) -> None:
+        """Apply a plan as it is launched, before its tokens exist, so the next step can be
+        planned while this one runs (vLLM's _update_after_schedule): every row's tokens count as
+        computed, and each row that samples gets a placeholder for its token, which the next
+        step feeds and `update` later replaces with the real token. Stops wait for the token:
+        they are applied one step late, in `update`."""
+        output.committed = True
+        row = 0                          # the row of the step's sampled tokens
+        for seq in output.seqs:
+            if seq.ghost:
+                continue
+            request = seq.request
+            request.num_computed_tokens = seq.start + seq.num_tokens
+            if seq.needs_logits:
+                request.placeholders.append(-1 - row)
+                row += 1
+            else:
+                self.kv.cache_full_blocks(request)       # a prompt chunk: its tokens are known
+
+    def awaits_last_token(self, request: Request) -> bool:
+        """A request whose token in flight is its last (max_tokens or max_model_len): it ends
+        when that token arrives, whatever it is, so no step is planned for it."""
+        return bool(request.placeholders) and \
+            request.num_tokens >= request.max_total_tokens(self.config.max_model_len)
+
     # --- after the model ran -----------------------------------------------------------------
     def update(self, output: SchedulerOutput,
                sampled: ModelRunnerOutput | SamplerOutput | Sequence[int | None]
@@ -243,22 +278,29 @@ class Scheduler:
         now, step = self.clock(), output.step
         results = iter(zip(sampled.sampled_token_ids, sampled.logprobs, sampled.errors))
         touched: list[Request] = []
+        committed = output.committed
         for index, seq in enumerate(output.seqs):
             if seq.ghost:
                 continue
             if sampled.prompt_logprobs is not None and index in sampled.prompt_logprobs:
                 _record_prompt_logprobs(seq.request, seq.start, sampled.prompt_logprobs[index])
             if not seq.needs_logits:          # a prompt chunk before the last: KV only
-                seq.request.num_computed_tokens += seq.num_tokens
-                self.kv.cache_full_blocks(seq.request)
+                if not committed:             # (a committed plan counted it when launched)
+                    seq.request.num_computed_tokens += seq.num_tokens
+                    self.kv.cache_full_blocks(seq.request)
                 continue
             tokens, logprobs, error = next(results)
+            if committed and seq.request.finished:
+                continue        # it ended after this step was launched: the token is discarded
             touched.append(seq.request)
             if tokens is None:        # this row could not be sampled
                 seq.request.error = error or "the row could not be sampled"
                 self.finish(seq.request, RequestStatus.FINISHED_ERROR)
                 continue
-            self._append_tokens(seq, tokens, logprobs, now, step)
+            if committed:
+                self._resolve_placeholder(seq.request, tokens[0], logprobs, now, step)
+            else:
+                self._append_tokens(seq, tokens, logprobs, now, step)
         self.after_update(output)
         return touched
 
@@ -302,6 +344,31 @@ class Scheduler:
         if reason is not None:
             self.finish(request, reason)
 
+    def _resolve_placeholder(self, request: Request, token: int, logprobs: list | None,
+                             now: float, step: int) -> None:
+        """A committed step's token arrives: it replaces the request's oldest placeholder, and
+        the stop checks run on it now, one step late (what ends the request also discards the
+        token computed past it: `_mark_finished` drops the placeholders left)."""
+        request.placeholders.pop(0)
+        request.output_token_ids.append(token)
+        if logprobs is not None and logprobs[0] is not None:
+            request.logprobs.append(logprobs[0])
+        if request.logits_state is not None and not request.logits_state.accept(token):
+            request.error = f"token {token} does not follow the request's grammar"
+            self.finish(request, RequestStatus.FINISHED_ERROR)
+            return
+        times = request.times
+        times.token_times.append(now)
+        times.token_steps.append(step)
+        if times.first_token is None:
+            times.first_token, times.first_token_step = now, step
+        if request.status is RequestStatus.RUNNING:   # full blocks of known tokens to the cache
+            self.kv.cache_full_blocks(request, min(request.num_computed_tokens,
+                                                   request.num_tokens - len(request.placeholders)))
+        reason = self.check_stop(request, token)
+        if reason is not None:
+            self.finish(request, reason)
+
     def check_stop(self, request: Request, token: int) -> RequestStatus | None:
         """Whether `token`, just appended, ends the request: EOS, a stop token id, or a length."""
         params = request.params
@@ -310,7 +377,9 @@ class Scheduler:
         if token in params.stop_token_ids:
             request.stop_reason = token
             return RequestStatus.FINISHED_STOPPED
-        if request.num_tokens >= request.max_total_tokens(self.config.max_model_len):
+        # (tokens in flight do not count: this one may be followed by a placeholder already)
+        if len(request.prompt_token_ids) + len(request.output_token_ids) >= \
+                request.max_total_tokens(self.config.max_model_len):
             return RequestStatus.FINISHED_LENGTH
         return None
 
@@ -318,7 +387,9 @@ class Scheduler:
         """Hook for subclasses (the static scheduler ends its batch here)."""
 
     def finish(self, request: Request, status: RequestStatus) -> None:
-        self.running.remove(request)
+        # (waiting: preempted while its last step was in flight, overlapped scheduling)
+        queue = self.waiting if request.status is RequestStatus.WAITING else self.running
+        queue.remove(request)
         self.kv.free(request)
         self._mark_finished(request, status)
 
@@ -328,6 +399,12 @@ class Scheduler:
         return finished
 
     def _mark_finished(self, request: Request, status: RequestStatus) -> None:
+        if request.logits_state is not None and not request.finished:
+            self.num_host_state_requests -= 1
+        if request.placeholders:   # tokens in flight past its end: never reported
+            request.num_computed_tokens = max(
+                request.num_computed_tokens - len(request.placeholders), 0)
+            request.placeholders.clear()
         self.finished_requests.append(request)
         self.fork_parents.pop(request.request_id, None)
         request.status = status

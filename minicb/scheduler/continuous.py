@@ -80,7 +80,8 @@ class ContinuousScheduler(Scheduler):
                       for r in self.running)
         speculative = self.config.speculative_method is not None
         for request in list(self.running):
-            if request.status is not running or request.request_id in scheduled:
+            if (request.status is not running or request.request_id in scheduled
+                    or (request.placeholders and self.awaits_last_token(request))):
                 continue
             pending -= 1
             prefilling = request.is_prefilling

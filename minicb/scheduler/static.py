@@ -23,7 +23,7 @@ class StaticScheduler(Scheduler):
             self._form_batch(output)
             return output
         for request in self.running:
-            if request.finished:
+            if request.finished or self.awaits_last_token(request):
                 output.seqs.append(self.row(request, 1, ghost=True))
             else:
                 output.seqs.append(self.row(request, 1))

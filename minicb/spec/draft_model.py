@@ -57,7 +57,7 @@ class DraftModelProposer:
     def _forward(self, output: SchedulerOutput, rows: torch.Tensor | None = None) -> torch.Tensor:
         """The draft's forward over a plan; logits for `rows` (indices among the rows the packing
         returns logits for), every such row when None."""
-        input_ids, positions, meta, logits_indices = self.runner.prepare(output)
+        input_ids, positions, meta, logits_indices, _ = self.runner.prepare(output)
         if rows is not None:
             logits_indices = logits_indices[rows]
         return self.runner.forward(input_ids, positions, meta, logits_indices)

@@ -11,7 +11,8 @@ Measurements: request_timelines, tradeoff_curve, line_plot, bar_chart, roofline,
 Knobs: knob_sweep (numbers), knob_view (the picture for one setting), knob_widget (sliders).
 Memory: block_map, block_reuse, free_blocks_timeline. Kernels: paged_lookup. Steps: step_costs.
 Speculative decoding: verify_steps (what each step kept), accepted_lengths (tokens per step).
-A router's choices over a trace: routing_strips.
+A router's choices over a trace: routing_strips. The host's and the device's lanes over time
+(bench timeline): lane_chart, busy_fraction.
 Several GPUs (minicb.sim.cluster, bench disagg): cluster_timeline, slo_attainment_curves,
 goodput_bars, slo_scale_plot, tp_parts, tp_tpot.
 The interview quiz: quiz_widget, interview_markdown. The engine's own code: show_source
@@ -46,6 +47,7 @@ from minicb.viz.kernel_plans import (
 )
 from minicb.viz.kernels import paged_lookup, recorded_kernel_results
 from minicb.viz.knobs import knob_row, knob_sweep, knob_view, knob_widget
+from minicb.viz.lanes import busy_fraction, lane_chart
 from minicb.viz.memory import block_map, block_owners, block_reuse, free_blocks_timeline
 from minicb.viz.quiz import (
            book_interview,
@@ -72,7 +74,8 @@ from minicb.viz.serving import (
 from minicb.viz.source import show_file, show_source
 from minicb.viz.speculative import accepted_lengths, verify_steps
 
-__all__ = ["PALETTE", "format_table", "new_figure", "request_colour", "attention_mask",
+__all__ = ["busy_fraction", "lane_chart", "PALETTE", "format_table", "new_figure",
+           "request_colour", "attention_mask",
            "batch_layout", "mask_image", "bar_chart", "length_histogram", "line_plot",
            "request_timelines", "roofline", "tradeoff_curve", "paged_lookup",
            "recorded_kernel_results", "knob_row", "knob_sweep", "knob_view", "knob_widget",

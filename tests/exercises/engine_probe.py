@@ -53,7 +53,7 @@ def record_packed_steps(llm: LLM) -> list[PackedStep]:
             tokens = [] if seq.ghost else request.all_token_ids[start:start + seq.num_tokens]
             rows.append(PackedRow(request.request_id, start, tokens, seq.num_pad,
                                   list(engine.kv.block_table(request)), seq.ghost))
-        steps.append(PackedStep(rows, *packed))
+        steps.append(PackedStep(rows, *packed[:4]))   # (the tensors and the metadata)
         return packed
 
     engine.runner.prepare = recording_prepare

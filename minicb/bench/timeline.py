@@ -1,0 +1,308 @@
+"""`python -m minicb bench timeline`: how much of the time is the device busy, sync vs overlapped?
+
+    python -m minicb bench timeline [--batch-sizes 8 64] [--steps 40] [--repeats 3]
+
+Two pictures of the same loop, one lane for the host and one for the device:
+
+- measured, on the real engine in steady decode: per step, the host's phases (schedule, pack,
+  launch, wait, update) and the device's busy intervals, with synchronous steps and overlapped
+  ones (async_scheduling), alternated, `--repeats` times each, with the load average and each
+  step's thread count beside them. On a CPU "the device" is the thread that runs the model: its
+  busy intervals are the runner's step, wall clock. (On a GPU the same interval also holds the
+  host's kernel launches: CUDA events are not read here yet.)
+- in virtual time, from the cost model: the simulator's step costs on the book's reference CPU
+  (minicb.calibrate.REFERENCE_CPU; --cost a100 for the A100's) as the device's lane, and a host
+  cost per step (schedule + pack + update, read from `bench overhead`'s JSON at the nearest batch
+  size, or --host-ms), laid out as the two loops run them: one after the other, or the host
+  planning step n + 1 while the device runs step n.
+
+The reading is the device's busy share of wall time over the steady decode steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import threading
+import time
+
+from minicb.bench.common import (
+    RESULTS_DIR,
+    display_path,
+    format_table,
+    resolve_model,
+    write_results,
+)
+from minicb.viz.lanes import busy_fraction
+
+OVERHEAD_JSON = RESULTS_DIR / "overhead.json"
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m minicb bench timeline",
+                                description=__doc__.split("\n")[0])
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=[8, 64])
+    p.add_argument("--context", type=int, default=64, help="prompt tokens of every request")
+    p.add_argument("--steps", type=int, default=40, help="decode steps recorded per run")
+    p.add_argument("--repeats", type=int, default=3, help="runs of each loop, alternated")
+    p.add_argument("--cost", choices=["cpu", "a100"], default="cpu",
+                   help="the simulator's step costs: the reference CPU's or the A100's")
+    p.add_argument("--host-ms", type=float, default=None,
+                   help="the simulator's host cost per step (default: bench overhead's JSON)")
+    p.add_argument("--model", default=None)
+    p.add_argument("--random-model", default=None)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
+    p.add_argument("--skip-engine", action="store_true", help="only the simulator's lanes")
+    p.add_argument("--out-dir", default=str(RESULTS_DIR))
+    return p.parse_args(argv)
+
+
+class Recorder:
+    """Wraps a live engine's scheduler, runner and executor so every call leaves an interval
+    (perf_counter seconds) on the host's lane or the device's; the device's carry each step's
+    thread count."""
+
+    def __init__(self, engine) -> None:
+        self.host: list[tuple[float, float, str]] = []
+        self.device: list[tuple[float, float, str]] = []
+        self.threads: list[int] = []
+        self._lock = threading.Lock()
+        self._main = threading.get_ident()
+        self._engine = engine
+        self._wrap(engine.scheduler, "schedule", "schedule")
+        self._wrap(engine.scheduler, "update", "update")
+        self._wrap(engine.runner, "prepare", "pack")
+        self._wrap(engine.runner, "run", "busy")
+        executor = engine.core.executor
+        if hasattr(executor, "pool"):
+            self._wrap(executor.pool, "submit", "launch")
+            execute = executor.execute
+            executor.execute = lambda plan: _TimedFuture(execute(plan), self)
+
+    def add(self, lane: str, start: float, end: float, phase: str) -> None:
+        with self._lock:
+            getattr(self, lane).append((start, end, phase))
+
+    def _wrap(self, owner, method: str, phase: str) -> None:
+        original = getattr(owner, method)
+        threads = self._engine.threads
+
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                end = time.perf_counter()
+                if phase == "busy":
+                    self.add("device", start, end, "busy")
+                    with self._lock:
+                        self.threads.append(threads.threads if threads is not None else 0)
+                    if threading.get_ident() == self._main:   # a synchronous step: host waits
+                        self.add("host", start, end, "wait")
+                else:
+                    self.add("host", start, end, phase)
+
+        setattr(owner, method, timed)
+
+
+class _TimedFuture:
+    def __init__(self, future, recorder: Recorder) -> None:
+        self.future, self.recorder = future, recorder
+
+    def result(self):
+        start = time.perf_counter()
+        try:
+            return self.future.result()
+        finally:
+            self.recorder.add("host", start, time.perf_counter(), "wait")
+
+
+def engine_run(model_path: str, overlap: bool, batch: int, context: int, steps: int,
+               device: str, dtype: str) -> dict:
+    """One run in steady decode: `steps` steps of `batch` decoding requests, recorded."""
+    from minicb import LLM, SamplingParams
+
+    llm = LLM(model_path, async_scheduling=overlap, max_num_seqs=batch,
+              max_num_batched_tokens=max(2048, batch), max_model_len=context + steps + 16,
+              device=device, dtype=dtype)
+    engine = llm.llm_engine
+    vocab = engine.vocab_size
+    for index in range(batch):
+        prompt = [(7 * index + 3 * j) % (vocab - 3) + 3 for j in range(context)]
+        engine.add_request(str(index), prompt,
+                           SamplingParams(max_tokens=steps + 8, temperature=0, ignore_eos=True))
+    while any(r.is_prefilling for r in engine.scheduler.waiting + engine.scheduler.running):
+        engine.step()
+    for _ in range(2):                    # warm: the overlapped loop has a step in flight now
+        engine.step()
+    recorder = Recorder(engine)
+    load = os.getloadavg()
+    start = time.perf_counter()
+    tokens = sum(len(output.new_token_ids) for _ in range(steps) for output in engine.step())
+    end = time.perf_counter()
+    while engine.has_unfinished_requests():
+        engine.step()
+    return {"overlap": overlap, "batch": batch, "wall_s": end - start, "tokens": tokens,
+            "tokens_per_s": tokens / (end - start),
+            "device_busy": busy_fraction(recorder.device, start, end),
+            "host_busy": busy_fraction([i for i in recorder.host if i[2] != "wait"], start, end),
+            "threads": sorted(set(recorder.threads)), "load_average": [round(x, 2) for x in load],
+            "lanes": {"host": _relative(recorder.host, start, end),
+                      "device": _relative(recorder.device, start, end)},
+            "window": [0.0, end - start]}
+
+
+def _relative(intervals, start: float, end: float) -> list[tuple[float, float, str]]:
+    return sorted((a - start, b - start, phase) for a, b, phase in intervals
+                  if b >= start and a <= end)
+
+
+def host_costs(batch: int, host_ms: float | None) -> dict:
+    """The host's milliseconds per decode step by phase: --host-ms as all of it, or bench
+    overhead's measurement at the nearest batch size."""
+    if host_ms is not None:
+        return {"schedule": host_ms / 3, "pack": host_ms / 3, "update": host_ms / 3,
+                "source": "--host-ms"}
+    steps = json.loads(OVERHEAD_JSON.read_text())["model_steps"]
+    step = min(steps, key=lambda s: abs(s["batch"] - batch))
+    return {"schedule": step["schedule_ms"], "pack": step["prepare_ms"],
+            "update": step["update_ms"] + step["other_ms"],
+            "source": f"{display_path(OVERHEAD_JSON)} at batch {step['batch']}"}
+
+
+def virtual_lanes(device_seconds: list[float], host: dict, overlap: bool) -> dict:
+    """Lay out the steps as each loop runs them, in virtual seconds. Synchronous: schedule, pack,
+    the device's step (the host waits), update. Overlapped: the host plans step n + 1 while the
+    device runs step n, then waits for step n and applies it; the device starts a step when it
+    is packed and the step before it is done."""
+    phases = [(name, host[name] / 1e3) for name in ("schedule", "pack")]
+    update = host["update"] / 1e3
+    lanes: dict[str, list] = {"host": [], "device": []}
+    t = device_free = 0.0
+
+    def collect(until: float) -> float:         # wait for a step's tokens, then apply them
+        if until > t:
+            lanes["host"].append((t, until, "wait"))
+        start = max(t, until)
+        lanes["host"].append((start, start + update, "update"))
+        return start + update
+
+    for n, d in enumerate(device_seconds):
+        for name, cost in phases:
+            lanes["host"].append((t, t + cost, name))
+            t += cost
+        start = max(t, device_free)
+        lanes["device"].append((start, start + d, "busy"))
+        if not overlap:
+            t = collect(start + d)
+        elif n > 0:                             # step n is queued: now collect step n - 1
+            t = collect(device_free)
+        device_free = start + d
+    if overlap:
+        collect(device_free)
+    return lanes
+
+
+def simulated(batch: int, context: int, steps: int, host: dict, cost_name: str = "cpu") -> dict:
+    """The cost model's decode steps for `batch` requests, sync and overlapped lanes."""
+    from minicb.calibrate import A100_LLAMA2_7B, REFERENCE_CPU
+    from minicb.sim import simulate
+    from minicb.workload import fixed
+
+    cost = {"cpu": REFERENCE_CPU, "a100": A100_LLAMA2_7B}[cost_name]
+    result = simulate(fixed("timeline", [context] * batch, [steps + 1] * batch), cost=cost,
+                      scheduler="continuous", kv_cache="paged", max_num_seqs=batch,
+                      max_num_batched_tokens=max(2048, batch * context))
+    device = [s.end - s.start for s in result.steps[1:steps + 1]]    # after everyone's prefill
+    out = {"batch": batch, "cost_model": cost.name, "host_ms": host,
+           "device_ms": 1e3 * statistics.mean(device)}
+    for name, overlap in (("sync", False), ("overlapped", True)):
+        lanes = virtual_lanes(device, host, overlap)
+        end = max(b for _, b, _ in lanes["host"] + lanes["device"])
+        out[name] = {"lanes": lanes, "window": [0.0, end],
+                     "device_busy": busy_fraction(lanes["device"], 0.0, end),
+                     "tokens_per_s": batch * len(device) / end}
+    return out
+
+
+def summarise(runs: list[dict]) -> list[dict]:
+    rows = []
+    for batch in sorted({r["batch"] for r in runs}):
+        for overlap in (False, True):
+            mine = [r for r in runs if r["batch"] == batch and r["overlap"] == overlap]
+            busy = [r["device_busy"] for r in mine]
+            speed = [r["tokens_per_s"] for r in mine]
+            rows.append({"batch": batch, "loop": "overlapped" if overlap else "sync",
+                         "busy_median": statistics.median(busy), "busy_min": min(busy),
+                         "busy_max": max(busy), "tps_median": statistics.median(speed),
+                         "tps_min": min(speed), "tps_max": max(speed)})
+    return rows
+
+
+def plot_timeline(payload: dict):
+    """The lanes of the largest batch: the simulator's (virtual time) when no engine ran, else
+    the engine's median-speed run of each loop."""
+    from minicb.viz.lanes import lane_chart
+
+    timelines = {}
+    if payload.get("runs"):
+        batch = max(r["batch"] for r in payload["runs"])
+        for overlap, name in ((False, "sync"), (True, "overlapped")):
+            mine = sorted((r for r in payload["runs"] if r["batch"] == batch
+                           and r["overlap"] == overlap), key=lambda r: r["tokens_per_s"])
+            run = mine[len(mine) // 2]
+            timelines[f"{name}, {batch} rows (measured)"] = run["lanes"]
+        window = min(run["window"][1] for run in payload["runs"] if run["batch"] == batch)
+        return lane_chart(timelines, window=(0.0, window / 4))
+    sim = max(payload["simulated"], key=lambda s: s["batch"])
+    for name in ("sync", "overlapped"):
+        timelines[f"{name}, {sim['batch']} rows (cost model)"] = sim[name]["lanes"]
+    return lane_chart(timelines, window=(0.0, sim["sync"]["window"][1] / 4))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv or [])
+    simulated_runs = [simulated(b, args.context, args.steps, host_costs(b, args.host_ms),
+                                args.cost) for b in args.batch_sizes]
+    print(format_table([{"batch": s["batch"], "device_ms": s["device_ms"],
+                         "host_ms": sum(v for k, v in s["host_ms"].items() if k != "source"),
+                         "sync": s["sync"]["device_busy"],
+                         "overlapped": s["overlapped"]["device_busy"]} for s in simulated_runs],
+                       [("batch", "rows", "d"), ("device_ms", "device ms / step", ".2f"),
+                        ("host_ms", "host ms / step", ".2f"),
+                        ("sync", "busy, sync (virtual)", ".3f"),
+                        ("overlapped", "busy, overlapped (virtual)", ".3f")]))
+    sim_stem = "timeline-sim" + ("" if args.cost == "cpu" else f"-{args.cost}")
+    write_results(args.out_dir, sim_stem, {"benchmark": "timeline", "runner": "minicb.sim "
+                  "cost model, virtual time", "steps": args.steps, "context": args.context,
+                  "simulated": simulated_runs}, plot_timeline)
+    if args.skip_engine:
+        return 0
+    model_path, label = resolve_model(args.model, args.random_model, args.dtype)
+    runs = []
+    for _ in range(args.repeats):
+        for batch in args.batch_sizes:
+            for overlap in (False, True):           # alternated, so drift hits both alike
+                runs.append(engine_run(model_path, overlap, batch, args.context, args.steps,
+                                       args.device, args.dtype))
+    rows = summarise(runs)
+    print(format_table(rows, [("batch", "rows", "d"), ("loop", "loop", "s"),
+                              ("busy_median", "device busy (median)", ".3f"),
+                              ("busy_min", "min", ".3f"), ("busy_max", "max", ".3f"),
+                              ("tps_median", "tokens/s (median)", ".0f"),
+                              ("tps_min", "min", ".0f"), ("tps_max", "max", ".0f")]))
+    print("load averages:", [r["load_average"] for r in runs])
+    stem = "timeline" + (f"-{args.device}" if args.device != "cpu" else "")
+    json_path, png_path = write_results(
+        args.out_dir, stem, {"benchmark": "timeline", "runner": "the real engine",
+                             "model": {"label": label, "path": display_path(model_path),
+                                       "device": args.device, "dtype": args.dtype},
+                             "steps": args.steps, "context": args.context,
+                             "repeats": args.repeats, "summary": rows, "runs": runs},
+        plot_timeline)
+    print(f"results: {json_path}, {png_path}")
+    return 0
+

@@ -1,0 +1,21 @@
+"""bench timeline records the host's phases and the device's busy intervals on the real engine,
+for synchronous and overlapped steps."""
+
+from __future__ import annotations
+
+import pytest
+
+from minicb.bench.common import resolve_model
+from minicb.bench.timeline import engine_run
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_engine_run_records_both_lanes(overlap):
+    path, _ = resolve_model(None, None, "float32")
+    run = engine_run(path, overlap, batch=3, context=8, steps=5, device="cpu", dtype="float32")
+    assert run["tokens"] == 3 * 5
+    assert 0 < run["device_busy"] <= 1 and 0 < run["host_busy"] <= 1
+    phases = {phase for _, _, phase in run["lanes"]["host"]}
+    assert {"schedule", "pack", "update", "wait"} <= phases
+    assert ("launch" in phases) == overlap
+    assert len(run["lanes"]["device"]) >= 5 and run["threads"]
