@@ -72,6 +72,10 @@ class MutantsOfOneChapter:
         _grade_mutant(name, tmp_path)
 
 
+class TestChapter00Mutants(MutantsOfOneChapter):
+    CHAPTER = "00"
+
+
 class TestChapter01Mutants(MutantsOfOneChapter):
     CHAPTER = "01"
 
@@ -102,6 +106,10 @@ class TestChapter07Mutants(MutantsOfOneChapter):
 
 class TestChapter08Mutants(MutantsOfOneChapter):
     CHAPTER = "08"
+
+
+class TestChapter09Mutants(MutantsOfOneChapter):
+    CHAPTER = "09"
 
 
 def test_every_mutant_has_its_chapters_class():
