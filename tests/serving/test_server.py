@@ -296,6 +296,12 @@ def test_a_non_streaming_client_that_gives_up_is_aborted_too(server):
     with slow_steps(engine):
         with pytest.raises(httpx.ReadTimeout):
             httpx.post(server.url + "/v1/completions", json=body, timeout=0.3)
+        # on a busy machine the client can give up before the request reached the engine: wait
+        # for the abort itself, then for the engine to be idle
+        deadline = time.monotonic() + 60
+        while engine.stats.finished["abort"] == aborted_before:
+            assert time.monotonic() < deadline, "the request the client gave up on was not aborted"
+            time.sleep(0.02)
         wait_until_idle(server)
     assert engine.stats.finished["abort"] == aborted_before + 1
     assert engine.engine.kv.num_used_blocks() == 0
