@@ -52,8 +52,10 @@ class LogitsState:
         if params.repetition_penalty != 1.0:
             self.prompt_mask = torch.zeros(vocab_size, dtype=torch.bool)
             self.prompt_mask[torch.tensor(list(prompt_token_ids), dtype=torch.long)] = True
-        # EOS and the stop token ids: masked while fewer than min_tokens tokens came out
-        self.min_tokens_ids = torch.tensor(sorted(set(stop_token_ids)), dtype=torch.long)
+        # EOS and the stop token ids: masked while fewer than min_tokens tokens came out (an id
+        # past the vocabulary can never be sampled, so it needs no mask)
+        self.min_tokens_ids = torch.tensor(sorted({t for t in stop_token_ids if t < vocab_size}),
+                                           dtype=torch.long)
         self.matcher = matcher
 
     def accept(self, token_id: int) -> bool:

@@ -235,3 +235,16 @@ def test_a_repetition_penalty_too_small_for_float32_is_refused():
     with pytest.raises(ValueError, match="repetition_penalty"):
         SamplingParams(repetition_penalty=1e-46)
     SamplingParams(repetition_penalty=MIN_REPETITION_PENALTY)
+
+
+def test_min_tokens_with_a_stop_id_past_the_vocabulary_still_samples():
+    """A stop token id the model cannot produce needs no mask; it must not break the row (the
+    server's schema fuzzing found one equal to the vocabulary size)."""
+    from minicb import LLM, SamplingParams
+
+    llm = LLM(max_model_len=64)
+    vocab = llm.llm_engine.vocab_size
+    out = llm.generate([[5, 6, 7]], SamplingParams(max_tokens=3, min_tokens=2, temperature=0,
+                                                   stop_token_ids=[vocab, vocab + 7]),
+                       use_tqdm=False)[0]
+    assert out.outputs[0].finish_reason == "length" and len(out.outputs[0].token_ids) == 3, out
