@@ -7,7 +7,6 @@ marks. exercises/README.md reports the resulting mutation score.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 import subprocess
@@ -15,33 +14,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from mutation import MUTANTS, load_mutant, write_mutant
 
-ROOT = Path(__file__).resolve().parent.parent
-MUTANTS = sorted(path.stem for path in (ROOT / "tests" / "exercises" / "mutants").glob("ch*.py"))
+ROOT = Path(__file__).resolve().parents[2]
 MUTANT_RUN_TIMEOUT_S = 120
-
-
-def load_mutant(name: str):
-    path = ROOT / "tests" / "exercises" / "mutants" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"mutant_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def write_mutant(name: str, folder: Path) -> None:
-    """solutions/ copied into `folder`, with the mutant's edits applied to its chapter."""
-    mutant = load_mutant(name)
-    for source in (ROOT / "solutions").glob("ch*.py"):
-        shutil.copy(source, folder / source.name)
-    target = next(folder.glob(f"ch{mutant.CHAPTER}_*.py"))
-    text = target.read_text()
-    for old, new in mutant.EDITS:
-        assert text.count(old) == 1, (f"mutant {name}: {old!r} should occur once in "
-                                      f"solutions/{target.name}, found {text.count(old)}; update "
-                                      "the mutant to the solution's current text.")
-        text = text.replace(old, new)
-    target.write_text(text)
 
 
 def test_there_are_mutants_for_every_chapter():

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 STUB_RUN_TIMEOUT_S = 420     # the stubs fail fast; this bounds a hang (it would fail the test)
 
 
