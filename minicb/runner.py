@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
 from minicb.config import ResolvedConfig
@@ -176,21 +177,24 @@ class ModelRunner:
                                        or [torch.zeros(0, dtype=torch.long)])
         else:
             logits_indices = (ends - 1)[[s.needs_logits for s in seqs]]
-        return self._to_device(output, input_ids, positions, slot_mapping, cu_seqlens_q, seq_lens,
+        return self._to_device(output, torch.tensor(input_ids), positions, slot_mapping,
+                               cu_seqlens_q, torch.tensor(seq_lens, dtype=torch.int32), seq_lens,
                                block_tables, q_lens, logits_indices)
 
     def _prepare_decodes(self, output: SchedulerOutput):
         """The decode-only step: row r is one token at position start_r, every row needs its
-        logits, nothing is padded. The rows' block tables come from the persistent batch in
-        one gather (a row rewritten only when its table changed); positions, tokens and slots
-        are read in the same single pass over the rows."""
+        logits, nothing is padded. The persistent batch gathers the rows in one pass (their
+        block tables rewritten only when they changed) and works out their slots as arrays;
+        each array becomes a tensor without a copy (torch.from_numpy), where building one from
+        a Python list costs about as much again per row."""
         inputs = self.input_batch.gather(output.seqs)
         rows = torch.arange(len(output.seqs) + 1, dtype=torch.int32)
-        return self._to_device(output, inputs.tokens, torch.tensor(inputs.positions),
-                               torch.tensor(inputs.slots), rows,
-                               [p + 1 for p in inputs.positions],
-                               torch.from_numpy(inputs.block_tables), [1] * len(output.seqs),
-                               rows[:-1].long(), inputs)
+        seq_lens = inputs.positions + 1
+        return self._to_device(output, torch.from_numpy(inputs.tokens),
+                               torch.from_numpy(inputs.positions), torch.from_numpy(inputs.slots),
+                               rows, torch.from_numpy(seq_lens.astype(np.int32)),
+                               seq_lens.tolist(), torch.from_numpy(inputs.block_tables),
+                               [1] * len(output.seqs), rows[:-1].long(), inputs)
 
     @staticmethod
     def _block_tables(seqs) -> torch.Tensor:
@@ -201,7 +205,7 @@ class ModelRunner:
                             dtype=torch.int32)
 
     def _to_device(self, output, input_ids, positions, slot_mapping, cu_seqlens_q, seq_lens,
-                   block_tables, q_lens, logits_indices, decode=None) -> PackedStep:
+                   seq_lens_host, block_tables, q_lens, logits_indices, decode=None) -> PackedStep:
         on_host = self.device.type == "cpu"     # then every .to() would be a no-op call
 
         def moved(tensor: torch.Tensor) -> torch.Tensor:
@@ -209,13 +213,13 @@ class ModelRunner:
 
         meta = AttentionMetadata(
             slot_mapping=moved(slot_mapping), cu_seqlens_q=moved(cu_seqlens_q),
-            seq_lens=moved(torch.tensor(seq_lens, dtype=torch.int32)),
-            block_tables=moved(block_tables), max_seqlen_q=max(q_lens),
-            max_seqlen_k=max(max(seq_lens), 1), q_lens_host=q_lens, seq_lens_host=seq_lens,
+            seq_lens=moved(seq_lens), block_tables=moved(block_tables), max_seqlen_q=max(q_lens),
+            max_seqlen_k=max(max(seq_lens_host), 1), q_lens_host=q_lens,
+            seq_lens_host=seq_lens_host,
             decode_rows=([True] * len(q_lens) if output.num_decode_rows == len(q_lens)
                          else [s.is_decode for s in output.seqs]),
             num_decode_rows=output.num_decode_rows)
-        return PackedStep(moved(torch.tensor(input_ids)), moved(positions), meta,
+        return PackedStep(moved(input_ids), moved(positions), meta,
                           moved(logits_indices), decode)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,

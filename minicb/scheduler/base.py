@@ -234,6 +234,18 @@ class Scheduler:
                             is_decode=num_pad + len(tokens) == 1, prompt_targets=targets,
                             logits_state=request.logits_state, req_id=request.request_id)
 
+    def decode_row(self, request: Request) -> ScheduledSeq:
+        """`row(request, 1)` for a running request past its prompt, the step's commonest row:
+        its one uncomputed token is its newest (a placeholder while that token is in flight),
+        it samples, and it has no prompt position left to score. Written out, as vLLM plans its
+        "cached requests" apart from new ones: a decode step plans one of these per row, so
+        each call it saves is a few microseconds per row of every step."""
+        return ScheduledSeq(request, 1, request.num_computed_tokens,
+                            (request.placeholders or request.output_token_ids)[-1:],
+                            list(self.kv.block_table(request)), request.params, request.generator,
+                            needs_logits=True, is_decode=True, logits_state=request.logits_state,
+                            req_id=request.request_id)
+
     # --- overlapped scheduling ------------------------------------------------------------------
     def commit(self, output: SchedulerOutput) -> None:
         """Apply a plan as it is launched, before its tokens exist, so the next step can be
@@ -304,6 +316,25 @@ class Scheduler:
         self.after_update(output)
         return touched
 
+    def _append_token(self, request: Request, token: int, logprob, now: float,
+                      step: int) -> RequestStatus | None:
+        """One sampled token joins the request's output, the one place this happens (a step's
+        tokens, or a committed step's token arriving): its logprob, the grammar's check, its
+        time, then the stop checks. Returns what ends the request (a stop, or an error when the
+        grammar refuses the token, its reason recorded) or None; the caller finishes it."""
+        request.output_token_ids.append(token)
+        if logprob is not None:
+            request.logprobs.append(logprob)
+        if request.logits_state is not None and not request.logits_state.accept(token):
+            request.error = f"token {token} does not follow the request's grammar"
+            return RequestStatus.FINISHED_ERROR
+        times = request.times
+        times.token_times.append(now)
+        times.token_steps.append(step)
+        if times.first_token is None:
+            times.first_token, times.first_token_step = now, step
+        return self.check_stop(request, token)
+
     def _append_tokens(self, seq: ScheduledSeq, tokens: list[int],
                        logprobs: list | None, now: float, step: int) -> None:
         """A row's 1 to k + 1 tokens, applied one at a time through the stop checks (the first
@@ -314,26 +345,19 @@ class Scheduler:
         rejected proposals, so only `start + num_tokens - rejected` positions count as computed
         and the blocks past them go back to the pool, before any full block is offered to the
         prefix cache. A decode row rejects nothing: it is the k = 0 case of the same rule."""
-        request, times = seq.request, seq.request.times
+        request = seq.request
         if seq.proposal:
             request.num_proposed_tokens += len(seq.proposal)
             request.num_accepted_tokens += len(tokens) - 1
             request.num_verify_steps += 1
         reason, kept = None, 0
         for index, token in enumerate(tokens):
-            request.output_token_ids.append(token)
-            if logprobs is not None and logprobs[index] is not None:
-                request.logprobs.append(logprobs[index])
-            if request.logits_state is not None and not request.logits_state.accept(token):
-                request.error = f"token {token} does not follow the request's grammar"
-                self.finish(request, RequestStatus.FINISHED_ERROR)
+            reason = self._append_token(request, token,
+                                        None if logprobs is None else logprobs[index], now, step)
+            if reason is RequestStatus.FINISHED_ERROR:
+                self.finish(request, reason)
                 return
-            times.token_times.append(now)
-            times.token_steps.append(step)
-            if times.first_token is None:
-                times.first_token, times.first_token_step = now, step
             kept += 1
-            reason = self.check_stop(request, token)
             if reason is not None:
                 break
         rejected = 1 + len(seq.proposal) - kept        # the row's logits positions, less kept
@@ -350,22 +374,12 @@ class Scheduler:
         the stop checks run on it now, one step late (what ends the request also discards the
         token computed past it: `_mark_finished` drops the placeholders left)."""
         request.placeholders.pop(0)
-        request.output_token_ids.append(token)
-        if logprobs is not None and logprobs[0] is not None:
-            request.logprobs.append(logprobs[0])
-        if request.logits_state is not None and not request.logits_state.accept(token):
-            request.error = f"token {token} does not follow the request's grammar"
-            self.finish(request, RequestStatus.FINISHED_ERROR)
-            return
-        times = request.times
-        times.token_times.append(now)
-        times.token_steps.append(step)
-        if times.first_token is None:
-            times.first_token, times.first_token_step = now, step
-        if request.status is RequestStatus.RUNNING:   # full blocks of known tokens to the cache
+        reason = self._append_token(request, token, None if logprobs is None else logprobs[0],
+                                    now, step)
+        if reason is not RequestStatus.FINISHED_ERROR and \
+                request.status is RequestStatus.RUNNING:   # full blocks of known tokens to the cache
             self.kv.cache_full_blocks(request, min(request.num_computed_tokens,
                                                    request.num_tokens - len(request.placeholders)))
-        reason = self.check_stop(request, token)
         if reason is not None:
             self.finish(request, reason)
 
