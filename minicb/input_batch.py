@@ -29,11 +29,12 @@ class DecodeInputs:
     aliases the batch's arrays, so the next step's gather (planned while this step runs, under
     overlapped scheduling) can rewrite rows without changing what this step reads."""
 
-    rows: np.ndarray          # int64 [rows]: each row's place in the batch's arrays
+    rows: list[int]           # each row's place in the batch's arrays
     block_tables: np.ndarray  # int32 [rows, width]: the rows' tables, copied out of the batch
-    positions: np.ndarray     # int64 [rows]: the one token's position (its request's cached tokens)
-    tokens: np.ndarray        # int64 [rows]: the one token
-    slots: np.ndarray         # int64 [rows]: where its K/V goes (block_table[p // block_size] …)
+    # int64 [3, rows]: each row's one token, its position (its request's cached tokens) and its
+    # slot (where its K/V goes: block_table[p // block_size] * block_size + p % block_size)
+    token_position_slot: np.ndarray
+    seq_lens: list[int]       # keys each row attends to: its position + 1
     width: int                # the longest block table
     all_greedy: bool          # every row takes the argmax of its raw logits
     any_logprobs: bool        # some row asked for logprobs
@@ -43,48 +44,48 @@ class InputBatch:
     def __init__(self, max_rows: int, max_blocks: int, block_size: int):
         self.max_rows, self.block_size = max_rows, block_size
         self.block_tables = np.zeros((max_rows, max_blocks), dtype=np.int32)
-        self.num_blocks = np.zeros(max_rows, dtype=np.int64)     # each row's table length
         # sampling settings the sampler asks of every row each step
-        self.greedy = np.zeros(max_rows, dtype=bool)
-        self.wants_logprobs = np.zeros(max_rows, dtype=bool)
+        self.greedy = [False] * max_rows
+        self.wants_logprobs = [False] * max_rows
         self.row_of: dict[str, int] = {}              # request id → its row
         self._tables: list[list[int] | None] = [None] * max_rows   # each row's table, as written
         self._params: list[SamplingParams | None] = [None] * max_rows
 
     def gather(self, seqs) -> DecodeInputs:
-        """A decode step's rows (minicb.scheduler.base.ScheduledSeq). The one pass over them in
-        Python finds each row and keeps it current (a request new to the batch joins, a row
-        whose block table or settings changed is written again) and reads the two numbers that
-        change every step, the token and its position; the rest (tables, slots, the batch's
-        sampling flags) is array arithmetic over all the rows at once."""
+        """A decode step's rows (minicb.scheduler.base.ScheduledSeq), in one pass: a request new
+        to the batch joins (its row written whole), a row whose block table or settings changed
+        is written again, and each row's position, token and slot are read off. The numbers
+        leave as ONE array (a conversion per list costs about as much again as the pass itself,
+        per row at 256 rows, a few microseconds each at one row) and the tables as one copy."""
         if len(self.row_of) + len(seqs) > self.max_rows:
             self.row_of.clear()          # full: start afresh; this step's requests join again
         row_of, written, written_params = self.row_of, self._tables, self._params
-        rows, positions, tokens = [], [], []
+        greedy, wants_logprobs, block_size = self.greedy, self.wants_logprobs, self.block_size
+        rows, tokens, positions, slots, seq_lens = [], [], [], [], []
+        width, all_greedy, any_logprobs = 0, True, False
         for seq in seqs:
             row = row_of.get(seq.req_id)
             if row is None:
                 row = row_of[seq.req_id] = len(row_of)
                 written[row] = None
-            if written[row] != seq.block_table:
-                self._write_table(row, seq.block_table)
+            table, position = seq.block_table, seq.start
+            if written[row] != table:
+                self._write_table(row, table)
             if written_params[row] is not seq.params:
                 self._write_params(row, seq.params)
             rows.append(row)
-            positions.append(seq.start)
             tokens.append(seq.token_ids[0])
-        index = np.array(rows)
-        position = np.array(positions, dtype=np.int64)
-        width = int(self.num_blocks[index].max())
-        # (indexing with an array copies: the step's tables, whatever later steps write)
-        block_tables = self.block_tables[index, :width]
-        # token at position p → block_tables[row, p // block_size] * block_size + p % block_size
-        block_size = self.block_size
-        slots = block_tables[np.arange(len(rows)), position // block_size].astype(np.int64) \
-            * block_size + position % block_size
-        return DecodeInputs(index, block_tables, position, np.array(tokens, dtype=np.int64),
-                            slots, width, bool(self.greedy[index].all()),
-                            bool(self.wants_logprobs[index].any()))
+            positions.append(position)
+            slots.append(table[position // block_size] * block_size + position % block_size)
+            seq_lens.append(position + 1)
+            if len(table) > width:
+                width = len(table)
+            all_greedy = all_greedy and greedy[row]
+            any_logprobs = any_logprobs or wants_logprobs[row]
+        # (indexing with a list copies: the step's tables, whatever later steps write)
+        return DecodeInputs(rows, self.block_tables[rows, :width],
+                            np.array((tokens, positions, slots), dtype=np.int64), seq_lens,
+                            width, all_greedy, any_logprobs)
 
     def _write_table(self, row: int, table: list[int]) -> None:
         if len(table) > self.block_tables.shape[1]:
@@ -92,7 +93,6 @@ class InputBatch:
                              f"{self.block_tables.shape[1]} per row")
         self.block_tables[row, :len(table)] = table
         self.block_tables[row, len(table):] = 0       # padding, as the packed path pads
-        self.num_blocks[row] = len(table)
         self._tables[row] = list(table)
 
     def _write_params(self, row: int, params: SamplingParams) -> None:
