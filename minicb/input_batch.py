@@ -9,9 +9,12 @@ Here each request owns a row of preallocated arrays while it runs: its block tab
 sampling settings, written when it joins and afterwards only when they change (a block is
 appended, copied on write or rolled back). A step then gathers its rows' tables with one
 indexing operation and reads their settings without looking at their SamplingParams. The plan
-stays the truth: every step compares each row's table with the plan's (a list comparison, no
-Python loop over its blocks) and rewrites the row when they differ, so a row whose request left
-and whose id came back is never read stale; rows are reused when the arrays fill up.
+stays the truth, and says what changed by identity: the KV manager never changes a block table
+it handed out, it makes a new list (KVManager.block_table), so a row whose plan carries another
+list than the one last written is rewritten, and one that carries the same list, most rows of
+most steps, costs one `is`. A request whose id came back has a new table, so it never reads
+its predecessor's row; rows are reused when the arrays fill up. (vLLM's plan goes one step
+further and carries only the new block ids.)
 """
 
 from __future__ import annotations
@@ -69,7 +72,7 @@ class InputBatch:
                 row = row_of[seq.req_id] = len(row_of)
                 written[row] = None
             table, position = seq.block_table, seq.start
-            if written[row] != table:
+            if written[row] is not table:        # a changed table is a new list
                 self._write_table(row, table)
             if written_params[row] is not seq.params:
                 self._write_params(row, seq.params)
@@ -93,7 +96,7 @@ class InputBatch:
                              f"{self.block_tables.shape[1]} per row")
         self.block_tables[row, :len(table)] = table
         self.block_tables[row, len(table):] = 0       # padding, as the packed path pads
-        self._tables[row] = list(table)
+        self._tables[row] = table
 
     def _write_params(self, row: int, params: SamplingParams) -> None:
         # the argmax of the raw logits: greedy, with no penalty, bias or grammar to apply first

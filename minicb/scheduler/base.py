@@ -218,7 +218,7 @@ class Scheduler:
             ghost: bool = False) -> ScheduledSeq:
         """Plan a row: `num_tokens` of the request's uncomputed tokens (after `num_pad` padding),
         or for a ghost its last token again. Call it after the KV manager allocated the row's
-        blocks: the row carries a copy of the request's block table."""
+        blocks: the row carries the request's block table (a snapshot: KVManager.block_table)."""
         start = request.num_computed_tokens
         if ghost:
             tokens = request.token_ids(request.num_tokens - 1, request.num_tokens)
@@ -228,7 +228,7 @@ class Scheduler:
         # but one (the last prompt position's logits give the first output token)
         targets = [] if ghost or request.prompt_logprobs is None else request.prompt_token_ids[
             start + 1:min(start + num_tokens, request.num_prompt_tokens - 1) + 1]
-        return ScheduledSeq(request, num_tokens, start, tokens, list(self.kv.block_table(request)),
+        return ScheduledSeq(request, num_tokens, start, tokens, self.kv.block_table(request),
                             request.params, request.generator, num_pad=num_pad, ghost=ghost,
                             needs_logits=not ghost and start + num_tokens == request.num_tokens,
                             is_decode=num_pad + len(tokens) == 1, prompt_targets=targets,
@@ -242,7 +242,7 @@ class Scheduler:
         each call it saves is a few microseconds per row of every step."""
         return ScheduledSeq(request, 1, request.num_computed_tokens,
                             (request.placeholders or request.output_token_ids)[-1:],
-                            list(self.kv.block_table(request)), request.params, request.generator,
+                            self.kv.block_table(request), request.params, request.generator,
                             needs_logits=True, is_decode=True, logits_state=request.logits_state,
                             req_id=request.request_id)
 

@@ -145,7 +145,7 @@ class ContinuousScheduler(Scheduler):
         output.block_copies.extend(self.kv.pop_block_copies())
         output.seqs.append(ScheduledSeq(
             request, num_tokens, start, request.token_ids(start, start + 1) + proposal,
-            list(self.kv.block_table(request)), request.params, request.generator,
+            self.kv.block_table(request), request.params, request.generator,
             needs_logits=True, is_decode=False, proposal=proposal, req_id=request.request_id))
         budget.charge(request, num_tokens, False)
 
