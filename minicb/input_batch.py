@@ -34,10 +34,11 @@ class DecodeInputs:
 
     rows: list[int]           # each row's place in the batch's arrays
     block_tables: np.ndarray  # int32 [rows, width]: the rows' tables, copied out of the batch
-    # int64 [3, rows]: each row's one token, its position (its request's cached tokens) and its
-    # slot (where its K/V goes: block_table[p // block_size] * block_size + p % block_size)
-    token_position_slot: np.ndarray
-    seq_lens: list[int]       # keys each row attends to: its position + 1
+    tokens: np.ndarray        # int64 [rows]: the one token
+    positions: np.ndarray     # int64 [rows]: its position (its request's cached tokens)
+    slots: np.ndarray         # int64 [rows]: where its K/V goes: block_table[p // block_size] …
+    seq_lens: np.ndarray      # int32 [rows]: the keys each row attends to, position + 1
+    seq_lens_host: list[int]  # the same, as Python ints
     width: int                # the longest block table
     all_greedy: bool          # every row takes the argmax of its raw logits
     any_logprobs: bool        # some row asked for logprobs
@@ -58,8 +59,8 @@ class InputBatch:
         """A decode step's rows (minicb.scheduler.base.ScheduledSeq), in one pass: a request new
         to the batch joins (its row written whole), a row whose block table or settings changed
         is written again, and each row's position, token and slot are read off. The numbers
-        leave as ONE array (a conversion per list costs about as much again as the pass itself,
-        per row at 256 rows, a few microseconds each at one row) and the tables as one copy."""
+        leave as numpy arrays, which torch takes without a copy: numpy turns a list of ints
+        into an array several times faster than torch makes a tensor of it."""
         if len(self.row_of) + len(seqs) > self.max_rows:
             self.row_of.clear()          # full: start afresh; this step's requests join again
         row_of, written, written_params = self.row_of, self._tables, self._params
@@ -87,8 +88,9 @@ class InputBatch:
             any_logprobs = any_logprobs or wants_logprobs[row]
         # (indexing with a list copies: the step's tables, whatever later steps write)
         return DecodeInputs(rows, self.block_tables[rows, :width],
-                            np.array((tokens, positions, slots), dtype=np.int64), seq_lens,
-                            width, all_greedy, any_logprobs)
+                            np.array(tokens, dtype=np.int64), np.array(positions, dtype=np.int64),
+                            np.array(slots, dtype=np.int64), np.array(seq_lens, dtype=np.int32),
+                            seq_lens, width, all_greedy, any_logprobs)
 
     def _write_table(self, row: int, table: list[int]) -> None:
         if len(table) > self.block_tables.shape[1]:

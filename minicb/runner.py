@@ -103,6 +103,8 @@ class ModelRunner:
         # each running request's block table and sampling settings, kept between steps
         self.input_batch = InputBatch(2 * config.max_num_seqs, config.blocks_per_seq() + 1,
                                       config.block_size)
+        # per row count, a decode step's cu_seqlens_q and logits_indices (the row numbers)
+        self._row_numbers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         args = model.args
         shape = (config.num_kv_blocks, config.block_size, args.num_kv_heads, args.head_dim)
         dtype = DTYPES[config.dtype]
@@ -183,16 +185,20 @@ class ModelRunner:
     def _prepare_decodes(self, output: SchedulerOutput):
         """The decode-only step: row r is one token at position start_r, every row needs its
         logits, nothing is padded. The persistent batch gathers the rows in one pass (their
-        block tables rewritten only when they changed); its arrays become tensors without a
-        copy (torch.from_numpy), where building a tensor from a Python list costs about a
-        tenth of a microsecond per element."""
+        block tables rewritten only when they changed) into arrays that become tensors without
+        a copy; the row numbers (cu_seqlens_q, and the logits of every row) are the same for
+        every step of as many rows, made once."""
         inputs = self.input_batch.gather(output.seqs)
-        rows = torch.arange(len(output.seqs) + 1, dtype=torch.int32)
-        tokens, positions, slots = torch.from_numpy(inputs.token_position_slot)
-        return self._to_device(output, tokens, positions, slots, rows,
-                               (positions + 1).to(torch.int32), inputs.seq_lens,
-                               torch.from_numpy(inputs.block_tables), [1] * len(output.seqs),
-                               rows[:-1].long(), inputs)
+        num_rows = len(output.seqs)
+        numbers = self._row_numbers.get(num_rows)
+        if numbers is None:    # (never written in place: every step of num_rows rows reads them)
+            rows = torch.arange(num_rows + 1, dtype=torch.int32)
+            numbers = self._row_numbers[num_rows] = (rows, rows[:-1].long())
+        return self._to_device(output, torch.from_numpy(inputs.tokens),
+                               torch.from_numpy(inputs.positions), torch.from_numpy(inputs.slots),
+                               numbers[0], torch.from_numpy(inputs.seq_lens), inputs.seq_lens_host,
+                               torch.from_numpy(inputs.block_tables), [1] * num_rows, numbers[1],
+                               inputs)
 
     @staticmethod
     def _block_tables(seqs) -> torch.Tensor:

@@ -23,7 +23,7 @@ def test_rows_follow_the_plans_tables_through_appends_copies_and_reused_ids():
     batch = InputBatch(max_rows=4, max_blocks=4, block_size=2)
     first = batch.gather([row("a", 3, [5, 6]), row("b", 0, [9])])
     assert tables(batch, first) == [[5, 6], [9, 0]]           # padded with block 0
-    assert first.token_position_slot[1:].tolist() == [[3, 0], [6 * 2 + 1, 9 * 2]]
+    assert first.positions.tolist() == [3, 0] and first.slots.tolist() == [6 * 2 + 1, 9 * 2]
     assert first.all_greedy and not first.any_logprobs
     # a block appended, a block copied on write (same length, another block), a new request
     second = batch.gather([row("a", 4, [5, 6, 2]), row("b", 1, [8]), row("c", 0, [1], SAMPLED)])
@@ -32,7 +32,7 @@ def test_rows_follow_the_plans_tables_through_appends_copies_and_reused_ids():
     assert not second.all_greedy and second.any_logprobs
     # "a" left; a new request under its id, with a shorter table, must not read the old row
     third = batch.gather([row("a", 0, [3])])
-    assert tables(batch, third) == [[3]] and third.token_position_slot[2].tolist() == [6]
+    assert tables(batch, third) == [[3]] and third.slots.tolist() == [6]
 
 
 def test_a_full_batch_starts_afresh_and_stays_right():
