@@ -41,7 +41,6 @@ from minicb.bench.common import (
     write_results,
 )
 
-ROOT = Path(__file__).resolve().parents[2]     # the checkout this package is in
 # the host's part of a decode step this engine aims for on the project's 2-core CPU, in µs
 TARGET_HOST_US = {1: 60.0, 256: 1000.0}
 
@@ -180,12 +179,13 @@ def main(argv: list[str] | None = None) -> int:
     model_path, label = resolve_model(args.model, None if args.model else args.random_model,
                                       "float32")
     points, baseline = [], []
+    this_checkout = str(Path(__file__).resolve().parents[2])
     for repeat in range(args.repeats):      # alternate the order: drift hits every size alike
         order = args.batch_sizes if repeat % 2 == 0 else args.batch_sizes[::-1]
         for batch in order:
             # beside a baseline, this engine's points run in fresh processes too, as the
             # baseline's do: a process that built the earlier points' engines steps slower
-            point = (baseline_step(str(ROOT), model_path, batch, args.context, args.steps)
+            point = (baseline_step(this_checkout, model_path, batch, args.context, args.steps)
                      if args.baseline else host_step(model_path, batch, args.context, args.steps))
             points.append({"repeat": repeat, **point})
             if args.baseline:
