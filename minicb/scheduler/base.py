@@ -376,8 +376,8 @@ class Scheduler:
         request.placeholders.pop(0)
         reason = self._append_token(request, token, None if logprobs is None else logprobs[0],
                                     now, step)
-        if reason is not RequestStatus.FINISHED_ERROR and \
-                request.status is RequestStatus.RUNNING:   # full blocks of known tokens to the cache
+        # a running request offers its full blocks of known tokens to the prefix cache
+        if reason is not RequestStatus.FINISHED_ERROR and request.status is RequestStatus.RUNNING:
             self.kv.cache_full_blocks(request, min(request.num_computed_tokens,
                                                    request.num_tokens - len(request.placeholders)))
         if reason is not None:
