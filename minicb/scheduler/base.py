@@ -12,7 +12,7 @@ from minicb.config import EngineConfig
 from minicb.kv.base import KVManager
 from minicb.logits_process import LogitsState
 from minicb.request import Request, RequestStatus
-from minicb.sampling import ModelRunnerOutput, SamplerOutput, SamplingParams
+from minicb.sampling import Logprob, ModelRunnerOutput, SamplerOutput, SamplingParams
 from minicb.scheduler.queue import WaitingQueue
 
 
@@ -239,7 +239,8 @@ class Scheduler:
         its one uncomputed token is its newest (a placeholder while that token is in flight),
         it samples, and it has no prompt position left to score. Written out, as vLLM plans its
         "cached requests" apart from new ones: a decode step plans one of these per row, so
-        each call it saves is a few microseconds per row of every step."""
+        what it leaves out (slicing the request's tokens, its prompt targets) is saved on every
+        row of every step."""
         return ScheduledSeq(request, 1, request.num_computed_tokens,
                             (request.placeholders or request.output_token_ids)[-1:],
                             self.kv.block_table(request), request.params, request.generator,
@@ -316,7 +317,7 @@ class Scheduler:
         self.after_update(output)
         return touched
 
-    def _append_token(self, request: Request, token: int, logprob, now: float,
+    def _append_token(self, request: Request, token: int, logprob: Logprob | None, now: float,
                       step: int) -> RequestStatus | None:
         """One sampled token joins the request's output, the one place this happens (a step's
         tokens, or a committed step's token arriving): its logprob, the grammar's check, its
