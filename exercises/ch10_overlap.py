@@ -56,8 +56,7 @@ def fill_placeholders(input_ids: torch.Tensor, previous: torch.Tensor) -> torch.
     [5, 6]
     """
     raise NotImplementedError(
-        "fill_placeholders: torch.where(input_ids < 0, previous[-1 - input_ids], input_ids), safely"
-        " indexed")
+        "fill_placeholders: where input_ids < 0, previous[-1 - input_ids]; elsewhere input_ids")
 
 
 def plan_next(batch: Sequence[Seq]) -> tuple[list[Seq], torch.Tensor]:
@@ -81,8 +80,7 @@ def plan_next(batch: Sequence[Seq]) -> tuple[list[Seq], torch.Tensor]:
     [[-2]]
     """
     raise NotImplementedError(
-        "plan_next: keep who may need a token (finished? output + in flight < max?), placeholder -1"
-        " - row in batch")
+        "plan_next: who may need a token, each with -1 - (its row in batch)")
 
 
 def collect(batch: Sequence[Seq], tokens: Sequence[int], eos: set[int]) -> None:

@@ -53,7 +53,7 @@ def fill_placeholders(input_ids: torch.Tensor, previous: torch.Tensor) -> torch.
     >>> fill_placeholders(torch.tensor([5, 6]), torch.tensor([9])).tolist()
     [5, 6]
     """
-    # BEGIN SOLUTION: torch.where(input_ids < 0, previous[-1 - input_ids], input_ids), safely indexed
+    # BEGIN SOLUTION: where input_ids < 0, previous[-1 - input_ids]; elsewhere input_ids
     holes = input_ids < 0
     rows = (-1 - input_ids).clamp(min=0, max=len(previous) - 1)
     return torch.where(holes, previous[rows], input_ids)
@@ -80,7 +80,7 @@ def plan_next(batch: Sequence[Seq]) -> tuple[list[Seq], torch.Tensor]:
     >>> plan_next([b, d])[1].tolist()
     [[-2]]
     """
-    # BEGIN SOLUTION: keep who may need a token (finished? output + in flight < max?), placeholder -1 - row in batch
+    # BEGIN SOLUTION: who may need a token, each with -1 - (its row in batch)
     following, placeholders = [], []
     for row, seq in enumerate(batch):
         if seq.finished or len(seq.output) + seq.in_flight >= seq.max_tokens:

@@ -132,7 +132,8 @@ def test_ch10_real_model_equals_the_synchronous_engine():
     limits = [48, 48, 48, 20, 33, 9, 48, 27]
     reference = [o.outputs[0].token_ids for o in llm.generate(
         prompts, [SamplingParams(max_tokens=m, temperature=0) for m in limits], use_tqdm=False)]
-    assert any(r[-1] in eos for r in reference), "no request stopped at EOS: the test lost its point"
+    assert any(r[-1] in eos for r in reference), \
+        "no request stopped at EOS: the check lost its point"
     model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     got = ch10.generate_overlapped(prompts, limits, TransformersDevice(model), eos)
     for index, (mine, theirs) in enumerate(zip(got, reference)):

@@ -1,4 +1,5 @@
-WHAT = "a placeholder names the sequence's row in the new plan instead of its row in the step before"
+WHAT = ("a placeholder names the sequence's row in the new plan instead of its row in "
+        "the step before")
 CHAPTER = "10"
 EDITS = [("        placeholders.append([-1 - row])",
           "        placeholders.append([-1 - len(following) + 1])")]

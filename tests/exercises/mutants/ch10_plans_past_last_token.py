@@ -1,4 +1,5 @@
-WHAT = "plan_next forgets the tokens in flight: a sequence whose last token is in flight is planned again"
+WHAT = ("plan_next forgets the tokens in flight: a sequence whose last token is in "
+        "flight is planned again")
 CHAPTER = "10"
 EDITS = [("        if seq.finished or len(seq.output) + seq.in_flight >= seq.max_tokens:",
           "        if seq.finished or len(seq.output) >= seq.max_tokens:")]
