@@ -32,9 +32,9 @@ from typing import Protocol
 import torch
 
 
-@dataclass
+@dataclass(eq=False)
 class Seq:
-    """One request, as the host knows it."""
+    """One request, as the host knows it (two requests with the same fields are still two)."""
 
     prompt: list[int]
     max_tokens: int
@@ -148,7 +148,7 @@ def generate_overlapped(prompts: Sequence[Sequence[int]], max_tokens: Sequence[i
             following, input_ids = plan_next(batch)          # while step n runs
             launched = None
             if following:
-                rows = [next(r for r, s in enumerate(batch) if s is seq) for seq in following]
+                rows = [batch.index(seq) for seq in following]
                 launched = worker.submit(_device_step, device, input_ids, rows, in_flight)
             collect(batch, in_flight.result().tolist(), eos)    # step n's tokens, one step late
             batch, in_flight = following, launched
