@@ -21,7 +21,7 @@ import time
 
 import torch
 
-from minicb.bench.common import RESULTS_DIR, write_results
+from minicb.bench.harness import RESULTS_DIR, write_results
 from minicb.bench.machine import describe, machine_info
 from minicb.calibrate import (
     A100_LLAMA2_7B,

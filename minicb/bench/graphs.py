@@ -25,14 +25,8 @@ from pathlib import Path
 
 import torch
 
-from minicb.bench.common import (
-    RESULTS_DIR,
-    build_random_model,
-    display_path,
-    load_hf_model,
-    load_workload,
-    write_results,
-)
+from minicb.bench.common import build_random_model, display_path, load_hf_model, load_workload
+from minicb.bench.harness import RESULTS_DIR, write_results
 from minicb.bench.machine import describe, machine_info
 from minicb.config import EngineConfig
 

@@ -15,13 +15,8 @@ from __future__ import annotations
 
 import argparse
 
-from minicb.bench.common import (
-    RESULTS_DIR,
-    format_table,
-    load_workload,
-    workload_facts,
-    write_results,
-)
+from minicb.bench.common import load_workload, workload_facts
+from minicb.bench.harness import RESULTS_DIR, format_table, write_results
 from minicb.config import blocks_for
 from minicb.sim import SimResult, simulate
 

@@ -29,15 +29,13 @@ from pathlib import Path
 import torch
 
 from minicb.bench.common import (
-    RESULTS_DIR,
     display_path,
     fit_to_context,
-    format_table,
     load_workload,
     resolve_model,
     workload_facts,
-    write_results,
 )
+from minicb.bench.harness import RESULTS_DIR, format_table, write_results
 from minicb.bench.machine import describe, machine_info
 from minicb.bench.offline import ENGINE_FLAGS, PEERS, SYSTEMS, load_hf_model, run_system
 from minicb.config import EngineConfig

@@ -30,18 +30,16 @@ from tqdm.auto import tqdm
 
 from minicb.bench.agreement import agreement
 from minicb.bench.common import (
-    RESULTS_DIR,
     PeakMemory,
     display_path,
     fit_to_context,
-    format_table,
     load_hf_model,
     load_workload,
     log_model_steps,
     resolve_model,
     workload_facts,
-    write_results,
 )
+from minicb.bench.harness import RESULTS_DIR, format_table, write_results
 from minicb.bench.machine import describe, machine_info
 from minicb.bench.peers import SystemRun, hf_continuous, hf_one_at_a_time, hf_static_batches
 from minicb.config import EngineConfig, blocks_for

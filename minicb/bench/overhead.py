@@ -33,13 +33,8 @@ from pathlib import Path
 
 import torch
 
-from minicb.bench.common import (
-    RESULTS_DIR,
-    display_path,
-    format_table,
-    resolve_model,
-    write_results,
-)
+from minicb.bench.common import display_path, resolve_model
+from minicb.bench.harness import RESULTS_DIR, format_table, write_results
 
 # the host's part of a decode step this engine aims for on the project's 2-core CPU, in µs
 TARGET_HOST_US = {1: 60.0, 256: 1000.0}

@@ -25,13 +25,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from minicb.bench.common import (
-    RESULTS_DIR,
-    display_path,
-    format_table,
-    resolve_model,
-    write_results,
-)
+from minicb.bench.common import display_path, resolve_model
+from minicb.bench.harness import RESULTS_DIR, format_table, write_results
 from minicb.bench.machine import describe, machine_info
 from minicb.metrics import summarize
 

@@ -48,14 +48,8 @@ from collections import Counter
 from pathlib import Path
 
 from minicb.bench.agreement import compare_outputs
-from minicb.bench.common import (
-    RESULTS_DIR,
-    display_path,
-    format_table,
-    load_hf_model,
-    log_model_steps,
-    write_results,
-)
+from minicb.bench.common import display_path, load_hf_model, log_model_steps
+from minicb.bench.harness import RESULTS_DIR, format_table, write_results
 from minicb.bench.machine import describe, machine_info
 from minicb.bench.spec_model import break_even, markdown_tables, predictions, summarize_runs
 from minicb.config import SPECULATIVE_METHODS

@@ -37,7 +37,7 @@ import time
 import torch
 
 from minicb import LLM, SamplingParams, default_model_path
-from minicb.bench.common import write_results
+from minicb.bench.harness import write_results
 from minicb.logits_process import LogitsState, apply_logits_processors
 from minicb.sampling import Sampler
 from minicb.structured_outputs import StructuredOutputsParams

@@ -28,13 +28,8 @@ import statistics
 import threading
 import time
 
-from minicb.bench.common import (
-    RESULTS_DIR,
-    display_path,
-    format_table,
-    resolve_model,
-    write_results,
-)
+from minicb.bench.common import display_path, resolve_model
+from minicb.bench.harness import RESULTS_DIR, format_table, write_results
 from minicb.viz.lanes import busy_fraction
 
 OVERHEAD_JSON = RESULTS_DIR / "overhead.json"
