@@ -93,9 +93,14 @@ def alternate(repeats: int, systems: Sequence, rotate: bool = False) -> Iterator
     in the machine's other work falls on all systems alike; `rotate` starts each repeat one
     system later (A B C, B C A, ...), so no system always runs first after a pause."""
     for repeat in range(repeats):
-        shift = repeat % len(systems) if rotate and systems else 0
-        for system in list(systems[shift:]) + list(systems[:shift]):
+        for system in turn_order(systems, repeat) if rotate else systems:
             yield repeat, system
+
+
+def turn_order(systems: Sequence, repeat: int) -> list:
+    """The systems in the order repeat number `repeat` runs them: rotated by one each repeat."""
+    shift = repeat % len(systems) if systems else 0
+    return list(systems[shift:]) + list(systems[:shift])
 
 
 def spread(values: Iterable[float]) -> dict[str, float]:

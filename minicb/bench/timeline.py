@@ -7,9 +7,10 @@ Two pictures of the same loop, one lane for the host and one for the device:
 - measured, on the real engine in steady decode: per step, the host's phases (schedule, pack,
   launch, wait, update) and the device's busy intervals, with synchronous steps and overlapped
   ones (async_scheduling), alternated, `--repeats` times each, with the load average and each
-  step's thread count beside them. On a CPU "the device" is the thread that runs the model: its
-  busy intervals are the runner's step, wall clock. (On a GPU the same interval also holds the
-  host's kernel launches: CUDA events are not read here yet.)
+  step's thread count beside them. On a GPU the device's intervals are CUDA events recorded on
+  the stream around each step and read back without a synchronisation per step; on a CPU "the
+  device" is the thread that runs the model, its intervals the runner's step, wall clock
+  (minicb.bench.device_lane).
 - in virtual time, from the cost model: the simulator's step costs on the book's reference CPU
   (minicb.calibrate.REFERENCE_CPU; --cost a100 for the A100's) as the device's lane, and a host
   cost per step (schedule + pack + update, read from `bench overhead`'s JSON at the nearest batch
@@ -23,96 +24,40 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import threading
 import time
 
 from minicb.bench.common import display_path, resolve_model
-from minicb.bench.harness import RESULTS_DIR, format_table, write_results
+from minicb.bench.device_lane import CudaEvents, HostClock, Recorder, event_source
+from minicb.bench.harness import (
+    RESULTS_DIR,
+    add_flags,
+    alternate,
+    bench_parser,
+    format_table,
+    load_average,
+    spread,
+    write_results,
+)
 from minicb.viz.lanes import busy_fraction
 
 OVERHEAD_JSON = RESULTS_DIR / "overhead.json"
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m minicb bench timeline",
-                                description=__doc__.split("\n")[0])
+    p = bench_parser("timeline", __doc__)
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[8, 64])
     p.add_argument("--context", type=int, default=64, help="prompt tokens of every request")
     p.add_argument("--steps", type=int, default=40, help="decode steps recorded per run")
-    p.add_argument("--repeats", type=int, default=3, help="runs of each loop, alternated")
+    add_flags(p, repeats=dict(help="runs of each loop, alternated"))
     p.add_argument("--cost", choices=["cpu", "a100"], default="cpu",
                    help="the simulator's step costs: the reference CPU's or the A100's")
     p.add_argument("--host-ms", type=float, default=None,
                    help="the simulator's host cost per step (default: bench overhead's JSON)")
-    p.add_argument("--model", default=None)
-    p.add_argument("--random-model", default=None)
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
+    add_flags(p, "model", "random_model", "device", "dtype")
     p.add_argument("--skip-engine", action="store_true", help="only the simulator's lanes")
-    p.add_argument("--out-dir", default=str(RESULTS_DIR))
+    add_flags(p, "out_dir")
     return p.parse_args(argv)
-
-
-class Recorder:
-    """Wraps a live engine's scheduler, runner and executor so every call leaves an interval
-    (perf_counter seconds) on the host's lane or the device's; the device's carry each step's
-    thread count."""
-
-    def __init__(self, engine) -> None:
-        self.host: list[tuple[float, float, str]] = []
-        self.device: list[tuple[float, float, str]] = []
-        self.threads: list[int] = []
-        self._lock = threading.Lock()
-        self._main = threading.get_ident()
-        self._engine = engine
-        self._wrap(engine.scheduler, "schedule", "schedule")
-        self._wrap(engine.scheduler, "update", "update")
-        self._wrap(engine.runner, "prepare", "pack")
-        self._wrap(engine.runner, "run", "busy")
-        executor = engine.core.executor
-        if hasattr(executor, "pool"):
-            self._wrap(executor.pool, "submit", "launch")
-            execute = executor.execute
-            executor.execute = lambda plan: _TimedFuture(execute(plan), self)
-
-    def add(self, lane: str, start: float, end: float, phase: str) -> None:
-        with self._lock:
-            getattr(self, lane).append((start, end, phase))
-
-    def _wrap(self, owner, method: str, phase: str) -> None:
-        original = getattr(owner, method)
-        threads = self._engine.threads
-
-        def timed(*args, **kwargs):
-            start = time.perf_counter()
-            try:
-                return original(*args, **kwargs)
-            finally:
-                end = time.perf_counter()
-                if phase == "busy":
-                    self.add("device", start, end, "busy")
-                    with self._lock:
-                        self.threads.append(threads.threads if threads is not None else 0)
-                    if threading.get_ident() == self._main:   # a synchronous step: host waits
-                        self.add("host", start, end, "wait")
-                else:
-                    self.add("host", start, end, phase)
-
-        setattr(owner, method, timed)
-
-
-class _TimedFuture:
-    def __init__(self, future, recorder: Recorder) -> None:
-        self.future, self.recorder = future, recorder
-
-    def result(self):
-        start = time.perf_counter()
-        try:
-            return self.future.result()
-        finally:
-            self.recorder.add("host", start, time.perf_counter(), "wait")
 
 
 def engine_run(model_path: str, overlap: bool, batch: int, context: int, steps: int,
@@ -133,21 +78,32 @@ def engine_run(model_path: str, overlap: bool, batch: int, context: int, steps: 
         engine.step()
     for _ in range(2):                    # warm: the overlapped loop has a step in flight now
         engine.step()
-    recorder = Recorder(engine)
-    load = os.getloadavg()
+    recorder = Recorder(engine, event_source(device))
+    load = load_average()
     start = time.perf_counter()
     tokens = sum(len(output.new_token_ids) for _ in range(steps) for output in engine.step())
     end = time.perf_counter()
+    device_lane = recorder.device.finish()      # the device's marks, read once they are passed
     while engine.has_unfinished_requests():
         engine.step()
     return {"overlap": overlap, "batch": batch, "wall_s": end - start, "tokens": tokens,
             "tokens_per_s": tokens / (end - start),
-            "device_busy": busy_fraction(recorder.device, start, end),
+            "device_busy": busy_fraction(device_lane, start, end),
             "host_busy": busy_fraction([i for i in recorder.host if i[2] != "wait"], start, end),
-            "threads": sorted(set(recorder.threads)), "load_average": [round(x, 2) for x in load],
+            "threads": sorted(set(recorder.threads)), "load_average": load,
             "lanes": {"host": _relative(recorder.host, start, end),
-                      "device": _relative(recorder.device, start, end)},
+                      "device": _relative(device_lane, start, end)},
             "window": [0.0, end - start]}
+
+
+def device_facts(device: str) -> dict:
+    """What the device lane measured, and on what: the source of its intervals and the device's
+    name (a GPU run's JSON names its GPU)."""
+    import torch
+
+    cuda = str(device).startswith("cuda")
+    return {"clock": CudaEvents.name if cuda else HostClock.name,
+            "device_name": torch.cuda.get_device_name(device) if cuda else "cpu"}
 
 
 def _relative(intervals, start: float, end: float) -> list[tuple[float, float, str]]:
@@ -228,12 +184,10 @@ def summarise(runs: list[dict]) -> list[dict]:
     for batch in sorted({r["batch"] for r in runs}):
         for overlap in (False, True):
             mine = [r for r in runs if r["batch"] == batch and r["overlap"] == overlap]
-            busy = [r["device_busy"] for r in mine]
-            speed = [r["tokens_per_s"] for r in mine]
+            busy, speed = (spread(r[key] for r in mine) for key in ("device_busy", "tokens_per_s"))
             rows.append({"batch": batch, "loop": "overlapped" if overlap else "sync",
-                         "busy_median": statistics.median(busy), "busy_min": min(busy),
-                         "busy_max": max(busy), "tps_median": statistics.median(speed),
-                         "tps_min": min(speed), "tps_max": max(speed)})
+                         **{f"busy_{k}": v for k, v in busy.items()},
+                         **{f"tps_{k}": v for k, v in speed.items()}})
     return rows
 
 
@@ -277,12 +231,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.skip_engine:
         return 0
     model_path, label = resolve_model(args.model, args.random_model, args.dtype)
-    runs = []
-    for _ in range(args.repeats):
-        for batch in args.batch_sizes:
-            for overlap in (False, True):           # alternated, so drift hits both alike
-                runs.append(engine_run(model_path, overlap, batch, args.context, args.steps,
-                                       args.device, args.dtype))
+    runs = [engine_run(model_path, overlap, batch, args.context, args.steps, args.device,
+                       args.dtype)            # alternated, so drift hits both loops alike
+            for _, (batch, overlap) in alternate(args.repeats, [(b, o) for b in args.batch_sizes
+                                                                for o in (False, True)])]
     rows = summarise(runs)
     print(format_table(rows, [("batch", "rows", "d"), ("loop", "loop", "s"),
                               ("busy_median", "device busy (median)", ".3f"),
@@ -295,6 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         args.out_dir, stem, {"benchmark": "timeline", "runner": "the real engine",
                              "model": {"label": label, "path": display_path(model_path),
                                        "device": args.device, "dtype": args.dtype},
+                             "device_lane": device_facts(args.device),
                              "steps": args.steps, "context": args.context,
                              "repeats": args.repeats, "summary": rows, "runs": runs},
         plot_timeline)
