@@ -34,6 +34,7 @@ from pathlib import Path
 import torch
 
 from minicb.bench.common import copy_bandwidth_gbps, make_timer
+from minicb.bench.harness import bench_parser
 from minicb.model.loader import DTYPES
 
 METHODS = ("triton", "sdpa", "gather")
@@ -43,8 +44,7 @@ DRY_RUN_GRID = dict(batch_sizes=[1, 3], contexts=[48], num_q_heads=4, num_kv_hea
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m minicb bench kernels",
-                                     description=__doc__.split("\n")[0])
+    parser = bench_parser("kernels", __doc__)
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 64, 256])
     parser.add_argument("--contexts", type=int, nargs="+", default=[512, 4096, 32768])
     parser.add_argument("--num-q-heads", type=int, default=32)
