@@ -20,7 +20,6 @@ import argparse
 import contextlib
 import json
 import math
-import os
 import statistics
 import sys
 import time
@@ -28,7 +27,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from minicb.bench.machine import describe, machine_info, machine_line
+from minicb.bench.machine import describe, load_average, machine_info, machine_line
 from minicb.repeats import Repeats
 
 RESULTS_DIR = Path("benchmarks/results")
@@ -73,13 +72,7 @@ def add_flags(parser: argparse.ArgumentParser, *names: str, **defaults) -> None:
         parser.add_argument("--" + name.replace("_", "-"), **spec)
 
 
-# --- the machine while it runs ------------------------------------------------------------------
-def load_average() -> list[float]:
-    """The machine's 1-, 5- and 15-minute load averages, recorded beside every run: a shared
-    machine slows every system, which is why systems are compared in one alternated run."""
-    return [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else []
-
-
+# --- the machine while it runs (machine.load_average: the load beside every run) -------------
 def announce(*lines: str) -> None:
     """Print what the run is about to measure, then the machine and its load now."""
     for line in lines:

@@ -37,6 +37,7 @@ from minicb.bench.harness import (
     format_table,
     load_average,
     spread,
+    verdict,
     write_results,
 )
 from minicb.viz.lanes import busy_fraction
@@ -117,11 +118,12 @@ def host_costs(batch: int, host_ms: float | None) -> dict:
     if host_ms is not None:
         return {"schedule": host_ms / 3, "pack": host_ms / 3, "update": host_ms / 3,
                 "source": "--host-ms"}
-    steps = json.loads(OVERHEAD_JSON.read_text())["model_steps"]
-    step = min(steps, key=lambda s: abs(s["batch"] - batch))
-    return {"schedule": step["schedule_ms"], "pack": step["prepare_ms"],
-            "update": step["update_ms"] + step["other_ms"],
-            "source": f"{display_path(OVERHEAD_JSON)} at batch {step['batch']}"}
+    rows = json.loads(OVERHEAD_JSON.read_text())["summary"]
+    row = min(rows, key=lambda r: abs(r["batch"] - batch))
+    us = row["phases_mean_us"]      # sampling runs with the forward, on the device's lane
+    return {"schedule": us["schedule"] / 1e3, "pack": us["prepare"] / 1e3,
+            "update": (us["update"] + us["rest"]) / 1e3,
+            "source": f"{display_path(OVERHEAD_JSON)} at batch {row['batch']}"}
 
 
 def virtual_lanes(device_seconds: list[float], host: dict, overlap: bool) -> dict:
@@ -180,14 +182,21 @@ def simulated(batch: int, context: int, steps: int, host: dict, cost_name: str =
 
 
 def summarise(runs: list[dict]) -> list[dict]:
+    """Per batch size and loop: device busy share and tokens/s over the repeats (median, range);
+    the overlapped row also reads its tokens/s against the synchronous run of the same repeat
+    (the runs alternate), by the book's one rule."""
     rows = []
     for batch in sorted({r["batch"] for r in runs}):
-        for overlap in (False, True):
-            mine = [r for r in runs if r["batch"] == batch and r["overlap"] == overlap]
+        loops = {o: [r for r in runs if r["batch"] == batch and r["overlap"] == o]
+                 for o in (False, True)}
+        for overlap, mine in loops.items():
             busy, speed = (spread(r[key] for r in mine) for key in ("device_busy", "tokens_per_s"))
             rows.append({"batch": batch, "loop": "overlapped" if overlap else "sync",
                          **{f"busy_{k}": v for k, v in busy.items()},
                          **{f"tps_{k}": v for k, v in speed.items()}})
+        ratios = [o["tokens_per_s"] / s["tokens_per_s"] for s, o in zip(*loops.values())]
+        rows[-1].update(tps_ratio_to_sync=spread(ratios)["median"],
+                        verdict=verdict(ratios, "faster", "slower"))
     return rows
 
 
@@ -240,7 +249,9 @@ def main(argv: list[str] | None = None) -> int:
                               ("busy_median", "device busy (median)", ".3f"),
                               ("busy_min", "min", ".3f"), ("busy_max", "max", ".3f"),
                               ("tps_median", "tokens/s (median)", ".0f"),
-                              ("tps_min", "min", ".0f"), ("tps_max", "max", ".0f")]))
+                              ("tps_min", "min", ".0f"), ("tps_max", "max", ".0f"),
+                              ("tps_ratio_to_sync", "÷ sync", ".2f"),
+                              ("verdict", "overlap is", "s")]))
     print("load averages:", [r["load_average"] for r in runs])
     stem = "timeline" + (f"-{args.device}" if args.device != "cpu" else "")
     json_path, png_path = write_results(
