@@ -63,7 +63,10 @@ def add_flags(parser: argparse.ArgumentParser, *names: str, **defaults) -> None:
     own default here (`repeats=7`), or a dict of its own settings (`threads=dict(default=1,
     help=...)`)."""
     for name in names + tuple(k for k in defaults if k not in names):
-        spec = dict(FLAGS.get(name, {}))
+        if name not in FLAGS:
+            raise ValueError(f"no shared flag {name!r}; the shared ones are {sorted(FLAGS)} "
+                             "(add a benchmark's own flags with parser.add_argument).")
+        spec = dict(FLAGS[name])
         own = defaults.get(name)
         if isinstance(own, dict):
             spec.update(own)

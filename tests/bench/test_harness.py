@@ -43,6 +43,8 @@ def test_flags_are_spelled_alike_with_a_benchmarks_own_defaults():
     assert args.out_dir == "benchmarks/results"
     assert parser.description == "The first line." and parser.prog.endswith("bench example")
     assert parser.parse_args(["--repeats", "2", "--out-dir", "x"]).repeats == 2
+    with pytest.raises(ValueError, match="no shared flag 'batch_size'"):
+        add_flags(parser, "batch_size")
 
 
 def test_a_failed_drawing_never_loses_the_record(tmp_path):
