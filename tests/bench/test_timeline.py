@@ -18,7 +18,10 @@ def test_engine_run_records_both_lanes(overlap):
     phases = {phase for _, _, phase in run["lanes"]["host"]}
     assert {"schedule", "pack", "update", "wait"} <= phases
     assert ("launch" in phases) == overlap
-    assert len(run["lanes"]["device"]) >= 5 and run["threads"]
+    # every step the window waited for ran in it: all 5 synchronous ones; overlapped, the 4 it
+    # queued and collected (the fifth may not have started when the window closed, and the step
+    # in flight before it may have ended already)
+    assert len(run["lanes"]["device"]) >= (4 if overlap else 5) and run["threads"]
 
 
 def test_the_simulated_host_reads_bench_overheads_committed_record():
