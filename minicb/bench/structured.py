@@ -42,6 +42,7 @@ from minicb.bench.harness import (
     load_average,
     spread,
     turn_order,
+    verdict,
     write_results,
 )
 from minicb.logits_process import LogitsState, apply_logits_processors
@@ -164,7 +165,8 @@ def summarise(steps: list[dict], runs: list[dict], batch_sizes: list[int]) -> di
                 by = {r["method"]: r for r in runs if r["repeat"] == repeat
                       and r["batch_size"] == rows}
                 ratios.append(by[method]["tokens_per_s"] / by["plain"]["tokens_per_s"])
-            entry["ratio"][method] = {**spread(ratios), "ratios": ratios}
+            entry["ratio"][method] = {**spread(ratios), "ratios": ratios,
+                                      "verdict": verdict(ratios, "faster", "slower")}
         summary[str(rows)] = entry
     return summary
 
@@ -204,7 +206,7 @@ def main(argv: list[str]) -> int:
                              "summary": summary})
     for rows, entry in summary.items():
         shares = ", ".join(f"{k} {v:.1%}" for k, v in entry["share_of_decode_step"].items())
-        ratios = ", ".join(f"{m} x{r['median']:.2f} [{r['min']:.2f}-{r['max']:.2f}]"
+        ratios = ", ".join(f"{m} x{r['median']:.2f} [{r['min']:.2f}-{r['max']:.2f}] {r['verdict']}"
                            for m, r in entry["ratio"].items())
         print(f"B={rows}: decode step {entry['ms']['decode_step']:.2f} ms; share: {shares}; "
               f"tokens/s vs plain: {ratios}")
