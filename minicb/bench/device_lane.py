@@ -14,9 +14,10 @@ it is taken. Both are event sources with one interface, so the bookkeeping (pend
 in order once ready, converted to the host's clock) is the same code on every machine, and its
 tests run on a CPU with a source that resolves late on purpose.
 
-An interval spans a step from its first queued work to its last: gaps inside a step (a kernel
-waiting for the host to launch the next) count as busy. torch.profiler's kernel records would
-split them; the step-level share is what overlapping the host's work with the device's changes.
+An interval spans `runner.run` (the forward and the sampling) from its first queued work to its
+last: gaps inside it (a kernel waiting for the host to launch the next) count as busy, and the
+input copies `prepare` queued before it do not. torch.profiler's kernel records would split
+them; the step-level share is what overlapping the host's work with the device's changes.
 """
 
 from __future__ import annotations
