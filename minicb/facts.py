@@ -34,6 +34,10 @@ _CUSTOM_AR_TIMES = ("sgl-project/sglang pull request 2904 (2025-01-15), table 'v
                     "all-reduce measured on H100s (NVSwitch), without CUDA graphs, "
                     "https://github.com/sgl-project/sglang/pull/2904")
 
+_HF_ASYNC = ("Ouazan Reboul, Cuenca, Roy Gosthipaty, Unlocking asynchronicity in continuous "
+             "batching, Hugging Face blog (2026-05-14), the section 'Does it actually work?', "
+             "https://huggingface.co/blog/continuous_async")
+
 FACTS: dict[str, Fact] = {
     # --- GPUs (vendor data sheets) ---
     "a100_hbm_bandwidth": Fact(2039, "GB/s", "NVIDIA A100 Tensor Core GPU data sheet (A100 80GB SXM), "
@@ -267,6 +271,20 @@ FACTS.update({
     "sglang_overlap_gain": Fact(1.1, "x", "SGLang v0.4 release blog (LMSYS, 2024-12-04), "
                                 "zero-overhead batch scheduler: throughput gain, "
                                 "https://lmsys.org/blog/2024-12-04-sglang-v0-4/"),
+    # --- overlapped scheduling (chapter 10) ---
+    "hf_async_batching_gpu_active_sync": Fact(76.0, "%", _HF_ASYNC + ": GPU active time with "
+                                              "synchronous continuous batching"),
+    "hf_async_batching_gpu_active_async": Fact(99.4, "%", _HF_ASYNC + ": GPU active time with "
+                                               "asynchronous batching"),
+    "hf_async_batching_seconds_sync": Fact(300.6, "s", _HF_ASYNC + ": total generation time, "
+                                           "synchronous"),
+    "hf_async_batching_seconds_async": Fact(234.5, "s", _HF_ASYNC + ": total generation time, "
+                                            "asynchronous"),
+    "hf_async_batching_batch_size": Fact(32, "requests", _HF_ASYNC + ": the benchmark's batch size"),
+    "hf_async_batching_output_tokens": Fact("8K", "tokens", _HF_ASYNC + ": tokens generated in "
+                                            "the benchmark"),
+    "hf_async_batching_model_params": Fact("8B", "parameters", _HF_ASYNC + ": the benchmark's "
+                                           "model size"),
     "spec_decoding_t5_speedup_low": Fact(2, "x", "Leviathan, Kalman, Matias, Fast Inference from "
                                          "Transformers via Speculative Decoding, ICML 2023, "
                                          "abstract (T5-XXL), https://arxiv.org/abs/2211.17192"),

@@ -9,9 +9,12 @@ Here each request owns a row of preallocated arrays while it runs: its block tab
 sampling settings, written when it joins and afterwards only when they change (a block is
 appended, copied on write or rolled back). A step then gathers its rows' tables with one
 indexing operation and reads their settings without looking at their SamplingParams. The plan
-stays the truth: every step compares each row's table with the plan's (a list comparison, no
-Python loop over its blocks) and rewrites the row when they differ, so a row whose request left
-and whose id came back is never read stale; rows are reused when the arrays fill up.
+stays the truth, and says what changed by identity: the KV manager never changes a block table
+it handed out, it makes a new list (KVManager.block_table), so a row whose plan carries another
+list than the one last written is rewritten, and one that carries the same list, most rows of
+most steps, costs one `is`. A request whose id came back has a new table, so it never reads
+its predecessor's row; rows are reused when the arrays fill up. (vLLM's plan goes one step
+further and carries only the new block ids.)
 """
 
 from __future__ import annotations
@@ -31,9 +34,11 @@ class DecodeInputs:
 
     rows: list[int]           # each row's place in the batch's arrays
     block_tables: np.ndarray  # int32 [rows, width]: the rows' tables, copied out of the batch
-    positions: list[int]      # the one token's position (its request's cached tokens)
-    tokens: list[int]         # the one token
-    slots: list[int]          # where its K/V goes: block_table[p // block_size] * block_size + …
+    tokens: np.ndarray        # int64 [rows]: the one token
+    positions: np.ndarray     # int64 [rows]: its position (its request's cached tokens)
+    slots: np.ndarray         # int64 [rows]: where its K/V goes: block_table[p // block_size] …
+    seq_lens: np.ndarray      # int32 [rows]: the keys each row attends to, position + 1
+    seq_lens_host: list[int]  # the same, as Python ints
     width: int                # the longest block table
     all_greedy: bool          # every row takes the argmax of its raw logits
     any_logprobs: bool        # some row asked for logprobs
@@ -53,12 +58,14 @@ class InputBatch:
     def gather(self, seqs) -> DecodeInputs:
         """A decode step's rows (minicb.scheduler.base.ScheduledSeq), in one pass: a request new
         to the batch joins (its row written whole), a row whose block table or settings changed
-        is written again, and each row's position, token and slot are read off."""
+        is written again, and each row's position, token and slot are read off. The numbers
+        leave as numpy arrays, which torch takes without a copy: numpy turns a list of ints
+        into an array several times faster than torch makes a tensor of it."""
         if len(self.row_of) + len(seqs) > self.max_rows:
             self.row_of.clear()          # full: start afresh; this step's requests join again
         row_of, written, written_params = self.row_of, self._tables, self._params
         greedy, wants_logprobs, block_size = self.greedy, self.wants_logprobs, self.block_size
-        rows, positions, tokens, slots = [], [], [], []
+        rows, tokens, positions, slots, seq_lens = [], [], [], [], []
         width, all_greedy, any_logprobs = 0, True, False
         for seq in seqs:
             row = row_of.get(seq.req_id)
@@ -66,22 +73,24 @@ class InputBatch:
                 row = row_of[seq.req_id] = len(row_of)
                 written[row] = None
             table, position = seq.block_table, seq.start
-            if written[row] != table:
+            if written[row] is not table:        # a changed table is a new list
                 self._write_table(row, table)
             if written_params[row] is not seq.params:
                 self._write_params(row, seq.params)
             rows.append(row)
-            positions.append(position)
             tokens.append(seq.token_ids[0])
+            positions.append(position)
             slots.append(table[position // block_size] * block_size + position % block_size)
+            seq_lens.append(position + 1)
             if len(table) > width:
                 width = len(table)
             all_greedy = all_greedy and greedy[row]
             any_logprobs = any_logprobs or wants_logprobs[row]
         # (indexing with a list copies: the step's tables, whatever later steps write)
-        block_tables = self.block_tables[rows, :width]
-        return DecodeInputs(rows, block_tables, positions, tokens, slots, width, all_greedy,
-                            any_logprobs)
+        return DecodeInputs(rows, self.block_tables[rows, :width],
+                            np.array(tokens, dtype=np.int64), np.array(positions, dtype=np.int64),
+                            np.array(slots, dtype=np.int64), np.array(seq_lens, dtype=np.int32),
+                            seq_lens, width, all_greedy, any_logprobs)
 
     def _write_table(self, row: int, table: list[int]) -> None:
         if len(table) > self.block_tables.shape[1]:
@@ -89,7 +98,7 @@ class InputBatch:
                              f"{self.block_tables.shape[1]} per row")
         self.block_tables[row, :len(table)] = table
         self.block_tables[row, len(table):] = 0       # padding, as the packed path pads
-        self._tables[row] = list(table)
+        self._tables[row] = table
 
     def _write_params(self, row: int, params: SamplingParams) -> None:
         # the argmax of the raw logits: greedy, with no penalty, bias or grammar to apply first

@@ -139,7 +139,7 @@ class Request:
 
     def max_total_tokens(self, max_model_len: int) -> int:
         """The longest this request can grow: prompt + max_tokens, capped by max_model_len."""
-        return min(self.num_prompt_tokens + self.params.max_tokens, max_model_len)
+        return min(len(self.prompt_token_ids) + self.params.max_tokens, max_model_len)
 
     def __repr__(self) -> str:
         return (f"Request({self.request_id!r}, prompt={self.num_prompt_tokens}, "

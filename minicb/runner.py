@@ -103,6 +103,8 @@ class ModelRunner:
         # each running request's block table and sampling settings, kept between steps
         self.input_batch = InputBatch(2 * config.max_num_seqs, config.blocks_per_seq() + 1,
                                       config.block_size)
+        # per row count, a decode step's cu_seqlens_q and logits_indices (the row numbers)
+        self._row_numbers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         args = model.args
         shape = (config.num_kv_blocks, config.block_size, args.num_kv_heads, args.head_dim)
         dtype = DTYPES[config.dtype]
@@ -176,21 +178,27 @@ class ModelRunner:
                                        or [torch.zeros(0, dtype=torch.long)])
         else:
             logits_indices = (ends - 1)[[s.needs_logits for s in seqs]]
-        return self._to_device(output, input_ids, positions, slot_mapping, cu_seqlens_q, seq_lens,
+        return self._to_device(output, torch.tensor(input_ids), positions, slot_mapping,
+                               cu_seqlens_q, torch.tensor(seq_lens, dtype=torch.int32), seq_lens,
                                block_tables, q_lens, logits_indices)
 
     def _prepare_decodes(self, output: SchedulerOutput):
         """The decode-only step: row r is one token at position start_r, every row needs its
-        logits, nothing is padded. The rows' block tables come from the persistent batch in
-        one gather (a row rewritten only when its table changed); positions, tokens and slots
-        are read in the same single pass over the rows."""
+        logits, nothing is padded. The persistent batch gathers the rows in one pass (their
+        block tables rewritten only when they changed) into arrays that become tensors without
+        a copy; the row numbers (cu_seqlens_q, and the logits of every row) are the same for
+        every step of as many rows, made once."""
         inputs = self.input_batch.gather(output.seqs)
-        rows = torch.arange(len(output.seqs) + 1, dtype=torch.int32)
-        return self._to_device(output, inputs.tokens, torch.tensor(inputs.positions),
-                               torch.tensor(inputs.slots), rows,
-                               [p + 1 for p in inputs.positions],
-                               torch.from_numpy(inputs.block_tables), [1] * len(output.seqs),
-                               rows[:-1].long(), inputs)
+        num_rows = len(output.seqs)
+        numbers = self._row_numbers.get(num_rows)
+        if numbers is None:    # (never written in place: every step of num_rows rows reads them)
+            rows = torch.arange(num_rows + 1, dtype=torch.int32)
+            numbers = self._row_numbers[num_rows] = (rows, rows[:-1].long())
+        return self._to_device(output, torch.from_numpy(inputs.tokens),
+                               torch.from_numpy(inputs.positions), torch.from_numpy(inputs.slots),
+                               numbers[0], torch.from_numpy(inputs.seq_lens), inputs.seq_lens_host,
+                               torch.from_numpy(inputs.block_tables), [1] * num_rows, numbers[1],
+                               inputs)
 
     @staticmethod
     def _block_tables(seqs) -> torch.Tensor:
@@ -201,7 +209,7 @@ class ModelRunner:
                             dtype=torch.int32)
 
     def _to_device(self, output, input_ids, positions, slot_mapping, cu_seqlens_q, seq_lens,
-                   block_tables, q_lens, logits_indices, decode=None) -> PackedStep:
+                   seq_lens_host, block_tables, q_lens, logits_indices, decode=None) -> PackedStep:
         on_host = self.device.type == "cpu"     # then every .to() would be a no-op call
 
         def moved(tensor: torch.Tensor) -> torch.Tensor:
@@ -209,13 +217,13 @@ class ModelRunner:
 
         meta = AttentionMetadata(
             slot_mapping=moved(slot_mapping), cu_seqlens_q=moved(cu_seqlens_q),
-            seq_lens=moved(torch.tensor(seq_lens, dtype=torch.int32)),
-            block_tables=moved(block_tables), max_seqlen_q=max(q_lens),
-            max_seqlen_k=max(max(seq_lens), 1), q_lens_host=q_lens, seq_lens_host=seq_lens,
+            seq_lens=moved(seq_lens), block_tables=moved(block_tables), max_seqlen_q=max(q_lens),
+            max_seqlen_k=max(max(seq_lens_host), 1), q_lens_host=q_lens,
+            seq_lens_host=seq_lens_host,
             decode_rows=([True] * len(q_lens) if output.num_decode_rows == len(q_lens)
                          else [s.is_decode for s in output.seqs]),
             num_decode_rows=output.num_decode_rows)
-        return PackedStep(moved(torch.tensor(input_ids)), moved(positions), meta,
+        return PackedStep(moved(input_ids), moved(positions), meta,
                           moved(logits_indices), decode)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,

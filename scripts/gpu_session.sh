@@ -2,9 +2,12 @@
 # Everything a GPU session measures, in one call from the repository root:
 #   OUT=/some/dir bash scripts/gpu_session.sh
 # 1. the GPU tests (make test-gpu: compiled kernels, the Triton engine, CUDA graphs against eager
-#    steps, the capture within its memory estimate), 2. bench graphs (eager against CUDA graphs,
-#    beside transformers), 3. bench kernels (decode attention against the copy bandwidth).
-# Each step has its own time limit (seconds, overridable) so one slow step cannot eat the others';
+#    steps, the capture within its memory estimate, the device lane's CUDA events), 2. bench
+#    graphs (eager against CUDA graphs, beside transformers), 3. bench kernels (decode attention
+#    against the copy bandwidth), 4. bench timeline (the device's busy share of wall time from CUDA
+#    events, synchronous steps against overlapped; its JSON names the GPU).
+# Each step has its own time limit (seconds, overridable; together 500) so one slow step cannot
+# eat the others';
 # every log and result lands in $OUT, and a step that fails does not stop the next.
 # It uses the machine's own Python and packages (PY=...), not a fresh virtual environment: a GPU
 # machine may have no network to build one. The repository is installed editable, without
@@ -15,10 +18,13 @@ mkdir -p "$OUT"
 if [ -z "${PY:-}" ]; then
   if [ -x .venv/bin/python ]; then PY=.venv/bin/python; else PY=$(command -v python3); fi
 fi
-TESTS_S=${TESTS_S:-200}
-GRAPHS_S=${GRAPHS_S:-300}
-KERNELS_S=${KERNELS_S:-60}
+TESTS_S=${TESTS_S:-180}
+GRAPHS_S=${GRAPHS_S:-220}
+KERNELS_S=${KERNELS_S:-40}
+TIMELINE_S=${TIMELINE_S:-60}
 GRAPHS_ARGS=${GRAPHS_ARGS:-"--repeats 2"}
+# the shipped model, two batch sizes, three alternated repeats of each loop: twelve short engines
+TIMELINE_ARGS=${TIMELINE_ARGS:-"--batch-sizes 8 64 --steps 40 --repeats 3"}
 status=0
 step() {   # step NAME SECONDS COMMAND...: run it with a limit, log to $OUT/NAME.log
   local name=$1 limit=$2; shift 2
@@ -39,5 +45,8 @@ step test-gpu "$TESTS_S" make -o setup test-gpu BIN="$(dirname "$PY")" \
 # shellcheck disable=SC2086   # GRAPHS_ARGS is a list of flags
 step bench-graphs "$GRAPHS_S" "$PY" -m minicb bench graphs --out "$OUT" $GRAPHS_ARGS
 step bench-kernels "$KERNELS_S" "$PY" -m minicb bench kernels --out-dir "$OUT"
+# shellcheck disable=SC2086   # TIMELINE_ARGS is a list of flags
+step bench-timeline "$TIMELINE_S" "$PY" -m minicb bench timeline --device cuda --out-dir "$OUT" \
+  $TIMELINE_ARGS
 uptime >>"$OUT/machine.txt"
 exit $status

@@ -1,7 +1,10 @@
 """Benchmarks: `python -m minicb bench NAME [options]`, one module per benchmark.
 
 Each writes its results (JSON with the machine recorded, and a PNG) under benchmarks/results/.
-Shared helpers live in `common` (models, workloads, timers, results) and `machine` (what ran it).
+What they share lives in three modules: `harness` (how a benchmark runs and records itself: its
+flags, the load, alternated repeats, the verdict, results, tables, server processes), `common`
+(what it runs: random checkpoints, workloads, peak memory, kernel timers) and `machine` (what ran
+it).
 """
 
 from __future__ import annotations

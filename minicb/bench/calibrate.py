@@ -15,14 +15,12 @@ committed one, `minicb.calibrate.REFERENCE_CPU`) and under a GPU's published num
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import time
 
 import torch
 
-from minicb.bench.common import RESULTS_DIR, write_results
-from minicb.bench.machine import describe, machine_info
+from minicb.bench.harness import add_flags, announce, bench_parser, write_results
 from minicb.calibrate import (
     A100_LLAMA2_7B,
     PIECEWISE_TERMS,
@@ -35,13 +33,11 @@ from minicb.threads import ceiling
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m minicb bench calibrate",
-                                description=__doc__.split("\n")[0])
-    p.add_argument("--threads", type=int, default=1,
-                   help="torch CPU threads (default 1, as the notebooks run)")
-    p.add_argument("--repeats", type=int, default=7,
-                   help="timed steps per shape (the least of them: on a shared machine other "
-                        "programs only ever add time)")
+    p = bench_parser("calibrate", __doc__)
+    add_flags(p, threads=dict(default=1,
+                              help="torch CPU threads (default 1, as the notebooks run)"),
+              repeats=dict(default=7, help="timed steps per shape (the least of them: on a shared "
+                                           "machine other programs only ever add time)"))
     p.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
                    help="time each step by the stepping thread's CPU time (default: on a shared "
                         "machine it leaves out the time spent waiting for a core; needs "
@@ -49,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-fused-decode-rows", type=int, default=None,
                    help="the fused decode layer's row limit (default: the engine's default on "
                         "this machine, whatever --threads says)")
-    p.add_argument("--out-dir", default=str(RESULTS_DIR))
+    add_flags(p, "out_dir")
     args = p.parse_args(argv or [])
     if args.clock == "cpu" and args.threads != 1:
         p.error("--clock cpu times the stepping thread alone: it needs --threads 1 "
@@ -68,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
                                          clock=time.thread_time if args.clock == "cpu"
                                          else time.perf_counter, reduce=min),
                            fused_rows_of(llm))
-    print(f"machine: {describe(machine_info())}; torch threads {args.threads}")
+    announce(f"torch threads {args.threads}")
     for row in result.table():
         print("  ", row)
     cost = result.cost

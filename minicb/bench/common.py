@@ -1,12 +1,10 @@
-"""What the benchmarks share: models, workloads, timers, memory probes, and writing results
-(JSON with the machine recorded, and a PNG)."""
+"""What the benchmarks share about what they run: models, workloads, memory probes and timers
+(how a benchmark runs, repeats and records itself is `minicb.bench.harness`)."""
 
 from __future__ import annotations
 
 import gc
 import inspect
-import json
-import math
 import tempfile
 import threading
 import time
@@ -14,10 +12,7 @@ from pathlib import Path
 
 import torch
 
-from minicb.bench.machine import machine_info
 from minicb.workload import Workload, WorkloadRequest, get_workload
-
-RESULTS_DIR = Path("benchmarks/results")
 
 # Shapes of public checkpoints, built with random weights: the GPU numbers need a real model's
 # size, not its knowledge, and nothing has to be downloaded.
@@ -201,52 +196,6 @@ class PeakMemory:
             torch.cuda.synchronize(self.device)
         self._peak = max(self._peak, self._used())
         self.peak_bytes = self._peak - self._start
-
-
-# --- results ------------------------------------------------------------------------------------
-def write_results(out_dir: str | Path, stem: str, payload: dict,
-                  plot=None) -> tuple[Path, Path | None]:
-    """Write `stem`.json (the payload plus the machine it ran on), then `stem`.png drawn by
-    `plot(payload)` from what was written, so a failed drawing never loses a measurement."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    payload = {"machine": machine_info(), **payload}
-    json_path = out / f"{stem}.json"
-    json_path.write_text(json.dumps(payload, indent=1, default=_jsonable) + "\n")
-    if plot is None:
-        return json_path, None
-    import matplotlib.pyplot as plt
-
-    figure = plot(payload)
-    png_path = out / f"{stem}.png"
-    figure.savefig(png_path, dpi=110, bbox_inches="tight")
-    plt.close(figure)
-    return json_path, png_path
-
-
-def _jsonable(value):
-    if hasattr(value, "item"):
-        return value.item()
-    if isinstance(value, Path):
-        return str(value)
-    raise TypeError(f"cannot write {type(value).__name__} to JSON")
-
-
-def format_table(rows: list[dict], columns: list[tuple[str, str, str]]) -> str:
-    """A plain-text table. columns: (key, header, format spec); missing values (None, NaN) print
-    as '-'."""
-    def missing(value) -> bool:
-        return value is None or (isinstance(value, float) and math.isnan(value))
-
-    cells = [[header for _, header, _ in columns]]
-    for row in rows:
-        cells.append(["-" if missing(row.get(key)) else format(row[key], spec) for key, _, spec
-                      in columns])
-    widths = [max(len(r[i]) for r in cells) for i in range(len(columns))]
-    lines = ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths)))
-             for r in cells]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
 
 
 # --- timers ----------------------------------------------------------------------------------

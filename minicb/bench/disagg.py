@@ -19,7 +19,6 @@ TPOT of a chat workload on each group. Results: benchmarks/results/disagg.json a
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import math
@@ -27,6 +26,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from minicb.bench.harness import add_flags, bench_parser, dated_record, write_record
 from minicb.calibrate import A100_LLAMA2_7B
 from minicb.facts import fact
 from minicb.metrics import percentiles
@@ -224,19 +224,16 @@ def draw(record: dict, out: Path, name: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m minicb bench disagg",
-                                     description=__doc__.split("\n\n")[0])
+    parser = bench_parser("disagg", __doc__)
     parser.add_argument("--quick", action="store_true",
                         help="shorter runs, and the SLO targets as given only")
     parser.add_argument("--duration", type=float, default=None,
                         help="seconds of arrivals per simulated run (default 40, 15 with "
                              "--quick)")
-    parser.add_argument("--out-dir", default="benchmarks/results")
+    add_flags(parser, "out_dir")
     parser.add_argument("--replot", action="store_true",
                         help="redraw the pictures from the results already written")
     args = parser.parse_args(argv)
-    from minicb.bench.machine import machine_line
-
     name = "disagg-quick" if args.quick else "disagg"
     out = Path(args.out_dir)
     if args.replot:
@@ -245,18 +242,16 @@ def main(argv: list[str] | None = None) -> int:
                          "benchmark without --replot first.")
         draw(json.loads((out / f"{name}.json").read_text()), out, name)
         return 0
-    out.mkdir(parents=True, exist_ok=True)
     duration = args.duration or (15.0 if args.quick else 40.0)
     started = time.perf_counter()
-    record = {"date": time.strftime("%Y-%m-%d"), "machine": machine_line(),
-              "cost_model": A100_LLAMA2_7B.name, "arrival_seconds": duration,
-              "min_requests": MIN_REQUESTS, "goal": GOAL,
-              "tasks": {t.name: vars(t) for t in TASKS.values()},
-              "knobs": knobs(), "link_specs": {k: vars(v) for k, v in LINKS.items()},
-              **disaggregation(duration, (1.0,) if args.quick else SLO_SCALES),
-              "tp": tensor_parallel(duration)}
+    record = dated_record(cost_model=A100_LLAMA2_7B.name, arrival_seconds=duration,
+                          min_requests=MIN_REQUESTS, goal=GOAL,
+                          tasks={t.name: vars(t) for t in TASKS.values()}, knobs=knobs(),
+                          link_specs={k: vars(v) for k, v in LINKS.items()},
+                          **disaggregation(duration, (1.0,) if args.quick else SLO_SCALES),
+                          tp=tensor_parallel(duration))
     record["wall_time_s"] = time.perf_counter() - started
-    (out / f"{name}.json").write_text(json.dumps(record, indent=1, default=str))
+    write_record(out, name, record)
     draw(record, out, name)
     print(f"\nresults: {out / name}.json and {name}-*.png ({record['wall_time_s']:.0f} s)")
     return 0

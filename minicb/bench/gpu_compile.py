@@ -26,14 +26,13 @@ import argparse
 import datetime
 import json
 import os
-import re
-import subprocess
 import sys
-import tempfile
 import time
 import warnings
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from minicb.bench.harness import bench_parser
+from minicb.bench.triton_compile import Launch, Result, compile_all
 
 RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "gpu-targets.json"
 PAGE = RESULTS.parents[1] / "gpu-targets.md"   # its table is rewritten from the results
@@ -52,37 +51,6 @@ QUERY_LENGTHS = (1, 2, 4, 8, 16, 32, 64, 128)  # max_seqlen_q: a decode step up 
 KV_HEADS = (1, 8, 32)           # the write kernel holds all KV heads of one token
 BLOCK_SIZE = 16                 # the engine's default; it enters the kernels only as // and %
 KERNELS = ("attention", "merge", "write")
-
-
-@dataclass(frozen=True)
-class Launch:
-    """One kernel launch the engine can make on one device, as the compiler needs it."""
-
-    target: str
-    kernel: str
-    asked: str                  # the dtype the user asked for
-    dtype: str                  # the dtype the engine runs on this device
-    params: dict                # head_dim, group, rows, ... (for the table)
-    constexprs: dict
-    num_warps: int
-    num_stages: int | None
-    shared_estimate: int | None = None
-
-    def key(self) -> tuple:
-        return (self.target, self.kernel, self.dtype, tuple(sorted(self.constexprs.items())),
-                self.num_warps, self.num_stages)
-
-
-@dataclass
-class Result:
-    launch: Launch
-    compiled: bool
-    error: str = ""
-    shared: int = 0
-    registers: int = 0
-    spill_bytes: int = 0
-    seconds: float = 0.0
-    extra: dict = field(default_factory=dict)
 
 
 # --- the launches: asked of the engine's own tile-choosing functions ---
@@ -161,159 +129,6 @@ def launches_for(limits, quick: bool = False, corners: bool = False) -> list[Lau
                 seen.add(tag)
         launches = kept
     return launches
-
-
-# --- compiling one launch (in a process without TRITON_INTERPRET) ---
-
-_TRITON_TYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
-
-
-def _signature(fn, kernel: str, dtype: str, constexprs: dict) -> tuple[dict, dict]:
-    """Each argument's type as the launcher would see it, and the 16-byte alignment hints the
-    launcher derives from torch tensors (pointers) and from strides that are multiples of 16."""
-    element = _TRITON_TYPES[dtype]
-    float32_ptrs = {"lse_ptr"} | ({"partial_ptr"} if kernel == "merge" else set())
-    int_ptrs = {"cu_seqlens_q_ptr", "seq_lens_ptr", "block_tables_ptr", "slot_mapping_ptr"}
-    signature, attrs = {}, {}
-    for index, name in enumerate(fn.arg_names):
-        if name in constexprs:
-            signature[name] = "constexpr"
-        elif name.endswith("_ptr"):
-            kind = ("fp32" if name in float32_ptrs else
-                    "i64" if name == "slot_mapping_ptr" else
-                    "i32" if name in int_ptrs else element)
-            signature[name] = "*" + kind
-            attrs[(index,)] = [["tt.divisibility", 16]]
-        elif name == "scale_log2":
-            signature[name] = "fp32"
-        else:
-            signature[name] = "i32"
-            # strides along tokens, heads and blocks are multiples of head_dim (>= 16)
-            if name.startswith("stride_") and "lse" not in name:
-                attrs[(index,)] = [["tt.divisibility", 16]]
-    return signature, attrs
-
-
-def _kernel_fn(kernel: str):
-    import importlib
-
-    module, name = {"attention": ("paged_attention", "_paged_attention_kernel"),
-                    "merge": ("split_kv", "_merge_splits_kernel"),
-                    "write": ("kv_write", "_write_kv_kernel")}[kernel]
-    return getattr(importlib.import_module(f"minicb.kernels.{module}"), name)
-
-
-def _nvidia_resources(cubin: bytes) -> tuple[int, int]:
-    """Registers per thread and local-memory (stack: spills) bytes per thread, from cuobjdump."""
-    import triton
-
-    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        out = subprocess.run([str(tool), "--dump-resource-usage", f.name], capture_output=True,
-                             text=True, check=True).stdout
-    registers = int(re.search(r"REG:(\d+)", out).group(1))
-    stack = int(re.search(r"STACK:(\d+)", out).group(1))
-    local = int(re.search(r"LOCAL:(\d+)", out).group(1))
-    return registers, stack + local
-
-
-def _amd_resources(amdgcn: str) -> tuple[int, int, dict]:
-    """VGPRs per lane (arch + accumulation registers) and spills, from the code object's
-    metadata in the assembly."""
-    def number(key: str) -> int:
-        match = re.search(rf"\.{key}:\s+(\d+)", amdgcn)
-        return int(match.group(1)) if match else 0
-
-    vgprs, agprs = number("vgpr_count"), number("agpr_count")
-    # VGPR spills go to scratch memory (4 bytes a lane each); SGPR spills mostly to VGPR lanes
-    spills = number("vgpr_spill_count") * 4
-    return vgprs, spills, {"sgprs": number("sgpr_count"), "agprs": agprs,
-                           "vgpr_spills": number("vgpr_spill_count"),
-                           "sgpr_spills": number("sgpr_spill_count")}
-
-
-def compile_launch(launch: Launch) -> Result:
-    """Compile one launch for its target and read what it uses. Must run without
-    TRITON_INTERPRET (see :func:`compile_all`)."""
-    import triton
-    from triton.compiler import ASTSource
-
-    from minicb.kernels.targets import TARGETS, triton_target
-
-    limits = TARGETS[launch.target]
-    fn = _kernel_fn(launch.kernel)
-    signature, attrs = _signature(fn, launch.kernel, launch.dtype, launch.constexprs)
-    options = {"num_warps": launch.num_warps}
-    if launch.num_stages is not None:
-        options["num_stages"] = launch.num_stages
-    start = time.perf_counter()
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            compiled = triton.compile(ASTSource(fn, signature, launch.constexprs, attrs),
-                                      target=triton_target(limits), options=options)
-    except Exception as error:  # the compiler's own message is the result
-        message = str(error).strip().splitlines()
-        return Result(launch, False, error=" ".join(message[:3])[:400],
-                      seconds=time.perf_counter() - start)
-    extra = {}
-    if limits.backend == "cuda":
-        registers, spills = _nvidia_resources(compiled.asm["cubin"])
-    else:
-        registers, spills, extra = _amd_resources(compiled.asm["amdgcn"])
-    return Result(launch, True, shared=compiled.metadata.shared, registers=registers,
-                  spill_bytes=spills, seconds=time.perf_counter() - start, extra=extra)
-
-
-def _worker() -> int:
-    """Child process: launches as JSON on stdin, one result per line on stdout."""
-    for item in json.load(sys.stdin):
-        result = compile_launch(Launch(**item))
-        row = asdict(result)
-        row["launch"] = item
-        print(json.dumps(row), flush=True)
-    return 0
-
-
-def compile_all(launches: list[Launch], jobs: int = 1, progress=None) -> list[Result]:
-    """Compile every launch in ``jobs`` child processes that run without TRITON_INTERPRET."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # the runtime's default, without its warning
-    cache = None
-    if "TRITON_CACHE_DIR" not in env:
-        cache = tempfile.TemporaryDirectory(prefix="minicb-triton-cache-")
-        env["TRITON_CACHE_DIR"] = cache.name
-    # Longest first (prefill tiles), dealt round-robin, so the children finish together.
-    order = sorted(launches, key=lambda launch: -(launch.shared_estimate or 0))
-    shares = [order[i::jobs] for i in range(max(1, jobs))]
-    procs = []
-    for share in shares:
-        if not share:
-            continue
-        proc = subprocess.Popen([sys.executable, "-m", "minicb.bench.gpu_compile", "--worker"],
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True)
-        proc.stdin.write(json.dumps([asdict(launch) for launch in share]))
-        proc.stdin.close()
-        procs.append((proc, share))
-    results = []
-    try:
-        for proc, _ in procs:
-            for line in proc.stdout:
-                row = json.loads(line)
-                launch = Launch(**row.pop("launch"))
-                results.append(Result(launch=launch, **{k: v for k, v in row.items()
-                                                        if k != "launch"}))
-                if progress:
-                    progress(results[-1])
-            if proc.wait() != 0:
-                raise RuntimeError(f"a compile worker exited with {proc.returncode}")
-    finally:
-        if cache is not None:
-            cache.cleanup()
-    by_key = {launch.key(): i for i, launch in enumerate(launches)}
-    return sorted(results, key=lambda r: by_key[r.launch.key()])
 
 
 # --- the table ---
@@ -429,8 +244,7 @@ def update_page(page: Path = PAGE, results: Path = RESULTS) -> bool:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     from minicb.kernels.targets import TARGETS
 
-    parser = argparse.ArgumentParser(prog="python -m minicb bench gpu-compile",
-                                     description=__doc__.split("\n")[0])
+    parser = bench_parser("gpu-compile", __doc__)
     parser.add_argument("--targets", nargs="+", choices=list(TARGETS), default=list(TARGETS))
     parser.add_argument("--quick", action="store_true",
                         help="the subset make test compiles: the largest tiles, every target")
@@ -439,7 +253,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
                         help="compiler processes at once")
     parser.add_argument("--out", type=Path, default=RESULTS)
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
 
@@ -452,8 +265,6 @@ def _dumps(data: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.worker:
-        return _worker()
     from minicb.kernels.targets import TARGETS
 
     launches = [launch for key in args.targets

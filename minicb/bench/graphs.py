@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import tempfile
 import time
@@ -25,15 +24,17 @@ from pathlib import Path
 
 import torch
 
-from minicb.bench.common import (
+from minicb.bench.common import build_random_model, display_path, load_hf_model, load_workload
+from minicb.bench.harness import (
     RESULTS_DIR,
-    build_random_model,
-    display_path,
-    load_hf_model,
-    load_workload,
+    add_flags,
+    alternate,
+    announce,
+    bench_parser,
+    spread,
     write_results,
 )
-from minicb.bench.machine import describe, machine_info
+from minicb.bench.machine import versions
 from minicb.config import EngineConfig
 
 MODELS = {"shipped": ("float32", None), "qwen2-0.5b": ("bfloat16", "qwen2-0.5b")}
@@ -56,12 +57,11 @@ class Case:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m minicb bench graphs", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = bench_parser("graphs", __doc__, full_doc=True)
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     p.add_argument("--num-prompts", nargs="+", type=int, default=[64, 256])
-    p.add_argument("--repeats", type=int, default=3,
-                   help="runs of each minicb system, alternated (transformers runs once)")
+    add_flags(p, repeats=dict(help="runs of each minicb system, alternated (transformers runs "
+                                   "once)"))
     p.add_argument("--max-model-len", type=int, default=1024,
                    help="capped at each model's context (the shipped model's is 512)")
     p.add_argument("--no-hf", action="store_true", help="leave transformers' systems out")
@@ -127,9 +127,10 @@ def summarize(name: str, runs: list[dict], reference: list[list[int]], output_to
     """tokens/s per repeat (median and range) and how many requests equal minicb eager's."""
     rates = [output_tokens / r["wall_s"] for r in runs]
     same = [sum(a == b for a, b in zip(r["outputs"], reference)) for r in runs]
+    rate = spread(rates)
     row = dict(system=name, repeats=len(runs), output_tokens=output_tokens,
-               tokens_per_s=statistics.median(rates), tokens_per_s_min=min(rates),
-               tokens_per_s_max=max(rates), requests_equal_to_eager=min(same),
+               tokens_per_s=rate["median"], tokens_per_s_min=rate["min"],
+               tokens_per_s_max=rate["max"], requests_equal_to_eager=min(same),
                requests=len(reference))
     for key in ("start_s", "graph_steps", "captured_sizes", "settings"):
         if key in runs[0]:
@@ -145,10 +146,9 @@ def measure(case: Case, device: str, repeats: int, with_hf: bool, smoke: bool) -
         output_lens = [min(n, 6) for n in output_lens]
     systems = minicb_systems()
     runs: dict[str, list[dict]] = {name: [] for name in systems}
-    for _ in range(repeats):                   # alternated: a slow spell hits every system
-        for name, knobs in systems.items():
-            runs[name].append(run_minicb(case, knobs, prompts, output_lens, device, smoke))
-            print(f"  {name}: {sum(output_lens) / runs[name][-1]['wall_s']:,.0f} tokens/s")
+    for _, name in alternate(repeats, list(systems)):   # a slow spell hits every system
+        runs[name].append(run_minicb(case, systems[name], prompts, output_lens, device, smoke))
+        print(f"  {name}: {sum(output_lens) / runs[name][-1]['wall_s']:,.0f} tokens/s")
     if with_hf:
         hf_model = load_hf_model(case.path, device, case.dtype)
         for name in ("hf-generate-batch", "hf-generate"):
@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     device = "cpu" if args.smoke else "cuda"
     if args.smoke:
         args.models, args.num_prompts, args.repeats, args.max_model_len = ["shipped"], [4], 1, 256
-    print(f"machine: {describe(machine_info())}")
+    announce()
     cases = []
     for model in args.models:
         dtype, random_name = MODELS[model]
@@ -199,16 +199,8 @@ def write_payload(args: argparse.Namespace, device: str, cases: list[dict]) -> P
     payload = dict(benchmark="graphs", smoke=args.smoke,
                    device_name=(torch.cuda.get_device_name() if device == "cuda" else "cpu"),
                    software=dict(torch=torch.__version__, cuda=torch.version.cuda,
-                                 triton=_version("triton"), transformers=_version("transformers")),
+                                 **{k: versions()[k] for k in ("triton", "transformers")}),
                    cases=cases)
     path, _ = write_results(args.out, "graphs-smoke" if args.smoke else "graphs", payload)
     return path
 
-
-def _version(package: str) -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(package)
-    except PackageNotFoundError:
-        return None

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import re
 import sys
@@ -34,6 +33,7 @@ from pathlib import Path
 import torch
 
 from minicb.bench.common import copy_bandwidth_gbps, make_timer
+from minicb.bench.harness import bench_parser, write_record
 from minicb.model.loader import DTYPES
 
 METHODS = ("triton", "sdpa", "gather")
@@ -43,8 +43,7 @@ DRY_RUN_GRID = dict(batch_sizes=[1, 3], contexts=[48], num_q_heads=4, num_kv_hea
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m minicb bench kernels",
-                                     description=__doc__.split("\n")[0])
+    parser = bench_parser("kernels", __doc__)
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 64, 256])
     parser.add_argument("--contexts", type=int, nargs="+", default=[512, 4096, 32768])
     parser.add_argument("--num-q-heads", type=int, default=32)
@@ -181,7 +180,8 @@ def print_table(results: dict) -> None:
         print(line + (f" {triton['bandwidth_gbps'] / copy:>10.0%}" if triton else ""))
 
 
-def plot(results: dict, path: Path) -> None:
+def plot(results: dict):
+    """Each batch size's bandwidth against context, per method, under the copy bandwidth."""
     from matplotlib.figure import Figure  # no pyplot: never touches the caller's backend
 
     batches = sorted({p["batch"] for p in results["points"]})
@@ -201,7 +201,7 @@ def plot(results: dict, path: Path) -> None:
     axes[0].set_ylabel("K/V bytes read / time (GB/s)")
     axes[-1].legend(fontsize="small")
     fig.suptitle(f"decode attention, {results['device']}, {results['dtype']}")
-    fig.savefig(path, dpi=120)
+    return fig
 
 
 def load_kernels(dry_run: bool):
@@ -247,11 +247,8 @@ def main(argv: list[str] | None = None) -> int:
         for context in args.contexts:
             results["points"].append(bench_point(args, kernels, device, timer, batch, context))
     print_table(results)
-    args.out_dir.mkdir(parents=True, exist_ok=True)
-    json_path = args.out_dir / f"kernels-{slug}.json"
-    json_path.write_text(json.dumps(results, indent=2) + "\n")
-    plot(results, args.out_dir / f"kernels-{slug}.png")
-    print(f"wrote {json_path} and {json_path.with_suffix('.png')}")
+    json_path, png_path = write_record(args.out_dir, f"kernels-{slug}", results, plot)
+    print(f"wrote {json_path} and {png_path}")
     return 0
 
 

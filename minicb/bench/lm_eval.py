@@ -14,23 +14,22 @@ nothing downloaded), multiple choice and generation over the Python standard lib
 
 from __future__ import annotations
 
-import argparse
-import contextlib
 import glob
 import json
 import os
-import socket
 import subprocess
-import sys
 import tempfile
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
-
 from minicb import default_model_path
-from minicb.bench.common import write_results
+from minicb.bench.harness import (
+    add_flags,
+    bench_parser,
+    minicb_serve_command,
+    server_process,
+    write_results,
+)
+from minicb.serving.cluster import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 LMEVAL_VENV = ROOT / ".venv-lmeval"
@@ -45,34 +44,6 @@ SETUP_HINT = "build lm-eval's environment and run it with `make lm-eval` (a few 
 def lm_eval_executable() -> Path | None:
     path = LMEVAL_VENV / "bin" / "lm_eval"
     return path if path.exists() else None
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-@contextlib.contextmanager
-def served(model: str, port: int) -> Iterator[str]:
-    """`python -m minicb serve` in a process of its own; its completions URL."""
-    process = subprocess.Popen([sys.executable, "-m", "minicb", "serve", "--model", model,
-                                "--port", str(port), "--served-model-name", "minicb",
-                                "--max-num-seqs", "8", "--log-level", "warning"])
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"minicb serve did not come up on port {port}")
-            time.sleep(0.5)
-        yield url + "/v1/completions"
-    finally:
-        process.terminate()
-        process.wait(30)
 
 
 def run_lm_eval(model_type: str, model_args: str, out_dir: Path) -> None:
@@ -126,19 +97,22 @@ def compare(served_dir: Path, hf_dir: Path) -> dict:
 
 def run_comparison(model: str, work_dir: Path) -> dict:
     """Both runs and their comparison (the server's run first, then transformers')."""
-    with served(model, _free_port()) as url:
+    port = free_port()
+    command = minicb_serve_command(port, "--model", str(model), "--served-model-name", "minicb",
+                                   "--max-num-seqs", "8")
+    with server_process("minicb-serve", command, port, ready="/health", timeout=120) as url:
         # token ids in, as lm-eval sends them by default: both models score the same tokens
-        run_lm_eval("local-completions", f"base_url={url},model=minicb,tokenizer={model},"
-                    "tokenizer_backend=huggingface,tokenized_requests=True,max_length=512",
+        run_lm_eval("local-completions", f"base_url={url}/v1/completions,model=minicb,"
+                    f"tokenizer={model},tokenizer_backend=huggingface,tokenized_requests=True,"
+                    "max_length=512",
                     work_dir / "served")
     run_lm_eval("hf", f"pretrained={model},dtype=float32", work_dir / "hf")
     return compare(work_dir / "served", work_dir / "hf")
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m minicb bench lm-eval",
-                                     description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default=None, help="checkpoint (default: the shipped model)")
+    parser = bench_parser("lm-eval", __doc__)
+    add_flags(parser, "model")
     parser.add_argument("--out", default="benchmarks/results", help="where lm-eval.json goes")
     args = parser.parse_args(argv)
     model = args.model or default_model_path()

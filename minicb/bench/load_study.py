@@ -20,14 +20,12 @@ user pain (p95 time to first token)?
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from minicb.bench.machine import machine_line
+from minicb.bench.harness import add_flags, announce, bench_parser, dated_record, write_record
 from minicb.bench.served import latency_row, vocab_size_of, warm_up
 from minicb.config import CONTINUOUS_ONLY_KNOBS, EngineConfig
 from minicb.serving.loadgen import SIZED_WORKLOADS, BenchConfig, benchmark
@@ -124,20 +122,18 @@ def plot(rows: list[dict], path: Path | None = None):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m minicb bench load-study",
-                                     description=__doc__.split("\n\n")[0])
+    parser = bench_parser("load-study", __doc__)
     defaults = StudyConfig()
     parser.add_argument("--quick", action="store_true", help=f"a small sweep: {QUICK}")
     parser.add_argument("--schedulers", nargs="+", choices=SCHEDULERS, default=list(SCHEDULERS))
     parser.add_argument("--request-rates", nargs="+", type=float, default=None)
-    parser.add_argument("--num-prompts", type=int, default=None)
-    parser.add_argument("--workload", choices=["random", *SIZED_WORKLOADS],
-                        default=defaults.workload)
+    add_flags(parser, "num_prompts", workload=dict(choices=["random", *SIZED_WORKLOADS],
+                                                   default=defaults.workload))
     parser.add_argument("--input-len", type=int, default=None)
     parser.add_argument("--output-len", type=int, default=None)
     parser.add_argument("--range-ratio", type=float, default=defaults.range_ratio)
     parser.add_argument("--burstiness", type=float, default=defaults.burstiness)
-    parser.add_argument("--out-dir", default="benchmarks/results")
+    add_flags(parser, "out_dir")
     parser.add_argument("--base-url", default=None,
                         help="measure this running OpenAI-compatible server instead of starting "
                              "minicb's (e.g. vLLM's on http://127.0.0.1:8000); --model then names "
@@ -165,19 +161,15 @@ def main(argv: list[str] | None = None) -> int:
         range_ratio=args.range_ratio, burstiness=args.burstiness, seed=args.seed, knobs=knobs,
         base_url=args.base_url, label=args.label, vocab_size=args.vocab_size,
         **{**(QUICK if args.quick else {}), **{k: v for k, v in given.items() if v is not None}})
-    print(f"machine: {machine_line()}\n")
+    announce()
     started = time.perf_counter()
     rows = run_study(config, progress=True)
     name = "load-study-quick" if args.quick else "load-study"
     if args.base_url:
         name += f"-{args.label}"
-    out_dir = Path(args.out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    record = {"date": time.strftime("%Y-%m-%d"), "machine": machine_line(),
-              "model": args.model or "default",
-              "config": {**vars(config), "request_rates": list(config.request_rates)},
-              "wall_time_s": time.perf_counter() - started, "rows": rows}
-    (out_dir / f"{name}.json").write_text(json.dumps(record, indent=1))
-    plot(rows, out_dir / f"{name}.png")
-    print(f"\nresults: {out_dir / name}.json and .png ({record['wall_time_s']:.0f} s)")
+    record = dated_record(model=args.model or "default",
+                          config={**vars(config), "request_rates": list(config.request_rates)},
+                          wall_time_s=time.perf_counter() - started, rows=rows)
+    json_path, _ = write_record(args.out_dir, name, record, lambda r: plot(r["rows"]))
+    print(f"\nresults: {json_path} and .png ({record['wall_time_s']:.0f} s)")
     return 0

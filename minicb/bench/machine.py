@@ -86,6 +86,12 @@ def git_commit() -> str | None:
     return commit.stdout.strip() + ("+dirty" if dirty else "")
 
 
+def load_average() -> list[float]:
+    """The machine's 1-, 5- and 15-minute load averages, recorded beside every run: a shared
+    machine slows every system, which is why systems are compared in one alternated run."""
+    return [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else []
+
+
 def machine_info() -> dict:
     """Everything a reader needs to judge a measurement: when, on what, with which versions.
 
@@ -103,8 +109,7 @@ def machine_info() -> dict:
         "cpu_cores": usable_cores(),
         "cpu_cores_machine": os.cpu_count(),
         "memory_gib": round(memory / 2**30, 1) if memory else None,
-        "load_average": ([round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg")
-                         else None),
+        "load_average": load_average() or None,
         "torch_threads": torch.get_num_threads(),
         "gpus": gpus(),
         "cuda": torch.version.cuda,

@@ -15,13 +15,8 @@ from __future__ import annotations
 
 import argparse
 
-from minicb.bench.common import (
-    RESULTS_DIR,
-    format_table,
-    load_workload,
-    workload_facts,
-    write_results,
-)
+from minicb.bench.common import load_workload, workload_facts
+from minicb.bench.harness import add_flags, bench_parser, format_table, write_results
 from minicb.config import blocks_for
 from minicb.sim import SimResult, simulate
 
@@ -29,10 +24,8 @@ KV_CACHES = ("contiguous", "paged")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m minicb bench memory",
-                                description=__doc__.split("\n")[0])
-    p.add_argument("--workload", default="long-tail")
-    p.add_argument("--num-prompts", type=int, default=None)
+    p = bench_parser("memory", __doc__)
+    add_flags(p, "workload", "num_prompts", "out_dir")
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--max-model-len", type=int, default=None,
                    help="the contiguous reservation (default: the workload's longest request)")
@@ -41,7 +34,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--max-num-seqs", type=int, default=256,
                    help="slots: high, so memory is what limits")
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
-    p.add_argument("--out-dir", default=str(RESULTS_DIR))
     return p.parse_args(argv)
 
 

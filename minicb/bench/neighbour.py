@@ -29,16 +29,22 @@ from pathlib import Path
 import torch
 
 from minicb.bench.common import (
-    RESULTS_DIR,
     display_path,
     fit_to_context,
-    format_table,
     load_workload,
     resolve_model,
     workload_facts,
+)
+from minicb.bench.harness import (
+    add_flags,
+    alternate,
+    announce,
+    bench_parser,
+    format_table,
+    load_average,
+    turn_order,
     write_results,
 )
-from minicb.bench.machine import describe, machine_info
 from minicb.bench.offline import ENGINE_FLAGS, PEERS, SYSTEMS, load_hf_model, run_system
 from minicb.config import EngineConfig
 from minicb.metrics import summarize
@@ -91,21 +97,14 @@ class BusyNeighbour:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m minicb bench neighbour",
-                                description=__doc__.split("\n")[0])
-    p.add_argument("--model", default=None)
-    p.add_argument("--random-model", default=None,
-                   help="a random-weight model of this shape: llama-100m or qwen2-0.5b")
-    p.add_argument("--workload", default="chat")
-    p.add_argument("--num-prompts", type=int, default=None)
+    p = bench_parser("neighbour", __doc__)
+    add_flags(p, "model", "random_model", "num_prompts", "repeats", "seed", "out_dir",
+              workload="chat")
     p.add_argument("--systems", nargs="+", choices=ALL_SYSTEMS,
                    default=["hf-generate", "hf-generate-batch", "static", "continuous-paged",
                             "continuous-paged-all-cores"])
-    p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--hf-page-size", type=int, default=256)
     p.add_argument("--hf-max-batch-tokens", type=int, default=512)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out-dir", default=str(RESULTS_DIR))
     EngineConfig.add_cli_args(p, only=ENGINE_FLAGS,
                               defaults={"max_num_seqs": 64, "max_num_batched_tokens": None})
     return p.parse_args(argv)
@@ -119,7 +118,7 @@ def one_run(name: str, model_path: str, get_hf_model, args, prompts, output_lens
     if name in VARIANTS:
         run_args.cpu_threads = threads
     hf_model = get_hf_model() if base.startswith("hf-") else None
-    load_before = os.getloadavg()[0]
+    load_before = load_average()[0]
     if loaded:
         with BusyNeighbour() as neighbour:
             run, _ = run_system(base, model_path, hf_model, run_args, prompts, output_lens, False)
@@ -131,7 +130,7 @@ def one_run(name: str, model_path: str, get_hf_model, args, prompts, output_lens
     return {"system": name, "loaded": loaded, "output_tokens": s.output_tokens,
             "duration_s": s.duration, "output_throughput": s.output_throughput,
             "neighbour_cpu_s": neighbour_cpu, "load_before": load_before,
-            "load_after": os.getloadavg()[0], "outputs": run.outputs}
+            "load_after": load_average()[0], "outputs": run.outputs}
 
 
 def pooled(runs: list[dict], name: str, loaded: bool) -> float:
@@ -169,20 +168,19 @@ def main(argv: list[str] | None = None) -> int:
     output_lens = workload.output_lens
     args.max_num_batched_tokens = (args.max_num_batched_tokens
                                    or args.max_num_seqs * max(workload.prompt_lens))
-    print(f"{model_label}: {workload.description}; {len(workload)} requests\n"
-          f"machine: {describe(machine_info())}; {usable_cores()} cores, torch threads {threads}")
+    announce(f"{model_label}: {workload.description}; {len(workload)} requests; "
+             f"{usable_cores()} cores, torch threads {threads}")
     get_hf_model = functools.cache(lambda: load_hf_model(model_path, args.device, args.dtype))
     runs = []
-    for repeat in range(args.repeats):
-        for name in args.systems:
-            for loaded in ((False, True) if repeat % 2 == 0 else (True, False)):
-                row = one_run(name, model_path, get_hf_model, args, prompts, output_lens,
-                              threads, loaded)
-                runs.append(row)
-                print(f"  [{repeat + 1}/{args.repeats}] {name:<27} "
-                      f"{'busy neighbour' if loaded else 'quiet':<14} "
-                      f"{row['output_throughput']:8.1f} tok/s   load {row['load_before']:.2f}",
-                      flush=True)
+    for repeat, name in alternate(args.repeats, args.systems):
+        for loaded in turn_order((False, True), repeat):   # quiet first in even repeats
+            row = one_run(name, model_path, get_hf_model, args, prompts, output_lens, threads,
+                          loaded)
+            runs.append(row)
+            print(f"  [{repeat + 1}/{args.repeats}] {name:<27} "
+                  f"{'busy neighbour' if loaded else 'quiet':<14} "
+                  f"{row['output_throughput']:8.1f} tok/s   load {row['load_before']:.2f}",
+                  flush=True)
     torch.set_num_threads(threads)
     rows = summarize_runs(runs, args.systems)
     print(format_table(rows, [("system", "system", ""), ("quiet_tok_s", "quiet tok/s", ".1f"),

@@ -30,19 +30,16 @@ from tqdm.auto import tqdm
 
 from minicb.bench.agreement import agreement
 from minicb.bench.common import (
-    RESULTS_DIR,
     PeakMemory,
     display_path,
     fit_to_context,
-    format_table,
     load_hf_model,
     load_workload,
     log_model_steps,
     resolve_model,
     workload_facts,
-    write_results,
 )
-from minicb.bench.machine import describe, machine_info
+from minicb.bench.harness import add_flags, announce, bench_parser, format_table, write_results
 from minicb.bench.peers import SystemRun, hf_continuous, hf_one_at_a_time, hf_static_batches
 from minicb.config import EngineConfig, blocks_for
 from minicb.metrics import summarize
@@ -71,15 +68,8 @@ TARGETS = [("continuous-paged", "hf-generate", 10.0),
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m minicb bench offline",
-                                description=__doc__.split("\n")[0])
-    p.add_argument("--model", default=None,
-                   help="checkpoint directory (default: minicb's default model)")
-    p.add_argument("--random-model", default=None,
-                   help="build a random-weight model of this shape: qwen2-0.5b or llama-100m")
-    p.add_argument("--workload", default="long-tail",
-                   help="a name from minicb.workload (default long-tail)")
-    p.add_argument("--num-prompts", type=int, default=None, help="fewer requests for a quicker run")
+    p = bench_parser("offline", __doc__)
+    add_flags(p, "model", "random_model", "workload", "num_prompts")
     p.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=list(SYSTEMS))
     p.add_argument("--peers", nargs="+", default=[], choices=list(PEERS),
                    help="also run these engines, each in its own environment, on the same "
@@ -91,10 +81,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         "a dense "
                         "attention mask per step, so it runs best with small steps (512 was its "
                         "best of 256-18432)")
-    p.add_argument("--threads", type=int, default=None,
-                   help="torch CPU threads (default: torch's choice)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the prompts' token ids")
-    p.add_argument("--out-dir", default=str(RESULTS_DIR))
+    add_flags(p, "threads", "out_dir", seed=dict(help="seed of the prompts' token ids"))
     p.add_argument("--no-progress", action="store_true")
     # the engine knobs every minicb system shares (each system sets its own scheduler and KV
     # layout);
@@ -214,8 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     output_lens = workload.output_lens
     args.max_num_batched_tokens = (args.max_num_batched_tokens
                                    or args.max_num_seqs * max(workload.prompt_lens))
-    print(f"{model_label}: {workload.description}; {len(workload)} requests, {sum(output_lens)} "
-          f"output tokens\nmachine: {describe(machine_info())}")
+    announce(f"{model_label}: {workload.description}; {len(workload)} requests, "
+             f"{sum(output_lens)} output tokens")
 
     # loaded once for the transformers systems, or only when a disagreement needs explaining
     get_hf_model = functools.cache(lambda: load_hf_model(model_path, args.device, args.dtype))

@@ -33,28 +33,23 @@ from pathlib import Path
 
 import torch
 
-from minicb.bench.common import (
-    RESULTS_DIR,
-    display_path,
-    format_table,
-    resolve_model,
-    write_results,
-)
+from minicb.bench.common import display_path, resolve_model
 
 # the host's part of a decode step this engine aims for on the project's 2-core CPU, in µs
 TARGET_HOST_US = {1: 60.0, 256: 1000.0}
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m minicb bench overhead",
-                                description=__doc__.split("\n")[0])
+    # the harness is imported here, not at the top: --baseline runs this file's host_step in
+    # an earlier checkout, which may have no harness
+    from minicb.bench.harness import add_flags, bench_parser
+
+    p = bench_parser("overhead", __doc__)
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 64, 256])
-    p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--context", type=int, default=128, help="prompt tokens of every request")
     p.add_argument("--steps", type=int, default=50, help="decode steps measured per point")
-    p.add_argument("--model", default=None, help="a checkpoint instead of the random one")
-    p.add_argument("--random-model", default="llama-tiny")
-    p.add_argument("--out-dir", default=str(RESULTS_DIR))
+    add_flags(p, "repeats", "random_model", "out_dir", random_model="llama-tiny",
+              model=dict(help="a checkpoint instead of the random one"))
     p.add_argument("--stem", default="overhead", help="the result files' name")
     p.add_argument("--baseline", default=None, metavar="DIR",
                    help="also measure the engine of the checkout in DIR, alternating")
@@ -144,13 +139,15 @@ def host_step(model_path: str, batch: int, context: int, steps: int) -> dict:
 
 def summarize(points: list[dict], batch_sizes: list[int]) -> list[dict]:
     """Per batch size: the host's part over the repeats (median, spread) against its target."""
+    from minicb.bench.harness import spread
+
     rows = []
     for batch in batch_sizes:
         mine = [p for p in points if p["batch"] == batch]
         host = [p["host_us"] for p in mine]
         target = TARGET_HOST_US.get(batch)
-        rows.append({"batch": batch, "host_us_median": statistics.median(host),
-                     "host_us_min": min(host), "host_us_max": max(host),
+        rows.append({"batch": batch,
+                     **{f"host_us_{k}": v for k, v in spread(host).items()},
                      "step_us_median": statistics.median(p["step_us"] for p in mine),
                      "forward_us_median": statistics.median(p["forward_us"] for p in mine),
                      "phases_mean_us": {phase: statistics.median(p["phases_mean_us"][phase]
@@ -174,16 +171,22 @@ def baseline_step(directory: str, model_path: str, batch: int, context: int, ste
 
 
 def main(argv: list[str] | None = None) -> int:
+    from minicb.bench.harness import format_table, write_results
+
     args = parse_args(argv or [])
     torch.set_num_threads(1)
     model_path, label = resolve_model(args.model, None if args.model else args.random_model,
                                       "float32")
     points, baseline = [], []
+    this_checkout = str(Path(__file__).resolve().parents[2])
     for repeat in range(args.repeats):      # alternate the order: drift hits every size alike
         order = args.batch_sizes if repeat % 2 == 0 else args.batch_sizes[::-1]
         for batch in order:
-            points.append({"repeat": repeat, **host_step(model_path, batch, args.context,
-                                                           args.steps)})
+            # beside a baseline, this engine's points run in fresh processes too, as the
+            # baseline's do: a process that built the earlier points' engines steps slower
+            point = (baseline_step(this_checkout, model_path, batch, args.context, args.steps)
+                     if args.baseline else host_step(model_path, batch, args.context, args.steps))
+            points.append({"repeat": repeat, **point})
             if args.baseline:
                 baseline.append({"repeat": repeat, **baseline_step(
                     args.baseline, model_path, batch, args.context, args.steps)})

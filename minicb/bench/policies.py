@@ -19,8 +19,6 @@ seconds belong to the machine named in the output.
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import time
 from dataclasses import dataclass, replace
@@ -29,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from minicb.bench.harness import add_flags, announce, bench_parser, dated_record, write_record
 from minicb.config import EngineConfig
 from minicb.engine import LLMEngine
 from minicb.metrics import RequestMetrics, summarize
@@ -206,39 +205,31 @@ def plot(rows: list[dict], path: Path | None = None):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m minicb bench policies",
-                                     description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default=None,
-                        help="checkpoint directory (default: the shipped model)")
+    parser = bench_parser("policies", __doc__)
+    add_flags(parser, "model")
     parser.add_argument("--quick", action="store_true",
                         help="a smaller sweep: fewer requests and loads")
     parser.add_argument("--runners", nargs="+", choices=list(RUNNERS), default=list(RUNNERS))
-    parser.add_argument(
-        "--threads", type=int, default=1,
-        help="torch CPU threads (1: a shared machine makes more threads spin and stall)")
-    parser.add_argument("--out-dir", default="benchmarks/results")
+    add_flags(parser, "out_dir", threads=dict(
+        default=1, help="torch CPU threads (1: a shared machine makes more threads spin and "
+                        "stall)"))
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    from minicb.bench.machine import machine_line
 
     setups = [COST_MODEL, ENGINE]
     if args.quick:
         setups = [replace(s, **QUICK[s.runner]) for s in setups]
     started, rows = time.perf_counter(), []
-    print(f"machine: {machine_line()}\n")
+    announce()
     for setup in setups:
         if setup.runner in args.runners:
             rows += sweep(setup, args.model)
     name = "policies-quick" if args.quick else "policies"
-    out_dir = Path(args.out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    record = {"date": time.strftime("%Y-%m-%d"), "machine": machine_line(),
-              "torch": torch.__version__, "torch_threads": args.threads,
-              "model": args.model or "default",
-              "setups": {s.runner: {**vars(s), "policies": policies(s)}
-                         for s in setups if s.runner in args.runners},
-              "wall_time_s": time.perf_counter() - started, "rows": rows}
-    (out_dir / f"{name}.json").write_text(json.dumps(record, indent=1, default=str))
-    plot(rows, out_dir / f"{name}.png")
-    print(f"\nresults: {out_dir / name}.json and .png ({record['wall_time_s']:.0f} s)")
+    record = dated_record(torch=torch.__version__, torch_threads=args.threads,
+                          model=args.model or "default",
+                          setups={s.runner: {**vars(s), "policies": policies(s)}
+                                  for s in setups if s.runner in args.runners},
+                          wall_time_s=time.perf_counter() - started, rows=rows)
+    json_path, _ = write_record(args.out_dir, name, record, lambda r: plot(r["rows"]))
+    print(f"\nresults: {json_path} and .png ({record['wall_time_s']:.0f} s)")
     return 0

@@ -25,14 +25,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from minicb.bench.common import (
-    RESULTS_DIR,
-    display_path,
+from minicb.bench.common import display_path, resolve_model
+from minicb.bench.harness import (
+    add_flags,
+    alternate,
+    announce,
+    bench_parser,
     format_table,
-    resolve_model,
     write_results,
 )
-from minicb.bench.machine import describe, machine_info
 from minicb.metrics import summarize
 
 N_SAMPLES = 4
@@ -40,11 +41,8 @@ TIMINGS = ("ttft_p50_s", "ttft_p95_s", "duration_s", "output_throughput", "total
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m minicb bench prefix",
-                                description=__doc__.split("\n")[0])
-    p.add_argument("--model", default=None,
-                   help="checkpoint directory (default: minicb's default model)")
-    p.add_argument("--num-prompts", type=int, default=32, help="requests per workload")
+    p = bench_parser("prefix", __doc__)
+    add_flags(p, "model", num_prompts=dict(default=32, help="requests per workload"))
     p.add_argument("--system-len", type=int, default=384, help="tokens of the shared system prompt")
     p.add_argument("--question-len", type=int, nargs=2, default=[16, 48], metavar=("MIN", "MAX"))
     p.add_argument("--examples", type=int, nargs=2, default=[6, 64], metavar=("COUNT", "LEN"),
@@ -54,12 +52,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--max-num-seqs", type=int, default=16)
     p.add_argument("--max-num-batched-tokens", type=int, default=1024)
     p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--repeats", type=int, default=3,
-                   help="runs of each setting, alternating off and on")
-    p.add_argument("--threads", type=int, default=None,
-                   help="torch CPU threads (default: torch's choice)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out-dir", default=str(RESULTS_DIR))
+    add_flags(p, "threads", "seed", "out_dir",
+              repeats=dict(help="runs of each setting, alternating off and on"))
     return p.parse_args(argv)
 
 
@@ -99,9 +93,8 @@ def compare_caching(model_path: str, name: str, prompts: list[list[int]], args) 
     knobs = dict(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                  block_size=args.block_size, max_model_len=args.max_model_len)
     runs: dict[bool, list[dict]] = {False: [], True: []}
-    for _ in range(args.repeats):
-        for caching in (False, True):
-            runs[caching].append(run_once(model_path, knobs, caching, prompts, args.output_len))
+    for _, caching in alternate(args.repeats, (False, True)):
+        runs[caching].append(run_once(model_path, knobs, caching, prompts, args.output_len))
     rows = []
     for caching, group in runs.items():
         row = {key: float(np.median([run[key] for run in group])) for key in TIMINGS}
@@ -169,8 +162,8 @@ def main(argv: list[str] | None = None) -> int:
         "few-shot": shared_prefix_prompts(args.examples[0] * args.examples[1], args.query_len,
                                           args.num_prompts, vocab, args.seed + 1),
     }
-    print(f"{model_label}; {args.num_prompts} requests per workload, {args.output_len} output "
-          f"tokens each\nmachine: {describe(machine_info())}")
+    announce(f"{model_label}; {args.num_prompts} requests per workload, {args.output_len} output "
+             "tokens each")
     rows = [row for name, prompts in workloads.items()
             for row in compare_caching(model_path, name, prompts, args)]
     sampling_prompts = workloads["system-prompt"][:max(1, args.max_num_seqs // N_SAMPLES)]

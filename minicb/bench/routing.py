@@ -23,10 +23,8 @@ compared with it.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
-import os
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -35,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from minicb.bench import routing_trace
+from minicb.bench.harness import add_flags, bench_parser, load_average, write_record
 from minicb.bench.machine import machine_line
 from minicb.serving.cluster import Cluster, scrape
 from minicb.serving.loadgen import BenchConfig, benchmark
@@ -204,16 +203,15 @@ def plot_drill(drill: dict, path: Path | None = None):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m minicb bench routing",
-                                     description=__doc__.split("\n\n")[0])
+    parser = bench_parser("routing", __doc__)
     parser.add_argument("--study", choices=["all", "scale", "policies", "failure", "trace"],
                         default="all")
-    parser.add_argument("--num-prompts", type=int, default=RoutingConfig.num_prompts)
+    add_flags(parser, "num_prompts", num_prompts=RoutingConfig.num_prompts)
     parser.add_argument("--request-rate", type=float, default=RoutingConfig.request_rate)
     parser.add_argument("--max-num-seqs", type=int, default=RoutingConfig.max_num_seqs)
     parser.add_argument("--num-kv-blocks", type=int, default=RoutingConfig.num_kv_blocks,
                         help="each replica's KV pool, in blocks of 16 tokens")
-    parser.add_argument("--out-dir", default="benchmarks/results")
+    add_flags(parser, "out_dir")
     parser.add_argument("--log-dir", default=None, help="the replicas' and router's output")
     args = parser.parse_args(argv)
     config = RoutingConfig(num_prompts=args.num_prompts, request_rate=args.request_rate,
@@ -222,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     log_dir = Path(args.log_dir) if args.log_dir else None
     record = {"machine": machine_line(), "config": asdict(config),
-              "load_average_before": os.getloadavg()}
+              "load_average_before": load_average()}
     rows = []
     if args.study in ("all", "scale", "policies"):      # one replica: the baseline
         rows.append(run_once(config, 1, "round_robin", log_dir))
@@ -234,14 +232,12 @@ def main(argv: list[str] | None = None) -> int:
                   flush=True)
     if rows:
         record["rows"] = rows
-        record["load_average_after"] = os.getloadavg()
-        (out / "routing-policies.json").write_text(json.dumps(record, indent=1))
-        plot_policies(rows, out / "routing-policies.png")
+        record["load_average_after"] = load_average()
+        write_record(out, "routing-policies", record, lambda r: plot_policies(r["rows"]))
     if args.study in ("all", "failure"):
         drill = failure_drill(config, "round_robin", log_dir)
-        drill.update(machine=machine_line(), load_average=os.getloadavg())
-        (out / "routing-failure.json").write_text(json.dumps(drill, indent=1))
-        plot_drill(drill, out / "routing-failure.png")
+        drill.update(machine=machine_line(), load_average=load_average())
+        write_record(out, "routing-failure", drill, plot_drill)
         print(json.dumps({k: drill[k] for k in ("failed", "completed", "killed_at_s",
                                                 "recovered_after_s", "errors")}), flush=True)
     if args.study in ("all", "trace"):

@@ -13,14 +13,13 @@ and the hit rates rank routing policies without the noise of timing.
 from __future__ import annotations
 
 import asyncio
-import json
-import os
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import httpx
 
+from minicb.bench.harness import load_average, write_record
 from minicb.bench.machine import machine_line
 from minicb.serving.cluster import Cluster, scrape
 from minicb.serving.loadgen import PROMPT_WORDS
@@ -113,8 +112,8 @@ def through_router(config: TraceConfig, policy: str, router: str | None = None) 
 
 def record(config: TraceConfig, out: Path, router: str | None = None) -> dict:
     """Every router policy on the trace, written to `out` (routing-trace.json)."""
-    result = {"machine": machine_line(), "load_average": os.getloadavg(),
+    result = {"machine": machine_line(), "load_average": load_average(),
               "router": "vllm-router", "config": asdict(config),
               "runs": [through_router(config, policy, router) for policy in ROUTER_POLICIES]}
-    out.write_text(json.dumps(result, indent=1))
+    write_record(out.parent, out.stem, result)
     return result

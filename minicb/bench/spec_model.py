@@ -1,5 +1,6 @@
-"""The speculative benchmark's arithmetic: ratios from paired runs, where speculation stops
-paying, and the same curve PREDICTED on a cost model (`minicb.calibrate`) from measured rates.
+"""The speculative benchmark's arithmetic: what a run measured, ratios from paired runs, where
+speculation stops paying, and the same curve PREDICTED on a cost model (`minicb.calibrate`) from
+measured rates.
 
 A prediction prices one step of B requests both ways, with the cost model's own terms:
 
@@ -23,9 +24,10 @@ acceptance rates would buy on that GPU, not a measurement.
 from __future__ import annotations
 
 import statistics
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 
+from minicb.bench.harness import format_table
 from minicb.calibrate import A100_LLAMA2_7B, REFERENCE_CPU
 from minicb.sim import CostModel
 
@@ -185,3 +187,39 @@ def markdown_tables(payload: dict) -> str:
                 "–" if b not in cells else f"{cells[b]['speedup']:.2f}"
                 + ("*" if cells[b]["extrapolated"] else "") for b in sizes) + " |")
     return "\n".join(lines) + "\n"
+
+
+def measurements(metrics: list, duration: float) -> dict:
+    """What every system's run reports: throughput, TPOT, and what speculation proposed and kept."""
+    from minicb.metrics import summarize
+
+    s = summarize(metrics)
+    proposed = sum(m.num_proposed_tokens for m in metrics)
+    accepted = sum(m.num_accepted_tokens for m in metrics)
+    verify = sum(m.num_verify_steps for m in metrics)
+    tpots = [m.tpot for m in metrics if m.tpot is not None]
+    return {"requests": len(metrics), "output_tokens": s.output_tokens, "duration_s": duration,
+            "output_throughput": s.output_tokens / duration, "tpot_p50_ms": s.tpot["p50"] * 1e3,
+            "tpot_mean_ms": statistics.fmean(tpots) * 1e3 if tpots else None,
+            "proposed_tokens": proposed, "accepted_tokens": accepted, "verify_steps": verify,
+            "acceptance_rate": accepted / proposed if proposed else None,
+            "mean_accepted_length": (accepted + verify) / verify if verify else None}
+
+
+def tokens_per_step(metrics: list) -> dict[str, int]:
+    """How many tokens a request gained in each step it gained any (its first token, from the
+    prompt's step, left out): 1 is a plain decode or a verification that kept no proposal."""
+    counts: Counter = Counter()
+    for m in metrics:
+        counts.update(Counter(Counter(m.token_steps[1:]).values()))
+    return {str(k): counts[k] for k in sorted(counts)}
+
+
+def report(payload: dict) -> str:
+    columns = [("system", "system", ""), ("workload", "workload", ""), ("method", "method", ""),
+               ("batch_size", "B", "d"), ("speedup", "tok/s with / without", ".2f"),
+               ("tpot_ratio", "TPOT with / without", ".2f"),
+               ("acceptance_rate", "accepted", ".0%"),
+               ("mean_accepted_length", "tokens/verify", ".2f"), ("equal", "greedy =", "")]
+    rows = [dict(s, equal="yes" if s["greedy_equal"] else "NO") for s in payload["summary"]]
+    return format_table(rows, columns)

@@ -28,16 +28,23 @@ ratio to plain, median and spread).
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import statistics
 import time
 
 import torch
 
 from minicb import LLM, SamplingParams, default_model_path
-from minicb.bench.common import write_results
+from minicb.bench.harness import (
+    add_flags,
+    alternate,
+    bench_parser,
+    load_average,
+    spread,
+    turn_order,
+    verdict,
+    write_results,
+)
 from minicb.logits_process import LogitsState, apply_logits_processors
 from minicb.sampling import Sampler
 from minicb.structured_outputs import StructuredOutputsParams
@@ -121,14 +128,14 @@ def decode_step_ms(llm: LLM, rows: int) -> float:
 def generate_run(llm: LLM, method: str, rows: int, max_tokens: int) -> dict:
     params = SamplingParams(max_tokens=max_tokens, temperature=0, **METHODS[method])
     prompts = [PROMPTS[i % len(PROMPTS)] for i in range(rows)]
-    load = os.getloadavg()
+    load = load_average()
     start = time.perf_counter()
     outputs = llm.generate(prompts, params, use_tqdm=False)
     duration = time.perf_counter() - start
     tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
     stopped = [o.outputs[0].text for o in outputs if o.outputs[0].finish_reason == "stop"]
     return {"output_tokens": tokens, "duration_s": duration, "tokens_per_s": tokens / duration,
-            "load_average": [round(x, 2) for x in load], "stopped": len(stopped),
+            "load_average": load, "stopped": len(stopped),
             # under the schema, every output that stopped by itself is a JSON document
             "stopped_and_parsed": sum(_parses(text) for text in stopped)}
 
@@ -158,17 +165,16 @@ def summarise(steps: list[dict], runs: list[dict], batch_sizes: list[int]) -> di
                 by = {r["method"]: r for r in runs if r["repeat"] == repeat
                       and r["batch_size"] == rows}
                 ratios.append(by[method]["tokens_per_s"] / by["plain"]["tokens_per_s"])
-            entry["ratio"][method] = {"median": statistics.median(ratios), "min": min(ratios),
-                                      "max": max(ratios), "ratios": ratios}
+            entry["ratio"][method] = {**spread(ratios), "ratios": ratios,
+                                      "verdict": verdict(ratios, "faster", "slower")}
         summary[str(rows)] = entry
     return summary
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m minicb bench structured",
-                                     description=__doc__.split("\n\n")[0])
+    parser = bench_parser("structured", __doc__)
     parser.add_argument("--batch-sizes", default="1,16,64")
-    parser.add_argument("--repeats", type=int, default=3)
+    add_flags(parser, "repeats")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--calls", type=int, default=50, help="timed calls per step cost")
     parser.add_argument("--quick", action="store_true", help="one repeat, 16 tokens")
@@ -181,18 +187,15 @@ def main(argv: list[str]) -> int:
     llm.generate(PROMPTS[:2], SamplingParams(max_tokens=4, **METHODS["json_schema"]),
                  use_tqdm=False)                       # compile the schema, warm everything
     steps, runs = [], []
-    for repeat in range(args.repeats):
-        for rows in batch_sizes:
-            costs = step_costs(llm, rows, args.calls)
-            steps += [{"repeat": repeat, "batch_size": rows, "kind": kind, "ms": ms,
-                       "calls": args.calls} for kind, ms in costs.items()]
-            methods = list(METHODS)
-            shift = repeat % len(methods)                # a rotated order in each repeat
-            for method in methods[shift:] + methods[:shift]:
-                runs.append({"repeat": repeat, "batch_size": rows, "method": method,
-                             **generate_run(llm, method, rows, args.max_tokens)})
-            print(f"repeat {repeat} B={rows}: " + ", ".join(
-                f"{k} {v:.3f} ms" for k, v in costs.items()), flush=True)
+    for repeat, rows in alternate(args.repeats, batch_sizes):
+        costs = step_costs(llm, rows, args.calls)
+        steps += [{"repeat": repeat, "batch_size": rows, "kind": kind, "ms": ms,
+                   "calls": args.calls} for kind, ms in costs.items()]
+        for method in turn_order(list(METHODS), repeat):     # a rotated order in each repeat
+            runs.append({"repeat": repeat, "batch_size": rows, "method": method,
+                         **generate_run(llm, method, rows, args.max_tokens)})
+        print(f"repeat {repeat} B={rows}: " + ", ".join(
+            f"{k} {v:.3f} ms" for k, v in costs.items()), flush=True)
     summary = summarise(steps, runs, batch_sizes)
     settings = {"batch_sizes": batch_sizes, "repeats": args.repeats,
                 "max_tokens": args.max_tokens, "calls": args.calls, "schema": SCHEMA,
@@ -203,7 +206,7 @@ def main(argv: list[str]) -> int:
                              "summary": summary})
     for rows, entry in summary.items():
         shares = ", ".join(f"{k} {v:.1%}" for k, v in entry["share_of_decode_step"].items())
-        ratios = ", ".join(f"{m} x{r['median']:.2f} [{r['min']:.2f}-{r['max']:.2f}]"
+        ratios = ", ".join(f"{m} x{r['median']:.2f} [{r['min']:.2f}-{r['max']:.2f}] {r['verdict']}"
                            for m, r in entry["ratio"].items())
         print(f"B={rows}: decode step {entry['ms']['decode_step']:.2f} ms; share: {shares}; "
               f"tokens/s vs plain: {ratios}")

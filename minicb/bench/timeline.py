@@ -7,9 +7,10 @@ Two pictures of the same loop, one lane for the host and one for the device:
 - measured, on the real engine in steady decode: per step, the host's phases (schedule, pack,
   launch, wait, update) and the device's busy intervals, with synchronous steps and overlapped
   ones (async_scheduling), alternated, `--repeats` times each, with the load average and each
-  step's thread count beside them. On a CPU "the device" is the thread that runs the model: its
-  busy intervals are the runner's step, wall clock. (On a GPU the same interval also holds the
-  host's kernel launches: CUDA events are not read here yet.)
+  step's thread count beside them. On a GPU the device's intervals are CUDA events recorded on
+  the stream around each step and read back without a synchronisation per step; on a CPU "the
+  device" is the thread that runs the model, its intervals the runner's step, wall clock
+  (minicb.bench.device_lane).
 - in virtual time, from the cost model: the simulator's step costs on the book's reference CPU
   (minicb.calibrate.REFERENCE_CPU; --cost a100 for the A100's) as the device's lane, and a host
   cost per step (schedule + pack + update, read from `bench overhead`'s JSON at the nearest batch
@@ -23,16 +24,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import threading
 import time
 
-from minicb.bench.common import (
+from minicb.bench.common import display_path, resolve_model
+from minicb.bench.device_lane import CudaEvents, HostClock, Recorder, event_source
+from minicb.bench.harness import (
     RESULTS_DIR,
-    display_path,
+    add_flags,
+    alternate,
+    bench_parser,
     format_table,
-    resolve_model,
+    load_average,
+    spread,
+    verdict,
     write_results,
 )
 from minicb.viz.lanes import busy_fraction
@@ -41,83 +46,19 @@ OVERHEAD_JSON = RESULTS_DIR / "overhead.json"
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m minicb bench timeline",
-                                description=__doc__.split("\n")[0])
+    p = bench_parser("timeline", __doc__)
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[8, 64])
     p.add_argument("--context", type=int, default=64, help="prompt tokens of every request")
     p.add_argument("--steps", type=int, default=40, help="decode steps recorded per run")
-    p.add_argument("--repeats", type=int, default=3, help="runs of each loop, alternated")
+    add_flags(p, repeats=dict(help="runs of each loop, alternated"))
     p.add_argument("--cost", choices=["cpu", "a100"], default="cpu",
                    help="the simulator's step costs: the reference CPU's or the A100's")
     p.add_argument("--host-ms", type=float, default=None,
                    help="the simulator's host cost per step (default: bench overhead's JSON)")
-    p.add_argument("--model", default=None)
-    p.add_argument("--random-model", default=None)
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
+    add_flags(p, "model", "random_model", "device", "dtype")
     p.add_argument("--skip-engine", action="store_true", help="only the simulator's lanes")
-    p.add_argument("--out-dir", default=str(RESULTS_DIR))
+    add_flags(p, "out_dir")
     return p.parse_args(argv)
-
-
-class Recorder:
-    """Wraps a live engine's scheduler, runner and executor so every call leaves an interval
-    (perf_counter seconds) on the host's lane or the device's; the device's carry each step's
-    thread count."""
-
-    def __init__(self, engine) -> None:
-        self.host: list[tuple[float, float, str]] = []
-        self.device: list[tuple[float, float, str]] = []
-        self.threads: list[int] = []
-        self._lock = threading.Lock()
-        self._main = threading.get_ident()
-        self._engine = engine
-        self._wrap(engine.scheduler, "schedule", "schedule")
-        self._wrap(engine.scheduler, "update", "update")
-        self._wrap(engine.runner, "prepare", "pack")
-        self._wrap(engine.runner, "run", "busy")
-        executor = engine.core.executor
-        if hasattr(executor, "pool"):
-            self._wrap(executor.pool, "submit", "launch")
-            execute = executor.execute
-            executor.execute = lambda plan: _TimedFuture(execute(plan), self)
-
-    def add(self, lane: str, start: float, end: float, phase: str) -> None:
-        with self._lock:
-            getattr(self, lane).append((start, end, phase))
-
-    def _wrap(self, owner, method: str, phase: str) -> None:
-        original = getattr(owner, method)
-        threads = self._engine.threads
-
-        def timed(*args, **kwargs):
-            start = time.perf_counter()
-            try:
-                return original(*args, **kwargs)
-            finally:
-                end = time.perf_counter()
-                if phase == "busy":
-                    self.add("device", start, end, "busy")
-                    with self._lock:
-                        self.threads.append(threads.threads if threads is not None else 0)
-                    if threading.get_ident() == self._main:   # a synchronous step: host waits
-                        self.add("host", start, end, "wait")
-                else:
-                    self.add("host", start, end, phase)
-
-        setattr(owner, method, timed)
-
-
-class _TimedFuture:
-    def __init__(self, future, recorder: Recorder) -> None:
-        self.future, self.recorder = future, recorder
-
-    def result(self):
-        start = time.perf_counter()
-        try:
-            return self.future.result()
-        finally:
-            self.recorder.add("host", start, time.perf_counter(), "wait")
 
 
 def engine_run(model_path: str, overlap: bool, batch: int, context: int, steps: int,
@@ -138,21 +79,32 @@ def engine_run(model_path: str, overlap: bool, batch: int, context: int, steps: 
         engine.step()
     for _ in range(2):                    # warm: the overlapped loop has a step in flight now
         engine.step()
-    recorder = Recorder(engine)
-    load = os.getloadavg()
+    recorder = Recorder(engine, event_source(device))
+    load = load_average()
     start = time.perf_counter()
     tokens = sum(len(output.new_token_ids) for _ in range(steps) for output in engine.step())
     end = time.perf_counter()
+    device_lane = recorder.device.finish()      # the device's marks, read once they are passed
     while engine.has_unfinished_requests():
         engine.step()
     return {"overlap": overlap, "batch": batch, "wall_s": end - start, "tokens": tokens,
             "tokens_per_s": tokens / (end - start),
-            "device_busy": busy_fraction(recorder.device, start, end),
+            "device_busy": busy_fraction(device_lane, start, end),
             "host_busy": busy_fraction([i for i in recorder.host if i[2] != "wait"], start, end),
-            "threads": sorted(set(recorder.threads)), "load_average": [round(x, 2) for x in load],
+            "threads": sorted(set(recorder.threads)), "load_average": load,
             "lanes": {"host": _relative(recorder.host, start, end),
-                      "device": _relative(recorder.device, start, end)},
+                      "device": _relative(device_lane, start, end)},
             "window": [0.0, end - start]}
+
+
+def device_facts(device: str) -> dict:
+    """What the device lane measured, and on what: the source of its intervals and the device's
+    name (a GPU run's JSON names its GPU)."""
+    import torch
+
+    cuda = str(device).startswith("cuda")
+    return {"clock": CudaEvents.name if cuda else HostClock.name,
+            "device_name": torch.cuda.get_device_name(device) if cuda else "cpu"}
 
 
 def _relative(intervals, start: float, end: float) -> list[tuple[float, float, str]]:
@@ -166,11 +118,12 @@ def host_costs(batch: int, host_ms: float | None) -> dict:
     if host_ms is not None:
         return {"schedule": host_ms / 3, "pack": host_ms / 3, "update": host_ms / 3,
                 "source": "--host-ms"}
-    steps = json.loads(OVERHEAD_JSON.read_text())["model_steps"]
-    step = min(steps, key=lambda s: abs(s["batch"] - batch))
-    return {"schedule": step["schedule_ms"], "pack": step["prepare_ms"],
-            "update": step["update_ms"] + step["other_ms"],
-            "source": f"{display_path(OVERHEAD_JSON)} at batch {step['batch']}"}
+    rows = json.loads(OVERHEAD_JSON.read_text())["summary"]
+    row = min(rows, key=lambda r: abs(r["batch"] - batch))
+    us = row["phases_mean_us"]      # sampling runs with the forward, on the device's lane
+    return {"schedule": us["schedule"] / 1e3, "pack": us["prepare"] / 1e3,
+            "update": (us["update"] + us["rest"]) / 1e3,
+            "source": f"{display_path(OVERHEAD_JSON)} at batch {row['batch']}"}
 
 
 def virtual_lanes(device_seconds: list[float], host: dict, overlap: bool) -> dict:
@@ -229,16 +182,21 @@ def simulated(batch: int, context: int, steps: int, host: dict, cost_name: str =
 
 
 def summarise(runs: list[dict]) -> list[dict]:
+    """Per batch size and loop: device busy share and tokens/s over the repeats (median, range);
+    the overlapped row also reads its tokens/s against the synchronous run of the same repeat
+    (the runs alternate), by the book's one rule."""
     rows = []
     for batch in sorted({r["batch"] for r in runs}):
-        for overlap in (False, True):
-            mine = [r for r in runs if r["batch"] == batch and r["overlap"] == overlap]
-            busy = [r["device_busy"] for r in mine]
-            speed = [r["tokens_per_s"] for r in mine]
+        loops = {o: [r for r in runs if r["batch"] == batch and r["overlap"] == o]
+                 for o in (False, True)}
+        for overlap, mine in loops.items():
+            busy, speed = (spread(r[key] for r in mine) for key in ("device_busy", "tokens_per_s"))
             rows.append({"batch": batch, "loop": "overlapped" if overlap else "sync",
-                         "busy_median": statistics.median(busy), "busy_min": min(busy),
-                         "busy_max": max(busy), "tps_median": statistics.median(speed),
-                         "tps_min": min(speed), "tps_max": max(speed)})
+                         **{f"busy_{k}": v for k, v in busy.items()},
+                         **{f"tps_{k}": v for k, v in speed.items()}})
+        ratios = [o["tokens_per_s"] / s["tokens_per_s"] for s, o in zip(*loops.values())]
+        rows[-1].update(tps_ratio_to_sync=spread(ratios)["median"],
+                        verdict=verdict(ratios, "faster", "slower"))
     return rows
 
 
@@ -282,24 +240,25 @@ def main(argv: list[str] | None = None) -> int:
     if args.skip_engine:
         return 0
     model_path, label = resolve_model(args.model, args.random_model, args.dtype)
-    runs = []
-    for _ in range(args.repeats):
-        for batch in args.batch_sizes:
-            for overlap in (False, True):           # alternated, so drift hits both alike
-                runs.append(engine_run(model_path, overlap, batch, args.context, args.steps,
-                                       args.device, args.dtype))
+    runs = [engine_run(model_path, overlap, batch, args.context, args.steps, args.device,
+                       args.dtype)            # alternated, so drift hits both loops alike
+            for _, (batch, overlap) in alternate(args.repeats, [(b, o) for b in args.batch_sizes
+                                                                for o in (False, True)])]
     rows = summarise(runs)
     print(format_table(rows, [("batch", "rows", "d"), ("loop", "loop", "s"),
                               ("busy_median", "device busy (median)", ".3f"),
                               ("busy_min", "min", ".3f"), ("busy_max", "max", ".3f"),
                               ("tps_median", "tokens/s (median)", ".0f"),
-                              ("tps_min", "min", ".0f"), ("tps_max", "max", ".0f")]))
+                              ("tps_min", "min", ".0f"), ("tps_max", "max", ".0f"),
+                              ("tps_ratio_to_sync", "÷ sync", ".2f"),
+                              ("verdict", "overlap is", "s")]))
     print("load averages:", [r["load_average"] for r in runs])
     stem = "timeline" + (f"-{args.device}" if args.device != "cpu" else "")
     json_path, png_path = write_results(
         args.out_dir, stem, {"benchmark": "timeline", "runner": "the real engine",
                              "model": {"label": label, "path": display_path(model_path),
                                        "device": args.device, "dtype": args.dtype},
+                             "device_lane": device_facts(args.device),
                              "steps": args.steps, "context": args.context,
                              "repeats": args.repeats, "summary": rows, "runs": runs},
         plot_timeline)

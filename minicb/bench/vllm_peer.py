@@ -115,6 +115,13 @@ def drive(request: dict, timeout: float = 3600) -> dict:
         return json.loads(result_file.read_text())
 
 
+def version() -> str:
+    """vLLM's version, as its own environment reports it."""
+    done = subprocess.run([str(LAUNCHER), "-c", "import vllm; print(vllm.__version__)"],
+                          capture_output=True, text=True, env=environment())
+    return done.stdout.strip().splitlines()[-1] if done.stdout.strip() else "unknown"
+
+
 def run_vllm(model_path: str, prompts: list[list[int]], output_lens: list[int],
              max_model_len: int, settings: dict | None = None, timeout: float = 3600) -> SystemRun:
     """Serve the workload with vLLM in its own environment; return what it produced."""

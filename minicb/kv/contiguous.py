@@ -21,6 +21,7 @@ class ContiguousKVManager(KVManager):
         self.blocks_per_request = self.blocks_for(max_model_len)
         self.is_free = [True] * num_blocks
         self.runs: dict[str, range] = {}
+        self.tables: dict[str, list[int]] = {}    # each run as its block table, made once
 
     def num_free_blocks(self) -> int:
         return sum(self.is_free)
@@ -53,13 +54,15 @@ class ContiguousKVManager(KVManager):
         for block in run:
             self.is_free[block] = False
         self.runs[request.request_id] = run
+        self.tables[request.request_id] = list(run)
 
     def free(self, request) -> None:
+        self.tables.pop(request.request_id, None)
         for block in self.runs.pop(request.request_id, range(0)):
             self.is_free[block] = True
 
     def block_table(self, request) -> list[int]:
-        return list(self.runs.get(request.request_id, range(0)))
+        return self.tables.get(request.request_id, [])
 
     def num_reserved_slots(self) -> int:
         return len(self.runs) * self.blocks_per_request * self.block_size

@@ -70,16 +70,20 @@ class PagedKVManager(KVManager):
         if (table is not None and len(table) * self.block_size >= num_tokens
                 and request_id not in self.copy_before_write and request_id not in self.claims):
             return               # most decode steps: nothing to allocate, nothing to copy
-        table = self.tables.setdefault(request_id, [])
+        # a new list, never the old one changed: plans already made hold the old one
+        # (KVManager.block_table)
+        table = list(self.tables.get(request_id, ()))
         index = self._shared_block_to_copy(request)
+        missing = self._missing_blocks(request, num_tokens)
         self.copy_before_write.pop(request.request_id, None)
         if index is not None:
             copy = self._new_block()
             self.block_copies.append((table[index], copy))
             self.allocator.release(table[index])      # still held by the others
             table[index] = copy
-        for _ in range(self._missing_blocks(request, num_tokens)):
+        for _ in range(missing):
             table.append(self._new_block())
+        self.tables[request_id] = table
         if request.request_id in self.claims:     # admitted: now its lookup counts
             self.cache.record_query(*self.claims.pop(request.request_id))
 
@@ -110,8 +114,10 @@ class PagedKVManager(KVManager):
         if table is None:
             return
         keep = self.blocks_for(num_tokens)
-        while len(table) > keep:
-            block = table.pop()
+        if len(table) <= keep:
+            return
+        self.tables[request.request_id] = table[:keep]      # a new list (KVManager.block_table)
+        for block in reversed(table[keep:]):
             if self.allocator.release(block) and not (self.cache and self.cache.park(block)):
                 self.allocator.push_free(block)
 

@@ -12,7 +12,7 @@ from minicb.config import EngineConfig
 from minicb.kv.base import KVManager
 from minicb.logits_process import LogitsState
 from minicb.request import Request, RequestStatus
-from minicb.sampling import ModelRunnerOutput, SamplerOutput, SamplingParams
+from minicb.sampling import Logprob, ModelRunnerOutput, SamplerOutput, SamplingParams
 from minicb.scheduler.queue import WaitingQueue
 
 
@@ -218,7 +218,7 @@ class Scheduler:
             ghost: bool = False) -> ScheduledSeq:
         """Plan a row: `num_tokens` of the request's uncomputed tokens (after `num_pad` padding),
         or for a ghost its last token again. Call it after the KV manager allocated the row's
-        blocks: the row carries a copy of the request's block table."""
+        blocks: the row carries the request's block table (a snapshot: KVManager.block_table)."""
         start = request.num_computed_tokens
         if ghost:
             tokens = request.token_ids(request.num_tokens - 1, request.num_tokens)
@@ -228,11 +228,24 @@ class Scheduler:
         # but one (the last prompt position's logits give the first output token)
         targets = [] if ghost or request.prompt_logprobs is None else request.prompt_token_ids[
             start + 1:min(start + num_tokens, request.num_prompt_tokens - 1) + 1]
-        return ScheduledSeq(request, num_tokens, start, tokens, list(self.kv.block_table(request)),
+        return ScheduledSeq(request, num_tokens, start, tokens, self.kv.block_table(request),
                             request.params, request.generator, num_pad=num_pad, ghost=ghost,
                             needs_logits=not ghost and start + num_tokens == request.num_tokens,
                             is_decode=num_pad + len(tokens) == 1, prompt_targets=targets,
                             logits_state=request.logits_state, req_id=request.request_id)
+
+    def decode_row(self, request: Request) -> ScheduledSeq:
+        """`row(request, 1)` for a running request past its prompt, the step's commonest row:
+        its one uncomputed token is its newest (a placeholder while that token is in flight),
+        it samples, and it has no prompt position left to score. Written out, as vLLM plans its
+        "cached requests" apart from new ones: a decode step plans one of these per row, so
+        what it leaves out (slicing the request's tokens, its prompt targets) is saved on every
+        row of every step."""
+        return ScheduledSeq(request, 1, request.num_computed_tokens,
+                            (request.placeholders or request.output_token_ids)[-1:],
+                            self.kv.block_table(request), request.params, request.generator,
+                            needs_logits=True, is_decode=True, logits_state=request.logits_state,
+                            req_id=request.request_id)
 
     # --- overlapped scheduling ------------------------------------------------------------------
     def commit(self, output: SchedulerOutput) -> None:
@@ -304,6 +317,25 @@ class Scheduler:
         self.after_update(output)
         return touched
 
+    def _append_token(self, request: Request, token: int, logprob: Logprob | None, now: float,
+                      step: int) -> RequestStatus | None:
+        """One sampled token joins the request's output, the one place this happens (a step's
+        tokens, or a committed step's token arriving): its logprob, the grammar's check, its
+        time, then the stop checks. Returns what ends the request (a stop, or an error when the
+        grammar refuses the token, its reason recorded) or None; the caller finishes it."""
+        request.output_token_ids.append(token)
+        if logprob is not None:
+            request.logprobs.append(logprob)
+        if request.logits_state is not None and not request.logits_state.accept(token):
+            request.error = f"token {token} does not follow the request's grammar"
+            return RequestStatus.FINISHED_ERROR
+        times = request.times
+        times.token_times.append(now)
+        times.token_steps.append(step)
+        if times.first_token is None:
+            times.first_token, times.first_token_step = now, step
+        return self.check_stop(request, token)
+
     def _append_tokens(self, seq: ScheduledSeq, tokens: list[int],
                        logprobs: list | None, now: float, step: int) -> None:
         """A row's 1 to k + 1 tokens, applied one at a time through the stop checks (the first
@@ -314,26 +346,19 @@ class Scheduler:
         rejected proposals, so only `start + num_tokens - rejected` positions count as computed
         and the blocks past them go back to the pool, before any full block is offered to the
         prefix cache. A decode row rejects nothing: it is the k = 0 case of the same rule."""
-        request, times = seq.request, seq.request.times
+        request = seq.request
         if seq.proposal:
             request.num_proposed_tokens += len(seq.proposal)
             request.num_accepted_tokens += len(tokens) - 1
             request.num_verify_steps += 1
         reason, kept = None, 0
         for index, token in enumerate(tokens):
-            request.output_token_ids.append(token)
-            if logprobs is not None and logprobs[index] is not None:
-                request.logprobs.append(logprobs[index])
-            if request.logits_state is not None and not request.logits_state.accept(token):
-                request.error = f"token {token} does not follow the request's grammar"
-                self.finish(request, RequestStatus.FINISHED_ERROR)
+            reason = self._append_token(request, token,
+                                        None if logprobs is None else logprobs[index], now, step)
+            if reason is RequestStatus.FINISHED_ERROR:
+                self.finish(request, reason)
                 return
-            times.token_times.append(now)
-            times.token_steps.append(step)
-            if times.first_token is None:
-                times.first_token, times.first_token_step = now, step
             kept += 1
-            reason = self.check_stop(request, token)
             if reason is not None:
                 break
         rejected = 1 + len(seq.proposal) - kept        # the row's logits positions, less kept
@@ -350,22 +375,12 @@ class Scheduler:
         the stop checks run on it now, one step late (what ends the request also discards the
         token computed past it: `_mark_finished` drops the placeholders left)."""
         request.placeholders.pop(0)
-        request.output_token_ids.append(token)
-        if logprobs is not None and logprobs[0] is not None:
-            request.logprobs.append(logprobs[0])
-        if request.logits_state is not None and not request.logits_state.accept(token):
-            request.error = f"token {token} does not follow the request's grammar"
-            self.finish(request, RequestStatus.FINISHED_ERROR)
-            return
-        times = request.times
-        times.token_times.append(now)
-        times.token_steps.append(step)
-        if times.first_token is None:
-            times.first_token, times.first_token_step = now, step
-        if request.status is RequestStatus.RUNNING:   # full blocks of known tokens to the cache
+        reason = self._append_token(request, token, None if logprobs is None else logprobs[0],
+                                    now, step)
+        # a running request offers its full blocks of known tokens to the prefix cache
+        if reason is not RequestStatus.FINISHED_ERROR and request.status is RequestStatus.RUNNING:
             self.kv.cache_full_blocks(request, min(request.num_computed_tokens,
                                                    request.num_tokens - len(request.placeholders)))
-        reason = self.check_stop(request, token)
         if reason is not None:
             self.finish(request, reason)
 

@@ -70,15 +70,18 @@ class ContinuousScheduler(Scheduler):
         copies = self.kv.pop_block_copies()
         if copies:
             output.block_copies.extend(copies)
-        output.seqs.append(self.row(request, num_tokens))      # its table, after allocation
+        # its table, after allocation (a request past its prompt: one token, a decode row)
+        output.seqs.append(self.row(request, num_tokens) if prompt_tokens else
+                           self.decode_row(request))
         budget.charge(request, num_tokens, prompt_tokens)
 
     # --- running requests --------------------------------------------------------------------
     def _schedule_running(self, output: SchedulerOutput, budget: StepBudget) -> None:
         scheduled, running = budget.scheduled, RequestStatus.RUNNING
-        pending = sum(r.status is running and r.request_id not in scheduled
-                      for r in self.running)
         speculative = self.config.speculative_method is not None
+        # (what a proposal may spend depends on how many requests still wait for their token)
+        pending = sum(r.status is running and r.request_id not in scheduled
+                      for r in self.running) if speculative else 0
         for request in list(self.running):
             if (request.status is not running or request.request_id in scheduled
                     or (request.placeholders and self.awaits_last_token(request))):
@@ -142,7 +145,7 @@ class ContinuousScheduler(Scheduler):
         output.block_copies.extend(self.kv.pop_block_copies())
         output.seqs.append(ScheduledSeq(
             request, num_tokens, start, request.token_ids(start, start + 1) + proposal,
-            list(self.kv.block_table(request)), request.params, request.generator,
+            self.kv.block_table(request), request.params, request.generator,
             needs_logits=True, is_decode=False, proposal=proposal, req_id=request.request_id))
         budget.charge(request, num_tokens, False)
 

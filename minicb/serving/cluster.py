@@ -60,6 +60,16 @@ def free_port(host: str = "127.0.0.1") -> int:
         return probe.getsockname()[1]
 
 
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether `port` can be bound now: a server already there would answer in a new one's place."""
+    with socket.socket() as probe:
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
 def router_executable(kind: str = "vllm") -> str | None:
     """The router's executable: $MINICB_ROUTER, else the repository's environment for it (made
     by `make router-setup`), else on PATH."""
@@ -141,24 +151,8 @@ class Cluster:
 
     def _spawn(self, name: str, command: list[str], url: str, cores: list[int] | None = None,
                env: dict | None = None) -> Process:
-        log = None
-        if self.log_dir is not None:
-            Path(self.log_dir).mkdir(parents=True, exist_ok=True)
-            log = Path(self.log_dir) / f"{name}.log"
-        out = open(log, "ab") if log else subprocess.DEVNULL
-
-        def preexec() -> None:
-            _die_with_parent()
-            if cores:
-                os.sched_setaffinity(0, cores)
-
-        # a session of its own: a Ctrl-C in the terminal reaches the launcher only, which then
-        # stops the router first and the replicas after it
-        popen = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env,
-                                 preexec_fn=preexec, start_new_session=True)
-        if log:
-            out.close()
-        return Process(name, popen, url, log)
+        log = Path(self.log_dir) / f"{name}.log" if self.log_dir is not None else None
+        return spawn(name, command, url, cores, env, log)
 
     def start(self) -> Cluster:
         router = self.router or router_executable(self.router_kind)
@@ -194,12 +188,8 @@ class Cluster:
 
     def _start_router(self, router: str) -> None:
         port = self.port or free_port(self.host)
-        with socket.socket() as probe:       # a router already there would answer for this one
-            try:
-                probe.bind((self.host, port))
-            except OSError:
-                raise RuntimeError(f"{self.host}:{port} is taken; give the router another --port."
-                                   ) from None
+        if not port_is_free(port, self.host):   # a router already there would answer for this one
+            raise RuntimeError(f"{self.host}:{port} is taken; give the router another --port.")
         _, subcommand, warning, _ = ROUTERS[self.router_kind]
         command = [router, *subcommand, "--host", self.host, "--port", str(port),
                    "--policy", self.policy,
@@ -217,19 +207,9 @@ class Cluster:
         self.processes[index].popen.wait(30)
 
     def stop(self, timeout: float = 20.0) -> None:
-        """The router first (no new requests reach a stopping replica), then every replica:
-        SIGTERM, and SIGKILL for any still running after `timeout` seconds."""
-        for group in ([self.router_process] if self.router_process else [], self.processes):
-            for process in group:
-                if process.alive:
-                    process.popen.terminate()
-            deadline = time.monotonic() + timeout
-            for process in group:
-                try:
-                    process.popen.wait(max(0.1, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    process.popen.kill()
-                    process.popen.wait(10)
+        """The router first (no new requests reach a stopping replica), then every replica."""
+        stop_processes([self.router_process] if self.router_process else [], timeout)
+        stop_processes(self.processes, timeout)
 
     @property
     def pids(self) -> list[int]:
@@ -241,6 +221,41 @@ class Cluster:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def spawn(name: str, command: list[str], url: str, cores: list[int] | None = None,
+          env: dict | None = None, log: Path | None = None) -> Process:
+    """Start `command` (a server that will answer at `url`) in a session of its own, pinned to
+    `cores`, its output appended to `log` (else discarded). The session of its own: a Ctrl-C in
+    the terminal reaches the launcher only, which then stops what it started in order."""
+    if log is not None:
+        log.parent.mkdir(parents=True, exist_ok=True)
+    out = open(log, "ab") if log else subprocess.DEVNULL
+
+    def preexec() -> None:
+        _die_with_parent()
+        if cores:
+            os.sched_setaffinity(0, cores)
+
+    popen = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env,
+                             preexec_fn=preexec, start_new_session=True)
+    if log:
+        out.close()
+    return Process(name, popen, url, log)
+
+
+def stop_processes(processes: list[Process], timeout: float = 20.0) -> None:
+    """SIGTERM to every one, then SIGKILL for any still running after `timeout` seconds."""
+    for process in processes:
+        if process.alive:
+            process.popen.terminate()
+    deadline = time.monotonic() + timeout
+    for process in processes:
+        try:
+            process.popen.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            process.popen.kill()
+            process.popen.wait(10)
 
 
 def _die_with_parent() -> None:

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 TESTS = ROOT / "tests" / "exercises"
 CHAPTER_FILES = ("ch00_load_test", "ch01_kv_loop", "ch02_static_batch", "ch03_scheduler_step",
                  "ch04_block_allocator", "ch05_decode_kernel", "ch06_serving_metrics",
-                 "ch07_prefix_cache", "ch08_speculative", "ch09_routing")
+                 "ch07_prefix_cache", "ch08_speculative", "ch09_routing", "ch10_overlap")
 RUN_TIMEOUT_S = 1800
 
 

@@ -25,8 +25,9 @@ from minicb.bench.spec_model import (
     markdown_tables,
     predicted_speedup,
     summarize_runs,
+    tokens_per_step,
 )
-from minicb.bench.speculative import add_agreement, requests_at, tokens_per_step
+from minicb.bench.speculative import add_agreement, requests_at
 from minicb.bench.vllm_peer import driver_request
 from minicb.config import SPECULATIVE_METHODS
 from minicb.metrics import RequestMetrics

@@ -31,6 +31,7 @@ CHAPTERS = {
     "07": "ch07_prefix_cache",
     "08": "ch08_speculative",
     "09": "ch09_routing",
+    "10": "ch10_overlap",
 }
 IMPLEMENTATIONS = ("solutions", "exercises")
 
@@ -51,7 +52,7 @@ def implementation() -> str:
 
 
 def chapter(number: str) -> ModuleType:
-    """The module of chapter `number` ("00" … "09") from the graded implementation."""
+    """The module of chapter `number` ("00" … "10") from the graded implementation."""
     folder = os.environ.get("MINICB_GRADE_DIR")
     if not folder:
         return importlib.import_module(f"{implementation()}.{CHAPTERS[number]}")

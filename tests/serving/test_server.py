@@ -81,6 +81,17 @@ def wait_until_idle(server, timeout: float = 60.0) -> None:
         time.sleep(0.02)
 
 
+def wait_for_aborts(server, expected: int, timeout: float = 60.0) -> None:
+    """Wait until `expected` requests in all ended aborted, then for the engine to be idle. On a
+    busy machine a client can give up before its request reached the engine, so an idle engine
+    alone does not mean the abort happened."""
+    engine, deadline = engine_of(server), time.monotonic() + timeout
+    while engine.stats.finished["abort"] < expected:
+        assert time.monotonic() < deadline, "a request the client gave up on was not aborted"
+        time.sleep(0.02)
+    wait_until_idle(server, timeout)
+
+
 def scrape(server) -> dict[str, float]:
     """GET /metrics as {sample name with labels: value}."""
     text = httpx.get(server.url + "/metrics").text
@@ -278,13 +289,13 @@ def test_hanging_up_on_n_samples_aborts_every_one_and_frees_their_blocks(server)
             lines = response.iter_lines()
             assert next(line for line in lines if line.startswith("data:"))
             assert engine.engine.kv.num_used_blocks() > 0
-        wait_until_idle(server)
+        wait_for_aborts(server, aborted_before + 3)
         assert engine.stats.finished["abort"] == aborted_before + 3
         assert engine.engine.kv.num_used_blocks() == 0
         body = {**body, "stream": False, "n": 2}
         with pytest.raises(httpx.ReadTimeout):
             httpx.post(server.url + "/v1/completions", json=body, timeout=0.3)
-        wait_until_idle(server)
+        wait_for_aborts(server, aborted_before + 5)
     assert engine.stats.finished["abort"] == aborted_before + 5
     assert engine.engine.kv.num_used_blocks() == 0
 
@@ -296,13 +307,7 @@ def test_a_non_streaming_client_that_gives_up_is_aborted_too(server):
     with slow_steps(engine):
         with pytest.raises(httpx.ReadTimeout):
             httpx.post(server.url + "/v1/completions", json=body, timeout=0.3)
-        # on a busy machine the client can give up before the request reached the engine: wait
-        # for the abort itself, then for the engine to be idle
-        deadline = time.monotonic() + 60
-        while engine.stats.finished["abort"] == aborted_before:
-            assert time.monotonic() < deadline, "the request the client gave up on was not aborted"
-            time.sleep(0.02)
-        wait_until_idle(server)
+        wait_for_aborts(server, aborted_before + 1)
     assert engine.stats.finished["abort"] == aborted_before + 1
     assert engine.engine.kv.num_used_blocks() == 0
 
