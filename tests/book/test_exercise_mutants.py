@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 from mutation import MUTANTS, load_mutant, write_mutant
 
+from minicb.tools.grade import LEAN_PYTEST
+
 ROOT = Path(__file__).resolve().parents[2]
 MUTANT_RUN_TIMEOUT_S = 120
 
@@ -109,8 +111,8 @@ def _grade_mutant(name: str, tmp_path: Path) -> None:
                    for p in (ROOT / "tests" / "exercises").glob(f"test_ch{mutant.CHAPTER}_*.py"))
     assert files, f"no tests/exercises/test_ch{mutant.CHAPTER}_*.py for mutant {name}"
     run = subprocess.run(
-        [sys.executable, "-m", "pytest", *files, "-k", mutant.CHECKS, "-x", "-q",
-         "-p", "no:cacheprovider", "--no-header", "-rN"],
+        [sys.executable, "-m", "pytest", *files, "-k", mutant.CHECKS, "-x", "-q", *LEAN_PYTEST,
+         "--no-header", "-rN"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=MUTANT_RUN_TIMEOUT_S)
     summary = run.stdout.strip().splitlines()[-1:] or ["(no output)"]
     assert run.returncode == 1 and " failed" in summary[0], (
@@ -125,7 +127,7 @@ def test_the_unmutated_copy_passes_the_checks_that_kill_mutants(tmp_path):
     checks = " or ".join(f"({load_mutant(name).CHECKS})" for name in MUTANTS)
     env = dict(os.environ, MINICB_GRADE_DIR=str(tmp_path), TRITON_INTERPRET="1")
     run = subprocess.run([sys.executable, "-m", "pytest", "tests/exercises", "-k", checks, "-q",
-                          "-p", "no:cacheprovider", "--no-header"],
+                          *LEAN_PYTEST, "--no-header"],
                          cwd=ROOT, env=env, capture_output=True, text=True,
                          timeout=MUTANT_RUN_TIMEOUT_S * 2)
     assert run.returncode == 0, f"a copy of solutions/ fails its own checks:\n{run.stdout[-3000:]}"
