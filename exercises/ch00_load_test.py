@@ -108,8 +108,7 @@ def goodput(trace: Sequence[TraceRow], slo_ttft: float | None = None,
     (0.25, 0.5)
     """
     raise NotImplementedError(
-        "goodput: count the requests meeting both targets (TTFT missing fails, TPOT missing "
-        "passes), over duration()")
+        "goodput: requests meeting both targets / duration(); no TTFT fails, no TPOT passes")
 
 
 def knee(traces: Mapping[float, Sequence[TraceRow]], slo_ttft: float | None = None,
@@ -137,5 +136,5 @@ def highest_rate_within(traces: Mapping[float, Sequence[TraceRow]], slo_ttft: fl
     1.0
     """
     raise NotImplementedError(
-        "highest_rate_within: keep the rates whose percentile of TTFT (missing: infinite) meets the"
-        " target; the largest")
+        "highest_rate_within: the largest rate whose TTFT percentile (missing: infinite) meets the "
+        "target")

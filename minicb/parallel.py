@@ -113,7 +113,8 @@ NCCL_PROTOCOLS = (
              {kind: _us(f"nccl_ll_hop_latency_{kind}") for kind in ("nvlink", "pcie", "network")},
              fact("nccl_ll_bandwidth_share").value),
     # LL128 is enabled by default only over NVLink
-    Protocol("LL128", _us("nccl_ll128_base_latency"), {"nvlink": _us("nccl_ll128_hop_latency_nvlink")},
+    Protocol("LL128", _us("nccl_ll128_base_latency"),
+             {"nvlink": _us("nccl_ll128_hop_latency_nvlink")},
              fact("nccl_ll128_bandwidth_share").value),
     Protocol("Simple", _us("nccl_ring_base_latency"),
              {kind: _us(f"nccl_hop_latency_{kind}") for kind in ("nvlink", "pcie", "network")}),

@@ -116,7 +116,7 @@ def goodput(trace: Sequence[TraceRow], slo_ttft: float | None = None,
     >>> goodput(run, slo_ttft=0.5, slo_tpot=0.25), goodput(run, slo_ttft=0.5)
     (0.25, 0.5)
     """
-    # BEGIN SOLUTION: count the requests meeting both targets (TTFT missing fails, TPOT missing passes), over duration()
+    # BEGIN SOLUTION: requests meeting both targets / duration(); no TTFT fails, no TPOT passes
     def met(row: TraceRow) -> bool:
         first, rate = ttft(row), tpot(row)
         if slo_ttft is not None and (first is None or first > slo_ttft):
@@ -152,7 +152,7 @@ def highest_rate_within(traces: Mapping[float, Sequence[TraceRow]], slo_ttft: fl
     >>> highest_rate_within({1.0: calm, 4.0: busy}, slo_ttft=0.5)
     1.0
     """
-    # BEGIN SOLUTION: keep the rates whose percentile of TTFT (missing: infinite) meets the target; the largest
+    # BEGIN SOLUTION: the largest rate whose TTFT percentile (missing: infinite) meets the target
     meeting = [rate for rate, trace in traces.items()
                if percentile([math.inf if ttft(row) is None else ttft(row) for row in trace], q)
                <= slo_ttft]

@@ -25,8 +25,10 @@ def common_prefix_length(a: str, b: str) -> int:
 
     >>> common_prefix_length("system A | hi", "system A | bye")
     11
-    >>> common_prefix_length("abc", "abc"), common_prefix_length("", "abc"), common_prefix_length("x", "y")
-    (3, 0, 0)
+    >>> common_prefix_length("abc", "abc"), common_prefix_length("", "abc")
+    (3, 0)
+    >>> common_prefix_length("x", "y")
+    0
     """
     # BEGIN SOLUTION: count the characters from the start until the two strings differ
     n = 0
@@ -71,8 +73,10 @@ class PrefixAffinityRouter:
         4. Record the prompt as sent to the chosen replica, and return its index.
 
         >>> router = PrefixAffinityRouter(2)
-        >>> router.route("You are terse. | user: hi"), router.route("Answer in French. | user: 2+2?")
-        (0, 1)
+        >>> router.route("You are terse. | user: hi")
+        0
+        >>> router.route("Answer in French. | user: 2+2?")
+        1
         >>> router.route("You are terse. | user: hi | assistant: hello | user: and you?")
         0
         >>> router.route("something else entirely")      # no match: the least-sent replica
@@ -81,7 +85,7 @@ class PrefixAffinityRouter:
         >>> [tight.route("same start " + str(i)) for i in range(5)]
         [0, 0, 1, 0, 1]
         """
-        # BEGIN SOLUTION: best prefix match, else least sent if it is under the threshold or too far ahead; record it
+        # BEGIN SOLUTION: best match, else least sent (match too short or too far ahead); record it
         match = [max((common_prefix_length(prompt, p) for p in prompts), default=0)
                  for prompts in self.sent]
         best = match.index(max(match))

@@ -33,8 +33,9 @@ def speculative() -> dict:
 
 
 def ratio(record: dict, system: str, workload: str, method: str, batch: int) -> Repeats:
-    row = next(s for s in record["summary"] if (s["system"], s["workload"], s["method"],
-                                                  s["batch_size"]) == (system, workload, method, batch))
+    row = next(s for s in record["summary"]
+               if (s["system"], s["workload"], s["method"], s["batch_size"])
+               == (system, workload, method, batch))
     return Repeats.of(row["speedups"])
 
 
@@ -56,7 +57,8 @@ def test_the_draft_model_lost_beyond_the_noise_where_the_pages_say(speculative):
     for workload in ("code", "random"):
         for batch in speculative["settings"]["batch_sizes"]:
             draft = ratio(speculative, "minicb", workload, "draft_model", batch)
-            expected = "within this machine's noise" if (workload, batch) == ("code", 16) else "cost"
+            noise = (workload, batch) == ("code", 16)
+            expected = "within this machine's noise" if noise else "cost"
             assert draft.verdict("paid", "cost") == expected, (workload, batch, str(draft))
 
 

@@ -68,7 +68,8 @@ def test_ch09_common_prefix_length_matches_the_definition():
         b = a[:rng.randint(0, len(a))] + "".join(rng.choice("ab") for _ in range(rng.randint(0, 3)))
         expected = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
         got = ch09.common_prefix_length(a, b)
-        assert got == expected, f"common_prefix_length({a!r}, {b!r}) should be {expected}, got {got}"
+        assert got == expected, (f"common_prefix_length({a!r}, {b!r}) should be {expected}, "
+                                 f"got {got}")
 
 
 def test_ch09_routes_by_the_rule_choice_by_choice():
@@ -90,7 +91,8 @@ def test_ch09_routes_by_the_rule_choice_by_choice():
 
 
 def test_ch09_load_bound_keeps_the_replicas_within_the_slack():
-    """Every prompt shares most of its text: affinity alone would send all of them to one replica."""
+    """Every prompt shares most of its text: affinity alone would send all of them to one
+    replica."""
     for max_imbalance in (0, 2, 5):
         router = ch09.PrefixAffinityRouter(3, max_imbalance=max_imbalance)
         counts = [0, 0, 0]

@@ -135,7 +135,8 @@ def test_tp_with_a_free_link_only_divides_and_a_slow_link_can_lose():
             for link in (NVLINK, PCIE, ETHERNET_25G) for n in (1, 2, 4, 8)}
     assert step[(NVLINK.name, 8)] < 0.85 * step[(NVLINK.name, 4)]
     assert 0.9 * step[(PCIE.name, 4)] < step[(PCIE.name, 8)] < step[(PCIE.name, 4)]
-    assert step[(ETHERNET_25G.name, 8)] > step[(ETHERNET_25G.name, 4)] > step[(ETHERNET_25G.name, 2)]
+    ethernet = ETHERNET_25G.name
+    assert step[(ethernet, 8)] > step[(ethernet, 4)] > step[(ethernet, 2)]
 
 
 def test_tp_refuses_a_cost_model_cheaper_than_its_weights():
