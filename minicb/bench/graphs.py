@@ -195,6 +195,25 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def markdown_table(payload: dict) -> str:
+    """The record as the pages show it: per model and request count, each system's tokens/s
+    (median, min-max over its repeats), its ratio to minicb eager's median, and how many requests
+    gave eager's tokens. Chapter 10 and benchmarks/gpu.md render graphs.json with it."""
+    lines = []
+    for case in payload["cases"]:
+        lines += [f"**{case['model']}** ({case['dtype']}), {case['num_prompts']} chat requests, "
+                  f"{payload['device_name']}:", "",
+                  "| system | tokens/s (min-max) | x eager | requests equal to eager |",
+                  "|---|---:|---:|---:|"]
+        lines += [f"| {row['system']} | {row['tokens_per_s']:,.0f} "
+                  f"({row['tokens_per_s_min']:,.0f}-{row['tokens_per_s_max']:,.0f}) | "
+                  f"{row['ratio_to_eager']:.2f} | "
+                  f"{row['requests_equal_to_eager']} of {row['requests']} |"
+                  for row in case["systems"]]
+        lines.append("")
+    return "\n".join(lines).rstrip()
+
+
 def write_payload(args: argparse.Namespace, device: str, cases: list[dict]) -> Path:
     payload = dict(benchmark="graphs", smoke=args.smoke,
                    device_name=(torch.cuda.get_device_name() if device == "cuda" else "cpu"),

@@ -26,3 +26,16 @@ def test_the_smoke_run_writes_every_system_with_the_eager_tokens(tmp_path):
     for row in systems.values():                               # float32: token for token
         assert row["requests_equal_to_eager"] == row["requests"] == 4
         assert row["tokens_per_s"] > 0
+
+
+def test_the_record_renders_as_one_table_per_case_with_every_system(tmp_path):
+    assert graphs.main(["--smoke", "--out", str(tmp_path)]) == 0
+    payload = json.loads((tmp_path / "graphs-smoke.json").read_text())
+    table = graphs.markdown_table(payload)
+    rows = [line for line in table.splitlines() if line.startswith("| minicb") or
+            line.startswith("| hf")]
+    systems = payload["cases"][0]["systems"]
+    assert [row.split(" | ")[0].lstrip("| ") for row in rows] == [s["system"] for s in systems]
+    eager = next(row for row in rows if row.startswith("| minicb-eager |"))
+    assert " | 1.00 | 4 of 4 |" in eager         # eager against itself, every request equal
+    assert "cpu" in table.splitlines()[0]
