@@ -37,6 +37,12 @@ class KVManager(ABC):
     @abstractmethod
     def allocate(self, request, num_tokens: int) -> None: ...
 
+    def has_room(self, request, num_tokens: int) -> bool:
+        """Whether the request already holds room for `num_tokens` tokens, so that `allocate`
+        would change nothing (no block to add, none to copy): most decode steps. The scheduler
+        plans such a row without asking the allocator anything else. False: ask."""
+        return False
+
     @abstractmethod
     def free(self, request) -> None: ...
 

@@ -43,6 +43,10 @@ class ContiguousKVManager(KVManager):
         return self._find_run() is not None and \
             self.num_free_blocks() - self.blocks_per_request >= reserve_blocks
 
+    def has_room(self, request, num_tokens: int) -> bool:
+        return request.request_id in self.runs and \
+            num_tokens <= self.blocks_per_request * self.block_size
+
     def allocate(self, request, num_tokens: int) -> None:
         if request.request_id in self.runs:
             return

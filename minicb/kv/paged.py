@@ -64,12 +64,16 @@ class PagedKVManager(KVManager):
         copies = self._shared_block_to_copy(request) is not None
         return missing + copies + reserve_blocks <= self.num_free_blocks()
 
-    def allocate(self, request, num_tokens: int) -> None:
+    def has_room(self, request, num_tokens: int) -> bool:
         request_id = request.request_id
         table = self.tables.get(request_id)
-        if (table is not None and len(table) * self.block_size >= num_tokens
-                and request_id not in self.copy_before_write and request_id not in self.claims):
+        return (table is not None and len(table) * self.block_size >= num_tokens
+                and request_id not in self.copy_before_write and request_id not in self.claims)
+
+    def allocate(self, request, num_tokens: int) -> None:
+        if self.has_room(request, num_tokens):
             return               # most decode steps: nothing to allocate, nothing to copy
+        request_id = request.request_id
         # a new list, never the old one changed: plans already made hold the old one
         # (KVManager.block_table)
         table = list(self.tables.get(request_id, ()))
@@ -122,7 +126,7 @@ class PagedKVManager(KVManager):
                 self.allocator.push_free(block)
 
     def num_reserved_slots(self) -> int:
-        return sum(len(t) for t in self.tables.values()) * self.block_size
+        return sum(map(len, self.tables.values())) * self.block_size
 
     # --- sharing -------------------------------------------------------------------------------
     def claim_cached_prefix(self, request) -> int:
