@@ -56,45 +56,41 @@ class InputBatch:
         self._params: list[SamplingParams | None] = [None] * max_rows
 
     def gather(self, seqs) -> DecodeInputs:
-        """A decode step's rows (minicb.scheduler.base.ScheduledSeq): one pass in Python finds
-        each row (a request new to the batch joins, its row written whole; a row whose block
-        table or settings changed is written again) and reads its token and position off the
-        plan; the rest is arithmetic over the arrays, a few numpy calls whatever the row count
-        (slots, lengths, the tables' width, the settings summed up). The numbers leave as numpy
-        arrays, which torch takes without a copy: numpy turns a list of ints into an array
-        several times faster than torch makes a tensor of it."""
+        """A decode step's rows (minicb.scheduler.base.ScheduledSeq), in one pass: a request new
+        to the batch joins (its row written whole), a row whose block table or settings changed
+        is written again, and each row's position, token and slot are read off. The numbers
+        leave as numpy arrays, which torch takes without a copy: numpy turns a list of ints
+        into an array several times faster than torch makes a tensor of it."""
         if len(self.row_of) + len(seqs) > self.max_rows:
             self.row_of.clear()          # full: start afresh; this step's requests join again
         row_of, written, written_params = self.row_of, self._tables, self._params
-        greedy, wants_logprobs = self.greedy, self.wants_logprobs
-        rows, tokens, positions = [], [], []
+        greedy, wants_logprobs, block_size = self.greedy, self.wants_logprobs, self.block_size
+        rows, tokens, positions, slots, seq_lens = [], [], [], [], []
         width, all_greedy, any_logprobs = 0, True, False
         for seq in seqs:
             row = row_of.get(seq.req_id)
             if row is None:
                 row = row_of[seq.req_id] = len(row_of)
                 written[row] = None
-            table = seq.block_table
+            table, position = seq.block_table, seq.start
             if written[row] is not table:        # a changed table is a new list
                 self._write_table(row, table)
             if written_params[row] is not seq.params:
                 self._write_params(row, seq.params)
             rows.append(row)
             tokens.append(seq.token_ids[0])
-            positions.append(seq.start)
+            positions.append(position)
+            slots.append(table[position // block_size] * block_size + position % block_size)
+            seq_lens.append(position + 1)
             if len(table) > width:
                 width = len(table)
             all_greedy = all_greedy and greedy[row]
             any_logprobs = any_logprobs or wants_logprobs[row]
-        position = np.array(positions, dtype=np.int64)
         # (indexing with a list copies: the step's tables, whatever later steps write)
-        tables = self.block_tables[rows, :width]
-        # token at position p → block_table[p // block_size] * block_size + p % block_size
-        block, offset = np.divmod(position, self.block_size)
-        slots = tables[np.arange(len(rows)), block] * self.block_size + offset
-        seq_lens = position.astype(np.int32) + 1
-        return DecodeInputs(rows, tables, np.array(tokens, dtype=np.int64), position, slots,
-                            seq_lens, seq_lens.tolist(), width, all_greedy, any_logprobs)
+        return DecodeInputs(rows, self.block_tables[rows, :width],
+                            np.array(tokens, dtype=np.int64), np.array(positions, dtype=np.int64),
+                            np.array(slots, dtype=np.int64), np.array(seq_lens, dtype=np.int32),
+                            seq_lens, width, all_greedy, any_logprobs)
 
     def _write_table(self, row: int, table: list[int]) -> None:
         if len(table) > self.block_tables.shape[1]:

@@ -234,7 +234,7 @@ class Scheduler:
                             is_decode=num_pad + len(tokens) == 1, prompt_targets=targets,
                             logits_state=request.logits_state, req_id=request.request_id)
 
-    def decode_row(self, request: Request) -> ScheduledSeq:
+    def decode_row(self, request: Request, block_table: list[int]) -> ScheduledSeq:
         """`row(request, 1)` for a running request past its prompt, the step's commonest row:
         its one uncomputed token is its newest (a placeholder while that token is in flight),
         it samples, and it has no prompt position left to score. Written out, as vLLM plans its
@@ -244,7 +244,7 @@ class Scheduler:
         dataclass takes keywords and fills defaults from factories at about twice the cost.)"""
         return ScheduledSeq(request, 1, request.num_computed_tokens,
                             (request.placeholders or request.output_token_ids)[-1:],
-                            self.kv.block_table(request), request.params, request.generator,
+                            block_table, request.params, request.generator,
                             0, False, True, True, [], None, [], request.logits_state,
                             request.request_id)
 
