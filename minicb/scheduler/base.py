@@ -294,6 +294,7 @@ class Scheduler:
         touched: list[Request] = []
         committed, prompt_logprobs = output.committed, sampled.prompt_logprobs
         cache_full_blocks, check_stop = self.kv.cache_full_blocks, self.check_stop
+        eos, max_model_len = self.eos_token_ids, self.config.max_model_len
         for index, seq in enumerate(output.seqs):
             if seq.ghost:
                 continue
@@ -320,8 +321,8 @@ class Scheduler:
                 # the commonest row (a decode, or a prompt's last chunk): one token, no logprob,
                 # no grammar, nothing to roll back. _append_tokens' work for it, written out:
                 # per row of every step, the calls it saves are most of its cost
-                token = tokens[0]
-                request.output_token_ids.append(token)
+                token, outputs, params = tokens[0], request.output_token_ids, request.params
+                outputs.append(token)
                 times = request.times
                 times.token_times.append(now)
                 times.token_steps.append(step)
@@ -329,9 +330,13 @@ class Scheduler:
                     times.first_token, times.first_token_step = now, step
                 request.num_computed_tokens = seq.start + seq.num_tokens
                 cache_full_blocks(request)
-                reason = check_stop(request, token)
-                if reason is not None:
-                    self.finish(request, reason)
+                # check_stop decides, asked only when one of its stops could apply (an EOS, a
+                # stop token id asked for, a length reached): most rows, most steps, have none
+                if (token in eos or params.stop_token_ids or len(outputs) >= params.max_tokens
+                        or len(request.prompt_token_ids) + len(outputs) >= max_model_len):
+                    reason = check_stop(request, token)
+                    if reason is not None:
+                        self.finish(request, reason)
         self.after_update(output)
         return touched
 
