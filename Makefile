@@ -77,9 +77,9 @@ test: setup browser-setup
 
 # The edit loop: what `make test` runs minus the long families (their own files) and minus the
 # tests marked @pytest.mark.slow. A new test file joins it unless it is marked slow.
-FAST_SKIP := --ignore=tests/browser --ignore=tests/exercises --ignore=tests/test_exercise_mutants.py \
-	--ignore=tests/test_exercises_in_sync.py --ignore=tests/test_notebooks_in_sync.py \
-	--ignore=tests/minicb_kernels/test_kernels.py --ignore=tests/test_engine_triton.py --ignore=tests/tools/test_grade_tool.py \
+FAST_SKIP := --ignore=tests/browser --ignore=tests/exercises --ignore=tests/book/test_exercise_mutants.py \
+	--ignore=tests/book/test_exercises_in_sync.py --ignore=tests/book/test_notebooks_in_sync.py \
+	--ignore=tests/minicb_kernels/test_kernels.py --ignore=tests/engine/test_engine_triton.py --ignore=tests/tools/test_grade_tool.py \
 	--ignore=tests/tools/test_packaging.py \
 	--ignore=tests/bench --ignore=tests/viz
 test-fast: setup
@@ -88,7 +88,7 @@ test-fast: setup
 # On a CUDA machine: every kernel and Triton-engine test with compiled kernels on the GPU, the
 # tests marked gpu included (make test runs Triton through its interpreter, where those skip).
 # scripts/gpu_session.sh runs it with a machine's own Python (make -o setup test-gpu BIN=...).
-GPU_TESTS  := tests/minicb_kernels/test_kernels.py tests/test_engine_triton.py \
+GPU_TESTS  := tests/minicb_kernels/test_kernels.py tests/engine/test_engine_triton.py \
 	tests/model/test_cuda_graphs.py tests/bench/test_device_lane.py
 test-gpu: setup
 	$(BIN)/python -m pytest $(GPU_TESTS) -p no:cacheprovider

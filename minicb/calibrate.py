@@ -75,7 +75,7 @@ PIECEWISE_TERMS = TERMS + ("fused_rows", "fused_overhead", "fused_decode_seq",
 # the stepping thread's CPU time, and each shape the least of its repeats, so the other work on
 # the shared machine inflates it as little as it can (the load average is recorded beside the
 # samples). The samples and the
-# fit are in benchmarks/results/calibration.json (tests/test_sim.py holds these numbers to them).
+# fit are in benchmarks/results/calibration.json (tests/sim/test_sim.py holds these numbers to them).
 # The chapters use these numbers so that their outputs are the same on every run; `calibrate()`
 # measures the reader's machine.
 REFERENCE_CPU = PiecewiseCostModel(

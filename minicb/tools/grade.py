@@ -52,6 +52,13 @@ def find_chapters(path: Path, scratch: Path) -> Path:
     return found[0]
 
 
+# Plugins a grading run never uses (notebooks, property-based and schema testing): pytest loads
+# every installed plugin at start-up, and these three cost seconds a run; each mutant and each
+# `grade` pays them again.
+LEAN_PYTEST = ["-p", "no:cacheprovider", "-p", "no:nbval", "-p", "no:hypothesispytest",
+               "-p", "no:schemathesis"]
+
+
 def run_checks(folder: Path, chapter: str | None = None) -> tuple[list[Check], str]:
     """Run the exercise tests on `folder`'s chapter files; the checks and pytest's own output."""
     if not TESTS.is_dir():
@@ -61,7 +68,7 @@ def run_checks(folder: Path, chapter: str | None = None) -> tuple[list[Check], s
         report = Path(scratch) / "report.xml"
         env = dict(os.environ, MINICB_GRADE_DIR=str(folder.resolve()))
         env.setdefault("TRITON_INTERPRET", "0" if _has_cuda() else "1")
-        command = [sys.executable, "-m", "pytest", str(TESTS), "-q", "-p", "no:cacheprovider",
+        command = [sys.executable, "-m", "pytest", str(TESTS), "-q", *LEAN_PYTEST,
                    f"--junitxml={report}", "--tb=long", "-o", "junit_family=xunit1"]
         if chapter:
             command += ["-k", f"ch{chapter}"]

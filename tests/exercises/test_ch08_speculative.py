@@ -9,7 +9,7 @@ import torch
 from adapter import chapter, run_docstring_examples
 from engine_probe import generate_completions
 from reference import compare, hf_greedy
-from test_speculative import SIGNIFICANCE, TARGET, _chi_square_p_value, _stream
+from spec_common import SIGNIFICANCE, TARGET, acceptance_stream, chi_square_p_value
 
 import minicb.runner
 import minicb.scheduler.continuous
@@ -66,9 +66,10 @@ def test_ch08_sampled_accept_keeps_the_target_distribution(proposer):
     """The target's distribution is the same at every position, so its own samples would be
     independent draws from TARGET: the first token of each step, and all tokens emitted, must
     pass the chi-square test minicb's own rule passes (seeded, so the verdict is deterministic)."""
-    first, everything = _stream(ch08.accept, deterministic_proposer=proposer == "prompt-lookup")
+    first, everything = acceptance_stream(ch08.accept,
+                                          deterministic_proposer=proposer == "prompt-lookup")
     for name, counts in [("the first token of each step", first), ("every token", everything)]:
-        p_value = _chi_square_p_value(counts, TARGET)
+        p_value = chi_square_p_value(counts, TARGET)
         assert p_value > SIGNIFICANCE, (
             f"{name}: counts {counts.long().tolist()} over {int(counts.sum())} tokens, expected "
             f"proportions {TARGET.tolist()}; chi-square p = {p_value:.2g} < {SIGNIFICANCE}. "

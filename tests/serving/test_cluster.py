@@ -65,6 +65,8 @@ def test_core_sets_split_the_cores_and_share_them_round_robin_when_short():
     assert core_sets(3, [0, 1]) == [[0], [1], [0]]
 
 
+@pytest.mark.slow   # replicas and a router as processes (so are the marked tests below):
+#                     make test runs them, make test-fast does not
 def test_the_cluster_routes_the_openai_client_over_both_replicas_and_stops_clean(router):
     with Cluster(replicas=2, policy="round_robin", serve_args=SERVE_ARGS, router=router) as c:
         assert c.url.startswith("http://127.0.0.1:")
@@ -88,6 +90,7 @@ def test_the_cluster_routes_the_openai_client_over_both_replicas_and_stops_clean
     assert all(_gone(pid) for pid in pids), "a process of the cluster is still running"
 
 
+@pytest.mark.slow
 def test_when_a_replica_dies_the_router_stops_sending_it_requests(router):
     with Cluster(replicas=2, policy="round_robin", serve_args=SERVE_ARGS, router=router) as c:
         body = {"model": "minicb", "prompt": "def add(a, b):", "max_tokens": 4}
@@ -162,6 +165,7 @@ def _refuses(port: str) -> bool:
     return False
 
 
+@pytest.mark.slow
 def test_sigterm_to_the_launcher_stops_every_process_it_started(router):
     launcher, url, replicas = _launch(router)
     client = openai.OpenAI(base_url=url, api_key="none")
@@ -185,6 +189,7 @@ def _cmdline(proc: Path) -> str:
         return ""
 
 
+@pytest.mark.slow
 def test_a_launcher_killed_outright_takes_its_replicas_and_router_with_it(router):
     launcher, url, replicas = _launch(router)
     launcher.kill()                      # SIGKILL: no handler runs, the children must notice
@@ -217,6 +222,7 @@ def test_the_prefix_heavy_workload_repeats_each_chats_last_turn_and_is_seeded():
     assert len(systems) == 2 and len(last) == 8
 
 
+@pytest.mark.slow
 def test_vllm_routers_trace_matches_the_record_chapter_09_reads(router):
     """Chapter 09 proves its proxy against vLLM's router through a committed record of the same
     trace (benchmarks/results/routing-trace.json); here the router runs that trace live: the same

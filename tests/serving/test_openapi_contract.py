@@ -123,6 +123,7 @@ BROKEN_BY_PATH = {"/v1/completions": [("logprobs", True)],
                                            ("top_logprobs", 21)]}
 
 
+@pytest.mark.slow   # hypothesis over both schemas, about a minute: make test runs it
 @pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
 def test_what_the_schema_allows_is_served_and_what_it_forbids_is_refused(served, path):
     server, openapi = served

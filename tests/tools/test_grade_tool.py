@@ -8,7 +8,7 @@ import shutil
 import zipfile
 from pathlib import Path
 
-from test_exercise_mutants import write_mutant
+from mutation import write_mutant
 
 from minicb.tools import grade
 

@@ -2,6 +2,6 @@
 
 A mutant file holds WHAT (the bug, in a student's words), CHAPTER ("01" … "08"), EDITS
 (pairs of exact text in the chapter's solution and what the student wrote instead) and CHECKS
-(the pytest -k expression of the fast checks that should catch it). tests/test_exercise_mutants.py
-applies each one to a copy of solutions/ and grades it.
+(the pytest -k expression of the fast checks that should catch it).
+tests/book/test_exercise_mutants.py applies each one to a copy of solutions/ and grades it.
 """

@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from minicb.tools.grade import LEAN_PYTEST
+
+ROOT = Path(__file__).resolve().parents[2]
 STUB_RUN_TIMEOUT_S = 420     # the stubs fail fast; this bounds a hang (it would fail the test)
 
 
@@ -87,7 +89,7 @@ def test_every_exercise_test_fails_on_the_stubs_with_not_implemented(tmp_path):
     env = {**os.environ, "MINICB_IMPL": "exercises", "TRITON_INTERPRET": "1"}
     try:
         run = subprocess.run(
-            [sys.executable, "-m", "pytest", "tests/exercises", "-q", "-p", "no:cacheprovider",
+            [sys.executable, "-m", "pytest", "tests/exercises", "-q", *LEAN_PYTEST,
              f"--junitxml={report}"],
             cwd=ROOT, env=env, capture_output=True, text=True, timeout=STUB_RUN_TIMEOUT_S)
     except subprocess.TimeoutExpired:

@@ -19,7 +19,7 @@ from minicb.calibrate import A100_LLAMA2_7B
 from minicb.parallel import LINKS, LLAMA2_7B, tp_step_parts
 from minicb.repeats import Repeats
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
 
 

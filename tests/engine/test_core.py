@@ -16,7 +16,7 @@ from minicb.sim import CostModel, CostModelExecutor, simulate
 from minicb.sim.cluster import Pool, simulate_cluster
 from minicb.workload import seed_example
 
-PACKAGE = Path(__file__).resolve().parents[1] / "minicb"
+PACKAGE = Path(__file__).resolve().parents[2] / "minicb"
 
 
 def test_schedule_is_called_from_one_place_in_the_package():

@@ -99,7 +99,7 @@ def test_the_readme_quick_start_prints_labelled_results():
     import re
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     snippet = re.search(r"```python\n(from minicb import LLM, SamplingParams\n.*?)```", readme,
                         re.S).group(1)
     printed = io.StringIO()

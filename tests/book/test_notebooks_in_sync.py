@@ -14,7 +14,7 @@ import jupytext
 import nbformat
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
 spec = importlib.util.spec_from_file_location("execute_notebooks",
                                               ROOT / "scripts" / "execute_notebooks.py")

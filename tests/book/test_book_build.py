@@ -11,7 +11,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 spec = importlib.util.spec_from_file_location("book_build", ROOT / "book" / "build.py")
 book_build = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(book_build)

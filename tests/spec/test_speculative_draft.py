@@ -19,7 +19,7 @@ from collections import Counter
 import pytest
 import torch
 from reference import compare, hf_greedy, run_with_arrivals
-from test_speculative import _chi_square_p_value
+from spec_common import SIGNIFICANCE, chi_square_p_value
 from test_speculative_engine import (
     blocks_cover_only_computed_tokens,
     check_budget_and_batch_size,
@@ -33,7 +33,6 @@ from minicb.sampling import Sampler
 from minicb.spec import accept, target_probs
 
 DRAFT = dict(speculative_method="draft_model", num_speculative_tokens=3)
-SIGNIFICANCE = 1e-3       # the chi-square test rejects at this p-value (seeded: deterministic)
 
 
 def _save_first_layer(target: str, path) -> str:
@@ -241,7 +240,7 @@ def _p_value(counts: torch.Tensor, exact: torch.Tensor) -> float:
     if not common.all():
         counts = torch.cat([counts[common], counts[~common].sum().reshape(1)])
         exact = torch.cat([exact[common], exact[~common].sum().reshape(1)])
-    return _chi_square_p_value(counts, exact / exact.sum())
+    return chi_square_p_value(counts, exact / exact.sum())
 
 
 # Two broken rules the test must catch. (A rule that ignores q, treating a sampled proposal x as

@@ -73,7 +73,7 @@ def test_reference_cpu_calibration_is_the_committed_measurement():
     from minicb.calibrate import PIECEWISE_TERMS, REFERENCE_CPU, StepSample, fit_piecewise
     from minicb.config import FUSED_DECODE_ROWS_PER_THREAD
 
-    record = json.loads((Path(__file__).resolve().parent.parent / "benchmarks" / "results"
+    record = json.loads((Path(__file__).resolve().parents[2] / "benchmarks" / "results"
                          / "calibration.json").read_text())
     samples = [StepSample(**s) for s in record["samples"]]
     result = fit_piecewise(samples, record["fit"]["fused_rows"])

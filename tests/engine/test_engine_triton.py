@@ -90,3 +90,29 @@ def test_torch_backend_on_a_gpu_leaves_cudnn_attention_out(tiny_llama):
     names = {event.key for event in prof.key_averages()}
     assert "aten::scaled_dot_product_attention" in names      # the backend did run SDPA
     assert not [name for name in names if "cudnn_attention" in name], sorted(names)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or INTERPRETING,
+    reason="needs CUDA with compiled Triton (run: pytest -m gpu without TRITON_INTERPRET)")
+@pytest.mark.parametrize("attention", ["torch", "triton"])
+def test_overlapped_steps_on_cuda_give_the_synchronous_engines_outputs(attention):
+    """async_scheduling on a GPU: the sampled tokens stay on the device and fill the next step's
+    placeholders there; the outputs (EOS, stops, max_tokens, seeded sampling, logprobs) are the
+    synchronous engine's, and every block is free at the end."""
+    from test_async_scheduling import (
+        PROMPTS,
+        assert_all_blocks_free,
+        generate_both,
+        logprob_values,
+        mixed_params,
+        summary,
+    )
+
+    (sync, _), (overlapped, engine) = generate_both(PROMPTS, mixed_params(), device="cuda",
+                                                    attention=attention, max_num_seqs=4)
+    assert engine.core.overlap
+    assert summary(overlapped) == summary(sync)
+    assert logprob_values(overlapped) == pytest.approx(logprob_values(sync), abs=1e-4)
+    assert_all_blocks_free(engine)

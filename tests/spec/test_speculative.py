@@ -7,11 +7,10 @@ shows that a rule which accepts without checking fails the same test.
 
 import pytest
 import torch
+from spec_common import SIGNIFICANCE, TARGET, acceptance_stream, chi_square_p_value
 
 from minicb.sampling import SamplingParams
 from minicb.spec import accept, propose_ngram, target_probs
-
-SIGNIFICANCE = 1e-3         # the chi-square tests reject at this p-value (seeded: deterministic)
 
 
 # ---------------------------------------------------------------- prompt lookup
@@ -60,38 +59,6 @@ def test_wrong_number_of_logit_rows_is_refused():
 
 
 # ---------------------------------------------------------------- sampled acceptance
-def _chi_square_p_value(counts: torch.Tensor, probs: torch.Tensor) -> float:
-    expected = probs * counts.sum()
-    stat = ((counts - expected) ** 2 / expected).sum()
-    dof = torch.tensor(float(len(counts) - 1))
-    return float(torch.special.gammaincc(dof / 2, stat / 2))
-
-
-VOCAB = 6
-TARGET = torch.tensor([0.30, 0.25, 0.20, 0.12, 0.08, 0.05])
-DRAFT = torch.tensor([0.05, 0.10, 0.15, 0.20, 0.20, 0.30])     # a poor draft on purpose
-
-
-def _stream(rule, steps=6000, k=3, deterministic_proposer=False):
-    """The tokens emitted over many verification steps when the target's distribution is the
-    same at every position (so the target's own samples would be independent draws from TARGET)."""
-    params = SamplingParams(temperature=1.0, seed=0)
-    logits = TARGET.log().expand(k + 1, VOCAB).clone()
-    gen, draft_gen = torch.Generator().manual_seed(0), torch.Generator().manual_seed(1)
-    first, everything = torch.zeros(VOCAB), torch.zeros(VOCAB)
-    for _ in range(steps):
-        if deterministic_proposer:
-            proposed, draft = [0, 1, 0], None          # prompt lookup: q is all on its guess
-        else:
-            proposed = torch.multinomial(DRAFT, k, replacement=True, generator=draft_gen).tolist()
-            draft = DRAFT.expand(k, VOCAB)
-        out = rule(logits, proposed, params, gen, draft)
-        first[out[0]] += 1
-        for token in out:
-            everything[token] += 1
-    return first, everything
-
-
 def _accept_without_checking(logits, proposed, params, generator, draft_probs):
     """The classic bug: trust the draft, take the target's token only after the proposals."""
     return list(proposed) + [int(torch.multinomial(TARGET, 1, generator=generator))]
@@ -100,17 +67,17 @@ def _accept_without_checking(logits, proposed, params, generator, draft_probs):
 @pytest.mark.parametrize("deterministic_proposer", [False, True],
                          ids=["draft-model", "prompt-lookup"])
 def test_rejection_sampling_keeps_the_target_distribution(deterministic_proposer):
-    first, everything = _stream(accept, deterministic_proposer=deterministic_proposer)
-    assert _chi_square_p_value(first, TARGET) > SIGNIFICANCE
-    assert _chi_square_p_value(everything, TARGET) > SIGNIFICANCE
+    first, everything = acceptance_stream(accept, deterministic_proposer=deterministic_proposer)
+    assert chi_square_p_value(first, TARGET) > SIGNIFICANCE
+    assert chi_square_p_value(everything, TARGET) > SIGNIFICANCE
     # and the draft was really used: more than one token per step on average
     assert everything.sum() > 1.2 * first.sum()
 
 
 def test_accepting_without_checking_fails_the_same_test():
-    first, everything = _stream(_accept_without_checking)
-    assert _chi_square_p_value(first, TARGET) < SIGNIFICANCE
-    assert _chi_square_p_value(everything, TARGET) < SIGNIFICANCE
+    first, everything = acceptance_stream(_accept_without_checking)
+    assert chi_square_p_value(first, TARGET) < SIGNIFICANCE
+    assert chi_square_p_value(everything, TARGET) < SIGNIFICANCE
 
 
 def test_sampled_acceptance_is_reproducible_from_the_seed():
@@ -160,7 +127,7 @@ def test_tokens_per_step_counts_accepted_runs_plus_one():
     import sys
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
     from evaluate_draft_model import ngram_tokens_per_step, tokens_per_step
 
     # agreement T T F T T T with k = 2: a step takes T T and the target's token, then T T and one

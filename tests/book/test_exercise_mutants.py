@@ -7,7 +7,6 @@ marks. exercises/README.md reports the resulting mutation score.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 import subprocess
@@ -15,33 +14,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from mutation import MUTANTS, load_mutant, write_mutant
 
-ROOT = Path(__file__).resolve().parent.parent
-MUTANTS = sorted(path.stem for path in (ROOT / "tests" / "exercises" / "mutants").glob("ch*.py"))
+from minicb.tools.grade import LEAN_PYTEST
+
+ROOT = Path(__file__).resolve().parents[2]
 MUTANT_RUN_TIMEOUT_S = 120
-
-
-def load_mutant(name: str):
-    path = ROOT / "tests" / "exercises" / "mutants" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"mutant_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def write_mutant(name: str, folder: Path) -> None:
-    """solutions/ copied into `folder`, with the mutant's edits applied to its chapter."""
-    mutant = load_mutant(name)
-    for source in (ROOT / "solutions").glob("ch*.py"):
-        shutil.copy(source, folder / source.name)
-    target = next(folder.glob(f"ch{mutant.CHAPTER}_*.py"))
-    text = target.read_text()
-    for old, new in mutant.EDITS:
-        assert text.count(old) == 1, (f"mutant {name}: {old!r} should occur once in "
-                                      f"solutions/{target.name}, found {text.count(old)}; update "
-                                      "the mutant to the solution's current text.")
-        text = text.replace(old, new)
-    target.write_text(text)
 
 
 def test_there_are_mutants_for_every_chapter():
@@ -133,8 +111,8 @@ def _grade_mutant(name: str, tmp_path: Path) -> None:
                    for p in (ROOT / "tests" / "exercises").glob(f"test_ch{mutant.CHAPTER}_*.py"))
     assert files, f"no tests/exercises/test_ch{mutant.CHAPTER}_*.py for mutant {name}"
     run = subprocess.run(
-        [sys.executable, "-m", "pytest", *files, "-k", mutant.CHECKS, "-x", "-q",
-         "-p", "no:cacheprovider", "--no-header", "-rN"],
+        [sys.executable, "-m", "pytest", *files, "-k", mutant.CHECKS, "-x", "-q", *LEAN_PYTEST,
+         "--no-header", "-rN"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=MUTANT_RUN_TIMEOUT_S)
     summary = run.stdout.strip().splitlines()[-1:] or ["(no output)"]
     assert run.returncode == 1 and " failed" in summary[0], (
@@ -149,7 +127,7 @@ def test_the_unmutated_copy_passes_the_checks_that_kill_mutants(tmp_path):
     checks = " or ".join(f"({load_mutant(name).CHECKS})" for name in MUTANTS)
     env = dict(os.environ, MINICB_GRADE_DIR=str(tmp_path), TRITON_INTERPRET="1")
     run = subprocess.run([sys.executable, "-m", "pytest", "tests/exercises", "-k", checks, "-q",
-                          "-p", "no:cacheprovider", "--no-header"],
+                          *LEAN_PYTEST, "--no-header"],
                          cwd=ROOT, env=env, capture_output=True, text=True,
                          timeout=MUTANT_RUN_TIMEOUT_S * 2)
     assert run.returncode == 0, f"a copy of solutions/ fails its own checks:\n{run.stdout[-3000:]}"
