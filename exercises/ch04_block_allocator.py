@@ -162,9 +162,12 @@ class PagedManager(KVManager):
 
     def allocate(self, request, num_tokens: int) -> None:
         """Copy the shared partial block if needed (then forget the copy_before_write entry),
-        then append fresh blocks until the table holds blocks_for(num_tokens)."""
+        then append fresh blocks until the table holds blocks_for(num_tokens). The table
+        becomes a new list, the old one left as it was: a plan already made holds the old one,
+        and minicb's runner, which keeps each row's table between steps, sees a change by the
+        list's identity alone (KVManager.block_table)."""
         raise NotImplementedError(
-            "allocate: copy-on-write first, then append allocate()d blocks up to blocks_for")
+            "allocate: a new list: copy-on-write first, then allocate()d blocks up to blocks_for")
 
     def free(self, request) -> None:
         """Release every block of the request, last first; push_free those nobody holds now."""

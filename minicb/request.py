@@ -126,8 +126,11 @@ class Request:
 
     @property
     def is_prefilling(self) -> bool:
-        """True until the whole prompt (and, after a preemption, the output so far) is cached."""
-        return self.num_uncomputed_tokens > 1 or not (self.output_token_ids or self.placeholders)
+        """True until the whole prompt (and, after a preemption, the output so far) is cached.
+        (num_uncomputed_tokens > 1, written out: the scheduler asks it of every row it plans.)"""
+        outputs, placeholders = self.output_token_ids, self.placeholders
+        return (len(self.prompt_token_ids) + len(outputs) + len(placeholders)
+                - self.num_computed_tokens > 1 or not (outputs or placeholders))
 
     @property
     def finished(self) -> bool:

@@ -188,9 +188,12 @@ class PagedManager(KVManager):
 
     def allocate(self, request, num_tokens: int) -> None:
         """Copy the shared partial block if needed (then forget the copy_before_write entry),
-        then append fresh blocks until the table holds blocks_for(num_tokens)."""
-        # BEGIN SOLUTION: copy-on-write first, then append allocate()d blocks up to blocks_for
-        table = self.tables.setdefault(request.request_id, [])
+        then append fresh blocks until the table holds blocks_for(num_tokens). The table
+        becomes a new list, the old one left as it was: a plan already made holds the old one,
+        and minicb's runner, which keeps each row's table between steps, sees a change by the
+        list's identity alone (KVManager.block_table)."""
+        # BEGIN SOLUTION: a new list: copy-on-write first, then allocate()d blocks up to blocks_for
+        table = list(self.tables.get(request.request_id, ()))
         index = self.block_to_copy(request)
         self.copy_before_write.pop(request.request_id, None)
         if index is not None:
@@ -200,6 +203,7 @@ class PagedManager(KVManager):
             table[index] = copy
         while len(table) < self.blocks_for(num_tokens):
             table.append(self.allocator.allocate())
+        self.tables[request.request_id] = table
         # END SOLUTION
 
     def free(self, request) -> None:

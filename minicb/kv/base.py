@@ -37,6 +37,12 @@ class KVManager(ABC):
     @abstractmethod
     def allocate(self, request, num_tokens: int) -> None: ...
 
+    def table_with_room(self, request, num_tokens: int) -> list[int] | None:
+        """The request's block table if it already holds room for `num_tokens` tokens, so that
+        `allocate` would change nothing (no block to add, none to copy): most decode steps. The
+        scheduler plans such a row without asking the allocator anything else. None: ask."""
+        return None
+
     @abstractmethod
     def free(self, request) -> None: ...
 

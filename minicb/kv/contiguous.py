@@ -43,6 +43,11 @@ class ContiguousKVManager(KVManager):
         return self._find_run() is not None and \
             self.num_free_blocks() - self.blocks_per_request >= reserve_blocks
 
+    def table_with_room(self, request, num_tokens: int) -> list[int] | None:
+        if num_tokens > self.blocks_per_request * self.block_size:
+            return None
+        return self.tables.get(request.request_id)
+
     def allocate(self, request, num_tokens: int) -> None:
         if request.request_id in self.runs:
             return

@@ -64,12 +64,18 @@ class PagedKVManager(KVManager):
         copies = self._shared_block_to_copy(request) is not None
         return missing + copies + reserve_blocks <= self.num_free_blocks()
 
-    def allocate(self, request, num_tokens: int) -> None:
+    def table_with_room(self, request, num_tokens: int) -> list[int] | None:
         request_id = request.request_id
         table = self.tables.get(request_id)
-        if (table is not None and len(table) * self.block_size >= num_tokens
-                and request_id not in self.copy_before_write and request_id not in self.claims):
+        if (table is None or len(table) * self.block_size < num_tokens
+                or request_id in self.copy_before_write or request_id in self.claims):
+            return None
+        return table
+
+    def allocate(self, request, num_tokens: int) -> None:
+        if self.table_with_room(request, num_tokens) is not None:
             return               # most decode steps: nothing to allocate, nothing to copy
+        request_id = request.request_id
         # a new list, never the old one changed: plans already made hold the old one
         # (KVManager.block_table)
         table = list(self.tables.get(request_id, ()))
@@ -122,7 +128,7 @@ class PagedKVManager(KVManager):
                 self.allocator.push_free(block)
 
     def num_reserved_slots(self) -> int:
-        return sum(len(t) for t in self.tables.values()) * self.block_size
+        return sum(map(len, self.tables.values())) * self.block_size
 
     # --- sharing -------------------------------------------------------------------------------
     def claim_cached_prefix(self, request) -> int:

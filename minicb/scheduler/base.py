@@ -234,18 +234,19 @@ class Scheduler:
                             is_decode=num_pad + len(tokens) == 1, prompt_targets=targets,
                             logits_state=request.logits_state, req_id=request.request_id)
 
-    def decode_row(self, request: Request) -> ScheduledSeq:
+    def decode_row(self, request: Request, block_table: list[int]) -> ScheduledSeq:
         """`row(request, 1)` for a running request past its prompt, the step's commonest row:
         its one uncomputed token is its newest (a placeholder while that token is in flight),
         it samples, and it has no prompt position left to score. Written out, as vLLM plans its
         "cached requests" apart from new ones: a decode step plans one of these per row, so
         what it leaves out (slicing the request's tokens, its prompt targets) is saved on every
-        row of every step."""
+        row of every step. (Every field is passed by position, the empty lists included: a
+        dataclass takes keywords and fills defaults from factories at about twice the cost.)"""
         return ScheduledSeq(request, 1, request.num_computed_tokens,
                             (request.placeholders or request.output_token_ids)[-1:],
-                            self.kv.block_table(request), request.params, request.generator,
-                            needs_logits=True, is_decode=True, logits_state=request.logits_state,
-                            req_id=request.request_id)
+                            block_table, request.params, request.generator,
+                            0, False, True, True, [], None, [], request.logits_state,
+                            request.request_id)
 
     # --- overlapped scheduling ------------------------------------------------------------------
     def commit(self, output: SchedulerOutput) -> None:
@@ -291,29 +292,51 @@ class Scheduler:
         now, step = self.clock(), output.step
         results = iter(zip(sampled.sampled_token_ids, sampled.logprobs, sampled.errors))
         touched: list[Request] = []
-        committed = output.committed
+        committed, prompt_logprobs = output.committed, sampled.prompt_logprobs
+        cache_full_blocks, check_stop = self.kv.cache_full_blocks, self.check_stop
+        eos, max_model_len = self.eos_token_ids, self.config.max_model_len
         for index, seq in enumerate(output.seqs):
             if seq.ghost:
                 continue
-            if sampled.prompt_logprobs is not None and index in sampled.prompt_logprobs:
-                _record_prompt_logprobs(seq.request, seq.start, sampled.prompt_logprobs[index])
+            request = seq.request
+            if prompt_logprobs is not None and index in prompt_logprobs:
+                _record_prompt_logprobs(request, seq.start, prompt_logprobs[index])
             if not seq.needs_logits:          # a prompt chunk before the last: KV only
                 if not committed:             # (a committed plan counted it when launched)
-                    seq.request.num_computed_tokens += seq.num_tokens
-                    self.kv.cache_full_blocks(seq.request)
+                    request.num_computed_tokens += seq.num_tokens
+                    cache_full_blocks(request)
                 continue
             tokens, logprobs, error = next(results)
-            if committed and seq.request.finished:
+            if committed and request.finished:
                 continue        # it ended after this step was launched: the token is discarded
-            touched.append(seq.request)
+            touched.append(request)
             if tokens is None:        # this row could not be sampled
-                seq.request.error = error or "the row could not be sampled"
-                self.finish(seq.request, RequestStatus.FINISHED_ERROR)
-                continue
-            if committed:
-                self._resolve_placeholder(seq.request, tokens[0], logprobs, now, step)
-            else:
+                request.error = error or "the row could not be sampled"
+                self.finish(request, RequestStatus.FINISHED_ERROR)
+            elif committed:
+                self._resolve_placeholder(request, tokens[0], logprobs, now, step)
+            elif seq.proposal or logprobs is not None or request.logits_state is not None:
                 self._append_tokens(seq, tokens, logprobs, now, step)
+            else:
+                # the commonest row (a decode, or a prompt's last chunk): one token, no logprob,
+                # no grammar, nothing to roll back. _append_tokens' work for it, written out:
+                # per row of every step, the calls it saves are most of its cost
+                token, outputs, params = tokens[0], request.output_token_ids, request.params
+                outputs.append(token)
+                times = request.times
+                times.token_times.append(now)
+                times.token_steps.append(step)
+                if times.first_token is None:
+                    times.first_token, times.first_token_step = now, step
+                request.num_computed_tokens = seq.start + seq.num_tokens
+                cache_full_blocks(request)
+                # check_stop decides, asked only when one of its stops could apply (an EOS, a
+                # stop token id asked for, a length reached): most rows, most steps, have none
+                if (token in eos or params.stop_token_ids or len(outputs) >= params.max_tokens
+                        or len(request.prompt_token_ids) + len(outputs) >= max_model_len):
+                    reason = check_stop(request, token)
+                    if reason is not None:
+                        self.finish(request, reason)
         self.after_update(output)
         return touched
 

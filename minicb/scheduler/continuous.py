@@ -72,7 +72,7 @@ class ContinuousScheduler(Scheduler):
             output.block_copies.extend(copies)
         # its table, after allocation (a request past its prompt: one token, a decode row)
         output.seqs.append(self.row(request, num_tokens) if prompt_tokens else
-                           self.decode_row(request))
+                           self.decode_row(request, self.kv.block_table(request)))
         budget.charge(request, num_tokens, prompt_tokens)
 
     # --- running requests --------------------------------------------------------------------
@@ -82,6 +82,7 @@ class ContinuousScheduler(Scheduler):
         # (what a proposal may spend depends on how many requests still wait for their token)
         pending = sum(r.status is running and r.request_id not in scheduled
                       for r in self.running) if speculative else 0
+        table_with_room = self.kv.table_with_room
         for request in list(self.running):
             if (request.status is not running or request.request_id in scheduled
                     or (request.placeholders and self.awaits_last_token(request))):
@@ -93,6 +94,15 @@ class ContinuousScheduler(Scheduler):
                 if proposal:
                     self._take_verification(output, request, proposal, budget)
                     continue
+            elif not prefilling and budget.tokens and (table := table_with_room(
+                    request, request.num_computed_tokens + 1)) is not None:
+                # the commonest row, a decode whose last block has room: nothing to allocate,
+                # copy or evict, so it is planned at once (what follows would do the same, asking
+                # the budget and the KV manager four more times)
+                output.seqs.append(self.decode_row(request, table))
+                scheduled.add(request.request_id)
+                budget.tokens -= 1
+                continue
             num_tokens = budget.tokens_for(request, prefilling)
             if num_tokens == 0:
                 continue

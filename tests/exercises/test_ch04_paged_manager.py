@@ -65,8 +65,14 @@ def test_ch04_manager_behaves_like_minicbs(seed):
             assert got == expected, (f"{call} should be {expected}, yours {got}; before it:\n  "
                                      f"{recent}")
             if expected:
+                before = yours.block_table(request)
+                held = list(before)           # what a plan made before this call holds
                 minicb.allocate(request, target), yours.allocate(request, target)
                 call = f"allocate({rid}, {target})"
+                assert before == held, (
+                    f"{call} changed the list block_table returned before it, from {held} to "
+                    f"{before}: a table that changes must become a new list, since a plan "
+                    "already made holds the old one (the runner sees a change by identity)")
                 lengths[rid] = target
             elif lengths[rid] == 0:
                 del lengths[rid]
