@@ -192,3 +192,28 @@ def test_contiguous_reserves_max_model_len_and_paged_grows(tiny_llama):
         engine.add_request("a", prompt, SamplingParams(max_tokens=3, temperature=0))
         engine.step()
         assert engine.kv.num_reserved_slots() == expected_slots
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_one_token_prompt_chunk_beside_decodes_takes_no_sampled_token(overlap):
+    """With a budget of one token a row, a prompt admitted beside three decodes runs one token a
+    step: every row has one token, but that row samples nothing until its prompt's last token.
+    The decode-only packing must not hand its row's token to a neighbour."""
+    from reference import run_with_arrivals
+
+    prompts = [[5, 6, 7], [20, 21], [30, 31], [8, 9, 10, 11, 12, 13, 14, 15, 16, 17]]
+    max_tokens = [12, 12, 12, 6]
+    expected = run_with_arrivals(LLM(max_num_batched_tokens=512, max_num_seqs=4), prompts,
+                                 max_tokens, [0, 0, 0, 0])
+    llm = LLM(max_num_batched_tokens=4, max_num_seqs=4, async_scheduling=overlap)
+    steps, prepare = [], llm.llm_engine.runner.prepare
+
+    def recording(output):
+        steps.append([(s.num_tokens, s.needs_logits) for s in output.seqs])
+        return prepare(output)
+
+    llm.llm_engine.runner.prepare = recording
+    got = run_with_arrivals(llm, prompts, max_tokens, [0, 0, 0, 2])
+    assert any(all(n == 1 for n, _ in rows) and not all(logits for _, logits in rows)
+               for rows in steps), "no step had a one-token prompt chunk beside decodes"
+    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in expected]
