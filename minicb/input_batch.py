@@ -26,6 +26,10 @@ import numpy as np
 from minicb.sampling import SamplingParams
 
 
+# from this many rows a step computes its rows' slots and lengths as arrays (InputBatch.gather)
+ARRAY_ROWS = 32
+
+
 @dataclass
 class DecodeInputs:
     """What a step of decodes reads of its rows, gathered in one pass. A snapshot: nothing here
@@ -67,6 +71,10 @@ class InputBatch:
         greedy, wants_logprobs, block_size = self.greedy, self.wants_logprobs, self.block_size
         rows, tokens, positions, slots, seq_lens = [], [], [], [], []
         width, all_greedy, any_logprobs = 0, True, False
+        # a numpy call costs about a microsecond whatever its size, a row of Python arithmetic
+        # a fraction of one: the slots and lengths of a few rows are cheaper per row, of many
+        # rows cheaper as arrays
+        per_row = len(seqs) < ARRAY_ROWS
         for seq in seqs:
             row = row_of.get(seq.req_id)
             if row is None:
@@ -80,17 +88,25 @@ class InputBatch:
             rows.append(row)
             tokens.append(seq.token_ids[0])
             positions.append(position)
-            slots.append(table[position // block_size] * block_size + position % block_size)
-            seq_lens.append(position + 1)
+            if per_row:
+                slots.append(table[position // block_size] * block_size + position % block_size)
+                seq_lens.append(position + 1)
             if len(table) > width:
                 width = len(table)
             all_greedy = all_greedy and greedy[row]
             any_logprobs = any_logprobs or wants_logprobs[row]
         # (indexing with a list copies: the step's tables, whatever later steps write)
-        return DecodeInputs(rows, self.block_tables[rows, :width],
-                            np.array(tokens, dtype=np.int64), np.array(positions, dtype=np.int64),
-                            np.array(slots, dtype=np.int64), np.array(seq_lens, dtype=np.int32),
-                            seq_lens, width, all_greedy, any_logprobs)
+        tables = self.block_tables[rows, :width]
+        at = np.array(positions, dtype=np.int64)
+        if per_row:
+            slots_at, seq_lens_at = np.array(slots, dtype=np.int64), np.array(seq_lens, np.int32)
+        else:      # the same formulas, over every row at once
+            slots_at = (tables[np.arange(len(rows)), at // block_size].astype(np.int64)
+                        * block_size + at % block_size)
+            seq_lens_at = (at + 1).astype(np.int32)
+            seq_lens = seq_lens_at.tolist()
+        return DecodeInputs(rows, tables, np.array(tokens, dtype=np.int64), at, slots_at,
+                            seq_lens_at, seq_lens, width, all_greedy, any_logprobs)
 
     def _write_table(self, row: int, table: list[int]) -> None:
         if len(table) > self.block_tables.shape[1]:

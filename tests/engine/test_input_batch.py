@@ -76,3 +76,22 @@ def test_the_kv_manager_hands_out_a_new_table_whenever_one_changes():
     assert kv.block_table(child) is not shared and kv.block_copies
     kv.truncate(parent, 2)                         # rolled back: a new table
     assert kv.block_table(parent) is not grown and len(grown) == 3
+
+
+def test_few_rows_and_many_rows_pack_the_same_numbers(monkeypatch):
+    """A step of many rows computes its slots and lengths as arrays, one of few rows per row: both
+    give what the formulas give, row by row, with each array's dtype."""
+    import minicb.input_batch as input_batch
+
+    seqs = [row(f"r{i}", 3 * i + 1, [7 * i + k for k in range((3 * i + 1) // 2 + 1 + i % 3)])
+            for i in range(40)]
+    results = []
+    for array_rows in (10_000, 1):             # per row, then as arrays
+        monkeypatch.setattr(input_batch, "ARRAY_ROWS", array_rows)
+        results.append(InputBatch(max_rows=64, max_blocks=64, block_size=2).gather(seqs))
+    for inputs in results:
+        assert inputs.slots.tolist() == [s.block_table[s.start // 2] * 2 + s.start % 2
+                                         for s in seqs]
+        assert inputs.seq_lens.tolist() == inputs.seq_lens_host == [s.start + 1 for s in seqs]
+        assert (inputs.slots.dtype, inputs.seq_lens.dtype) == ("int64", "int32")
+        assert all(type(n) is int for n in inputs.seq_lens_host)
