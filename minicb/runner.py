@@ -103,8 +103,10 @@ class ModelRunner:
         # each running request's block table and sampling settings, kept between steps
         self.input_batch = InputBatch(2 * config.max_num_seqs, config.blocks_per_seq() + 1,
                                       config.block_size)
-        # per row count, a decode step's cu_seqlens_q and logits_indices (the row numbers)
-        self._row_numbers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        # per row count, what every decode step of as many rows shares: cu_seqlens_q,
+        # logits_indices, and the rows' query lengths and decode marks as lists (never written
+        # in place: every step of that many rows reads them)
+        self._row_numbers: dict[int, tuple[torch.Tensor, torch.Tensor, list[int], list[bool]]] = {}
         args = model.args
         shape = (config.num_kv_blocks, config.block_size, args.num_kv_heads, args.head_dim)
         dtype = DTYPES[config.dtype]
@@ -186,19 +188,21 @@ class ModelRunner:
         """The decode-only step: row r is one token at position start_r, every row needs its
         logits, nothing is padded. The persistent batch gathers the rows in one pass (their
         block tables rewritten only when they changed) into arrays that become tensors without
-        a copy; the row numbers (cu_seqlens_q, and the logits of every row) are the same for
-        every step of as many rows, made once."""
+        a copy; the row numbers (cu_seqlens_q, the logits of every row, each row's one query
+        and its decode mark) are the same for every step of as many rows, made once."""
         inputs = self.input_batch.gather(output.seqs)
         num_rows = len(output.seqs)
         numbers = self._row_numbers.get(num_rows)
-        if numbers is None:    # (never written in place: every step of num_rows rows reads them)
+        if numbers is None:
             rows = torch.arange(num_rows + 1, dtype=torch.int32)
-            numbers = self._row_numbers[num_rows] = (rows, rows[:-1].long())
+            numbers = self._row_numbers[num_rows] = (rows, rows[:-1].long(), [1] * num_rows,
+                                                     [True] * num_rows)
+        cu_seqlens_q, logits_indices, q_lens, decode_rows = numbers
         return self._to_device(output, torch.from_numpy(inputs.tokens),
                                torch.from_numpy(inputs.positions), torch.from_numpy(inputs.slots),
-                               numbers[0], torch.from_numpy(inputs.seq_lens), inputs.seq_lens_host,
-                               torch.from_numpy(inputs.block_tables), [1] * num_rows, numbers[1],
-                               inputs)
+                               cu_seqlens_q, torch.from_numpy(inputs.seq_lens), inputs.seq_lens_host,
+                               torch.from_numpy(inputs.block_tables), q_lens, logits_indices,
+                               inputs, decode_rows)
 
     @staticmethod
     def _block_tables(seqs) -> torch.Tensor:
@@ -209,7 +213,10 @@ class ModelRunner:
                             dtype=torch.int32)
 
     def _to_device(self, output, input_ids, positions, slot_mapping, cu_seqlens_q, seq_lens,
-                   seq_lens_host, block_tables, q_lens, logits_indices, decode=None) -> PackedStep:
+                   seq_lens_host, block_tables, q_lens, logits_indices, decode=None,
+                   decode_rows: list[bool] | None = None) -> PackedStep:
+        """The packed step on the model's device. `decode_rows`: each row's decode mark, when the
+        caller has it at hand; else read off the plan."""
         on_host = self.device.type == "cpu"     # then every .to() would be a no-op call
 
         def moved(tensor: torch.Tensor) -> torch.Tensor:
@@ -220,7 +227,8 @@ class ModelRunner:
             seq_lens=moved(seq_lens), block_tables=moved(block_tables), max_seqlen_q=max(q_lens),
             max_seqlen_k=max(max(seq_lens_host), 1), q_lens_host=q_lens,
             seq_lens_host=seq_lens_host,
-            decode_rows=([True] * len(q_lens) if output.num_decode_rows == len(q_lens)
+            decode_rows=(decode_rows if decode_rows is not None
+                         else [True] * len(q_lens) if output.num_decode_rows == len(q_lens)
                          else [s.is_decode for s in output.seqs]),
             num_decode_rows=output.num_decode_rows)
         return PackedStep(moved(input_ids), moved(positions), meta,
@@ -296,6 +304,12 @@ class ModelRunner:
         generator), which keeps 1 to k + 1 tokens; then every kept token's logprob, read by the
         sampler from its own position's logits. `decode`: in a step of decodes only, what the
         persistent batch read of its rows, their sampling settings included."""
+        if decode is not None and decode.all_greedy and not decode.any_logprobs:
+            # the steady greedy decode: each row's argmax is its one token, and nothing else is
+            # read (no settings, no logprobs, no proposal), so the lists are built once each
+            self.sampled = self.sampler.argmax(logits.float())
+            return ModelRunnerOutput([[token] for token in self.sampled.tolist()],
+                                     [None] * len(rows), [None] * len(rows))
         if decode is not None:
             firsts = range(len(rows) + 1)
             plain = range(len(rows))
