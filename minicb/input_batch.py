@@ -25,7 +25,6 @@ import numpy as np
 
 from minicb.sampling import SamplingParams
 
-
 # from this many rows a step computes its rows' slots and lengths as arrays (InputBatch.gather)
 ARRAY_ROWS = 32
 

@@ -103,10 +103,8 @@ class ModelRunner:
         # each running request's block table and sampling settings, kept between steps
         self.input_batch = InputBatch(2 * config.max_num_seqs, config.blocks_per_seq() + 1,
                                       config.block_size)
-        # per row count, what every decode step of as many rows shares: cu_seqlens_q,
-        # logits_indices, and the rows' query lengths and decode marks as lists (never written
-        # in place: every step of that many rows reads them)
-        self._row_numbers: dict[int, tuple[torch.Tensor, torch.Tensor, list[int], list[bool]]] = {}
+        # per row count, a decode step's cu_seqlens_q and logits_indices (the row numbers)
+        self._row_numbers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         args = model.args
         shape = (config.num_kv_blocks, config.block_size, args.num_kv_heads, args.head_dim)
         dtype = DTYPES[config.dtype]
@@ -188,21 +186,19 @@ class ModelRunner:
         """The decode-only step: row r is one token at position start_r, every row needs its
         logits, nothing is padded. The persistent batch gathers the rows in one pass (their
         block tables rewritten only when they changed) into arrays that become tensors without
-        a copy; the row numbers (cu_seqlens_q, the logits of every row, each row's one query
-        and its decode mark) are the same for every step of as many rows, made once."""
+        a copy; the row numbers (cu_seqlens_q, and the logits of every row) are the same for
+        every step of as many rows, made once."""
         inputs = self.input_batch.gather(output.seqs)
         num_rows = len(output.seqs)
         numbers = self._row_numbers.get(num_rows)
-        if numbers is None:
+        if numbers is None:    # (never written in place: every step of num_rows rows reads them)
             rows = torch.arange(num_rows + 1, dtype=torch.int32)
-            numbers = self._row_numbers[num_rows] = (rows, rows[:-1].long(), [1] * num_rows,
-                                                     [True] * num_rows)
-        cu_seqlens_q, logits_indices, q_lens, decode_rows = numbers
+            numbers = self._row_numbers[num_rows] = (rows, rows[:-1].long())
         return self._to_device(output, torch.from_numpy(inputs.tokens),
                                torch.from_numpy(inputs.positions), torch.from_numpy(inputs.slots),
-                               cu_seqlens_q, torch.from_numpy(inputs.seq_lens), inputs.seq_lens_host,
-                               torch.from_numpy(inputs.block_tables), q_lens, logits_indices,
-                               inputs, decode_rows)
+                               numbers[0], torch.from_numpy(inputs.seq_lens), inputs.seq_lens_host,
+                               torch.from_numpy(inputs.block_tables), [1] * num_rows, numbers[1],
+                               inputs)
 
     @staticmethod
     def _block_tables(seqs) -> torch.Tensor:
@@ -213,10 +209,7 @@ class ModelRunner:
                             dtype=torch.int32)
 
     def _to_device(self, output, input_ids, positions, slot_mapping, cu_seqlens_q, seq_lens,
-                   seq_lens_host, block_tables, q_lens, logits_indices, decode=None,
-                   decode_rows: list[bool] | None = None) -> PackedStep:
-        """The packed step on the model's device. `decode_rows`: each row's decode mark, when the
-        caller has it at hand; else read off the plan."""
+                   seq_lens_host, block_tables, q_lens, logits_indices, decode=None) -> PackedStep:
         on_host = self.device.type == "cpu"     # then every .to() would be a no-op call
 
         def moved(tensor: torch.Tensor) -> torch.Tensor:
@@ -227,8 +220,7 @@ class ModelRunner:
             seq_lens=moved(seq_lens), block_tables=moved(block_tables), max_seqlen_q=max(q_lens),
             max_seqlen_k=max(max(seq_lens_host), 1), q_lens_host=q_lens,
             seq_lens_host=seq_lens_host,
-            decode_rows=(decode_rows if decode_rows is not None
-                         else [True] * len(q_lens) if output.num_decode_rows == len(q_lens)
+            decode_rows=([True] * len(q_lens) if output.num_decode_rows == len(q_lens)
                          else [s.is_decode for s in output.seqs]),
             num_decode_rows=output.num_decode_rows)
         return PackedStep(moved(input_ids), moved(positions), meta,
@@ -280,10 +272,10 @@ class ModelRunner:
             input_ids = torch.where(holes, previous[(-1 - input_ids).clamp(0, len(previous) - 1)],
                                     input_ids)
         logits = self.forward(input_ids, positions, meta, logits_indices)
-        prompt_logprobs = None
+        prompt_logprobs, rows = None, output.seqs
         if decode is not None:                    # every row a decode: its settings are at hand
-            rows = output.seqs
-            result = self.sample(rows, logits, decode)
+            steady = decode.all_greedy and not decode.any_logprobs    # nothing but an argmax
+            result = self._argmax_rows(logits) if steady else self.sample(rows, logits, decode)
         else:
             rows = [s for s in output.seqs if s.needs_logits]
             if any(s.prompt_targets for s in output.seqs):
@@ -304,12 +296,6 @@ class ModelRunner:
         generator), which keeps 1 to k + 1 tokens; then every kept token's logprob, read by the
         sampler from its own position's logits. `decode`: in a step of decodes only, what the
         persistent batch read of its rows, their sampling settings included."""
-        if decode is not None and decode.all_greedy and not decode.any_logprobs:
-            # the steady greedy decode: each row's argmax is its one token, and nothing else is
-            # read (no settings, no logprobs, no proposal), so the lists are built once each
-            self.sampled = self.sampler.argmax(logits.float())
-            return ModelRunnerOutput([[token] for token in self.sampled.tolist()],
-                                     [None] * len(rows), [None] * len(rows))
         if decode is not None:
             firsts = range(len(rows) + 1)
             plain = range(len(rows))
@@ -392,6 +378,15 @@ class ModelRunner:
         # (a row without a token holds 0: its request ends, and the token is never fed)
         self.sampled = torch.tensor([0 if t is None else t for t in tokens], device=logits.device)
         return tokens, errors
+
+    def _argmax_rows(self, logits: torch.Tensor) -> ModelRunnerOutput:
+        """Every row greedy, none asking for logprobs (a decode step's settings, read off the
+        persistent batch): each row's argmax is its one token, and the result's lists are built
+        once each, without `sample`'s general bookkeeping."""
+        self.sampled = self.sampler.argmax(logits.float())
+        num_rows = len(self.sampled)
+        return ModelRunnerOutput([[token] for token in self.sampled.tolist()], [None] * num_rows,
+                                 [None] * num_rows)
 
     def _logprobs(self, rows: list[ScheduledSeq], logits: torch.Tensor, firsts: list[int],
                   tokens: list[list[int] | None]) -> list[list[Logprob | None] | None]:

@@ -12,8 +12,9 @@ Per decode step, the CPU time of the stepping thread (one torch thread, so the f
 it too): the whole `engine.step()` and the model's forward inside it; the host's part is the
 step less the forward. The host's phases are clocked in a second run of as many steps: a clock
 costs about two microseconds a call (two reads of the thread's CPU time, which on this VM are
-system calls), so the host's part is measured with the forward's clock alone. Each batch size is measured `--repeats` times, the
-order of the sizes alternating between repeats, with the load average beside each point.
+system calls), so the host's part is measured with the forward's clock alone. Each batch size
+is measured `--repeats` times, the order of the sizes alternating between repeats, with the
+load average beside each point.
 
 `--baseline DIR` measures, beside this engine, the engine of an earlier checkout in DIR (say
 `git worktree add DIR <commit>`), each point right after the same point of this one: the
