@@ -26,7 +26,7 @@ import numpy as np
 from minicb.sampling import SamplingParams
 
 # from this many rows a step computes its rows' slots and lengths as arrays (InputBatch.gather)
-ARRAY_ROWS = 32
+ARRAY_ROWS = 128
 
 
 @dataclass

@@ -128,7 +128,9 @@ def host_step(model_path: str, batch: int, context: int, steps: int) -> dict:
     for owner, method, phase in [(engine.scheduler, "schedule", "schedule"),
                                  (engine.scheduler, "update", "update"),
                                  (engine.runner, "prepare", "prepare"),
-                                 (engine.runner, "sample", "sample")]:  # (an earlier engine: none)
+                                 (engine.runner, "sample", "sample"),  # (an earlier engine: none)
+                                 # the steady greedy decode's sampling (an earlier engine: none)
+                                 (engine.runner, "_argmax_rows", "sample")]:
         if hasattr(owner, method):
             clock.wrap(owner, method, phase)
     clock.seconds.clear()
