@@ -67,6 +67,12 @@ def compare(reference: Reference, token_ids: list[int], logprobs: list[dict[int,
     return "equal"
 
 
+def check_all(references: list[Reference], outputs, label: str = "request") -> list[str]:
+    """`compare` for each request's first sample, in order: one verdict per request."""
+    return [compare(ref, out.outputs[0].token_ids, out.outputs[0].logprobs, f"{label} {i}")
+            for i, (ref, out) in enumerate(zip(references, outputs))]
+
+
 def run_with_arrivals(llm, prompts, max_tokens, arrival_steps,
                       aborts: dict[int, int] | None = None, after_step=None):
     """Drive the engine step by step: request i joins before step arrival_steps[i]; request j is

@@ -13,6 +13,7 @@ a look at what a reader sees).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import time
@@ -206,13 +207,32 @@ def test_widget_chapters_are_found():
     assert {"03_continuous_batching.ipynb", "interview.ipynb"} <= set(INTERACTIVE), INTERACTIVE
 
 
+@contextlib.contextmanager
+def checked_in_lab(browser, lab, name: str):
+    """Run a chapter's checks: the body appends what it finds wrong to the list it is given.
+    A screenshot of the chapter is kept (a `-failure` one when anything went wrong), the
+    kernels are shut down whatever happened, and the problems fail the test together."""
+    RESULTS.mkdir(exist_ok=True)
+    shot = RESULTS / f"{Path(name).stem}.png"
+    failure = RESULTS / f"{Path(name).stem}-failure.png"
+    problems: list[str] = []
+    try:
+        yield problems
+        browser.save_screenshot(str(failure if problems else shot))
+    except Exception:
+        browser.save_screenshot(str(failure))
+        raise
+    finally:
+        lab.shut_down_kernels()
+    assert not problems, f"{name} in JupyterLab (screenshot {failure}):\n  " + \
+        "\n  ".join(problems)
+
+
 @pytest.mark.parametrize("name", STATIC)
 def test_the_chapter_opens_with_its_outputs_drawn_in_jupyterlab(lab, browser, name):
     By = _by()
-    RESULTS.mkdir(exist_ok=True)
-    shot = RESULTS / f"{Path(name).stem}.png"
-    try:
-        problems = open_chapter(browser, lab, name)
+    with checked_in_lab(browser, lab, name) as problems:
+        problems += open_chapter(browser, lab, name)
         panel = browser.find_element(By.CSS_SELECTOR, PANEL)
         notebook = json.loads((lab.folder / name).read_text())
         recorded = sum("image/png" in output.get("data", {}) for cell in notebook["cells"]
@@ -227,31 +247,19 @@ def test_the_chapter_opens_with_its_outputs_drawn_in_jupyterlab(lab, browser, na
             problems.append(f"{browser.execute_script(UNDRAWN_IMAGES, panel)} pictures did "
                             "not load")
         problems += widget_reprs(browser)
-        browser.save_screenshot(str(shot))
-    except Exception:
-        browser.save_screenshot(str(RESULTS / f"{Path(name).stem}-failure.png"))
-        raise
-    finally:
-        lab.shut_down_kernels()
-    if problems:
-        browser.save_screenshot(str(RESULTS / f"{Path(name).stem}-failure.png"))
-    assert not problems, f"{name} in JupyterLab (screenshot {shot}):\n  " + "\n  ".join(problems)
 
 
 @pytest.mark.parametrize("name", INTERACTIVE)
 def test_the_chapter_runs_and_its_widgets_work_in_jupyterlab(lab, browser, name):
     By = _by()
-    RESULTS.mkdir(exist_ok=True)
-    shot = RESULTS / f"{Path(name).stem}.png"
-    try:
-        problems = open_chapter(browser, lab, name)
+    with checked_in_lab(browser, lab, name) as problems:
+        problems += open_chapter(browser, lab, name)
         run_all(browser)
         body = browser.find_element(By.CSS_SELECTOR, PANEL).text
         if "Loading widget" in body:
             problems.append("a widget never rendered ('Loading widget…')")
         problems += widget_reprs(browser)
         problems += check_widgets(browser, name)
-        browser.save_screenshot(str(shot))
         save(browser, name)
         notebook = json.loads((lab.folder / name).read_text())
         code = [cell for cell in notebook["cells"] if cell["cell_type"] == "code"
@@ -265,11 +273,3 @@ def test_the_chapter_runs_and_its_widgets_work_in_jupyterlab(lab, browser, name)
                 if output.get("output_type") == "error":
                     problems.append(f"code cell {index + 1} raised {output['ename']}: "
                                     f"{output['evalue'][:200]}")
-    except Exception:
-        browser.save_screenshot(str(RESULTS / f"{Path(name).stem}-failure.png"))
-        raise
-    finally:
-        lab.shut_down_kernels()
-    if problems:
-        browser.save_screenshot(str(RESULTS / f"{Path(name).stem}-failure.png"))
-    assert not problems, f"{name} in JupyterLab (screenshot {shot}):\n  " + "\n  ".join(problems)

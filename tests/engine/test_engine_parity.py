@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from reference import compare, hf_greedy, run_with_arrivals
+from reference import check_all, hf_greedy, run_with_arrivals
 
 from minicb import LLM, SamplingParams
 
@@ -44,8 +44,7 @@ def test_greedy_equals_transformers(tiny_model, workload, references, scheduler,
     llm = LLM(tiny_model, scheduler=scheduler, kv_cache=kv_cache, attention=attention,
               max_num_seqs=8, max_num_batched_tokens=256, max_model_len=320, block_size=16)
     outputs = run_with_arrivals(llm, prompts, max_tokens, arrival_steps)
-    verdicts = [compare(ref, out.outputs[0].token_ids, out.outputs[0].logprobs, f"request {i}")
-                for i, (ref, out) in enumerate(zip(references, outputs))]
+    verdicts = check_all(references, outputs)
     assert len(verdicts) == len(prompts)
     assert verdicts.count("equal") >= len(prompts) - 2, ("too many near-ties to be chance: "
                                                          f"{verdicts}")
@@ -83,8 +82,7 @@ def test_qwen3_and_biased_llama_greedy_equal_transformers(tiny_variant, variant_
     llm = LLM(tiny_variant, scheduler=scheduler, kv_cache=kv_cache, attention=attention,
               max_num_seqs=8, max_num_batched_tokens=256, max_model_len=320, block_size=16)
     outputs = run_with_arrivals(llm, prompts, max_tokens, arrival_steps)
-    verdicts = [compare(ref, out.outputs[0].token_ids, out.outputs[0].logprobs, f"request {i}")
-                for i, (ref, out) in enumerate(zip(variant_references, outputs))]
+    verdicts = check_all(variant_references, outputs)
     assert verdicts.count("equal") >= len(prompts) - 2, verdicts
     assert bool(fused) == (attention == "cpu"), "the cpu backend's decode steps were not fused"
 
@@ -96,8 +94,7 @@ def test_chunked_prefill_equals_transformers(tiny_llama):
     llm = LLM(tiny_llama, scheduler="continuous", kv_cache="paged", max_num_seqs=4,
               max_num_batched_tokens=24, max_model_len=320)
     outputs = run_with_arrivals(llm, prompts, max_tokens, arrival_steps)
-    for i, (ref, out) in enumerate(zip(references, outputs)):
-        compare(ref, out.outputs[0].token_ids, out.outputs[0].logprobs, f"request {i}")
+    check_all(references, outputs)
 
 
 def test_default_model_greedy_equals_transformers():
@@ -117,6 +114,5 @@ def test_default_model_greedy_equals_transformers():
     outputs = llm.generate(prompts, [
         SamplingParams(max_tokens=n, temperature=0, ignore_eos=True, logprobs=5)
         for n in max_tokens], use_tqdm=False)
-    verdicts = [compare(r, o.outputs[0].token_ids, o.outputs[0].logprobs, f"prompt {i}")
-                for i, (r, o) in enumerate(zip(references, outputs))]
+    verdicts = check_all(references, outputs, "prompt")
     assert verdicts.count("equal") >= len(heads) - 1, verdicts

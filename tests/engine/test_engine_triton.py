@@ -63,7 +63,7 @@ def test_triton_attention_on_qwen3_and_biased_llama(tiny_variant):
     reason="needs CUDA with compiled Triton (run: pytest -m gpu without TRITON_INTERPRET)")
 @pytest.mark.parametrize("attention", ["torch", "triton"])
 def test_cuda_engine_equals_transformers_on_the_parity_workload(tiny_llama, attention):
-    from reference import compare, hf_greedy, run_with_arrivals
+    from reference import check_all, hf_greedy, run_with_arrivals
     from test_engine_parity import make_workload
 
     prompts, max_tokens, arrival_steps = make_workload()
@@ -71,8 +71,7 @@ def test_cuda_engine_equals_transformers_on_the_parity_workload(tiny_llama, atte
     llm = LLM(tiny_llama, device="cuda", dtype="float32", attention=attention, max_num_seqs=8,
               max_num_batched_tokens=256, max_model_len=320)
     outputs = run_with_arrivals(llm, prompts, max_tokens, arrival_steps)
-    verdicts = [compare(r, o.outputs[0].token_ids, o.outputs[0].logprobs, f"request {i}")
-                for i, (r, o) in enumerate(zip(references, outputs))]
+    verdicts = check_all(references, outputs)
     assert verdicts.count("equal") >= len(prompts) - 2
 
 

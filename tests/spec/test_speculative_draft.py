@@ -18,7 +18,7 @@ from collections import Counter
 
 import pytest
 import torch
-from reference import compare, hf_greedy, run_with_arrivals
+from reference import check_all, compare, hf_greedy, run_with_arrivals
 from spec_common import SIGNIFICANCE, chi_square_p_value
 from test_speculative_engine import (
     blocks_cover_only_computed_tokens,
@@ -70,8 +70,7 @@ def _run(llm, prompts, max_tokens, arrivals):
 
 
 def _assert_equal_and_free(llm, references, outputs):
-    verdicts = [compare(ref, out.outputs[0].token_ids, out.outputs[0].logprobs, f"request {i}")
-                for i, (ref, out) in enumerate(zip(references, outputs))]
+    verdicts = check_all(references, outputs)
     assert verdicts.count("equal") >= len(references) - 1, verdicts
     engine = llm.llm_engine
     assert engine.kv.num_free_blocks() == engine.kv.num_blocks, "KV blocks leaked"

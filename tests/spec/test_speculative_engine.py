@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from reference import compare, hf_greedy, run_with_arrivals
+from reference import check_all, hf_greedy, run_with_arrivals
 
 from minicb import LLM, SamplingParams
 from minicb.config import EngineConfig, blocks_for
@@ -60,8 +60,7 @@ def test_greedy_with_speculation_equals_transformers(tiny_model, setting):
     llm = LLM(tiny_model, max_num_seqs=6, max_num_batched_tokens=128, max_model_len=320,
               block_size=8, **SPEC, **extra)
     outputs = run_checked(llm, prompts, max_tokens, arrivals)
-    verdicts = [compare(ref, out.outputs[0].token_ids, out.outputs[0].logprobs, f"request {i}")
-                for i, (ref, out) in enumerate(zip(references, outputs))]
+    verdicts = check_all(references, outputs)
     assert verdicts.count("equal") >= len(prompts) - 1, verdicts
     engine = llm.llm_engine
     assert engine.kv.num_free_blocks() == engine.kv.num_blocks, "KV blocks leaked"
@@ -89,8 +88,7 @@ def test_default_model_greedy_with_speculation_equals_transformers():
     outputs = llm.generate(prompts, [
         SamplingParams(max_tokens=n, temperature=0, ignore_eos=True, logprobs=5)
         for n in max_tokens], use_tqdm=False)
-    verdicts = [compare(r, o.outputs[0].token_ids, o.outputs[0].logprobs, f"prompt {i}")
-                for i, (r, o) in enumerate(zip(references, outputs))]
+    verdicts = check_all(references, outputs, "prompt")
     assert verdicts.count("equal") >= len(heads) - 1, verdicts
     metrics = outputs[0].metrics
     assert metrics.num_accepted_tokens > 0 and metrics.acceptance_rate > 0, vars(metrics)
