@@ -149,6 +149,8 @@ class EngineCore:
             self._in_flight is not None
 
     def _apply_aborts(self) -> list[Request]:
+        if not self._aborts:                 # most steps
+            return []
         ids, self._aborts = self._aborts, []
         return [request for request in map(self.scheduler.abort, ids) if request is not None]
 

@@ -242,6 +242,8 @@ class LLMEngine:
         # that does not stream is reported once, finished, without asking every row
         ended = result.aborted
         finished = self.scheduler.take_finished()
+        if not finished and not ended and len(self._final_only) == len(self.requests):
+            return []      # every live request is reported once finished, and none finished
         finished_ids = {r.request_id for r in finished}
         final_only = self._final_only
         outputs = [self._output(r, texts.get(r.request_id, "")) for r in touched + ended

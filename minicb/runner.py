@@ -186,19 +186,31 @@ class ModelRunner:
         """The decode-only step: row r is one token at position start_r, every row needs its
         logits, nothing is padded. The persistent batch gathers the rows in one pass (their
         block tables rewritten only when they changed) into arrays that become tensors without
-        a copy; the row numbers (cu_seqlens_q, and the logits of every row) are the same for
-        every step of as many rows, made once."""
+        a copy; what depends on the row count alone (cu_seqlens_q, the logits of every row, the
+        query lengths and decode marks) is the same for every step of as many rows, made once."""
         inputs = self.input_batch.gather(output.seqs)
         num_rows = len(output.seqs)
         numbers = self._row_numbers.get(num_rows)
         if numbers is None:    # (never written in place: every step of num_rows rows reads them)
             rows = torch.arange(num_rows + 1, dtype=torch.int32)
-            numbers = self._row_numbers[num_rows] = (rows, rows[:-1].long())
-        return self._to_device(output, torch.from_numpy(inputs.tokens),
-                               torch.from_numpy(inputs.positions), torch.from_numpy(inputs.slots),
-                               numbers[0], torch.from_numpy(inputs.seq_lens), inputs.seq_lens_host,
-                               torch.from_numpy(inputs.block_tables), [1] * num_rows, numbers[1],
-                               inputs)
+            numbers = self._row_numbers[num_rows] = (rows, rows[:-1].long(), [1] * num_rows,
+                                                     [True] * num_rows)
+        cu_seqlens_q, logits_indices, q_lens, decode_rows = numbers
+        if self.device.type != "cpu":
+            return self._to_device(output, torch.from_numpy(inputs.tokens),
+                                   torch.from_numpy(inputs.positions),
+                                   torch.from_numpy(inputs.slots), cu_seqlens_q,
+                                   torch.from_numpy(inputs.seq_lens), inputs.seq_lens_host,
+                                   torch.from_numpy(inputs.block_tables), q_lens, logits_indices,
+                                   inputs)
+        # on the host, the arrays are the step's tensors: nothing to move
+        meta = AttentionMetadata(torch.from_numpy(inputs.slots), cu_seqlens_q,
+                                 torch.from_numpy(inputs.seq_lens),
+                                 torch.from_numpy(inputs.block_tables), 1,
+                                 max(inputs.seq_lens_host), q_lens, inputs.seq_lens_host,
+                                 decode_rows, num_rows)
+        return PackedStep(torch.from_numpy(inputs.tokens), torch.from_numpy(inputs.positions),
+                          meta, logits_indices, inputs)
 
     @staticmethod
     def _block_tables(seqs) -> torch.Tensor:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from functools import cached_property
 
 import torch
 
@@ -87,10 +86,20 @@ class SchedulerOutput:
     # token ids may hold placeholders for the previous step's tokens (minicb.request)
     committed: bool = False
 
+    # the counts below, once read (None: not yet)
+    _counted: tuple[int, int, int, int, int, int] | None = field(default=None, init=False,
+                                                                 repr=False, compare=False)
+
     # every count of a step's rows and tokens is defined here, once, from the rows' is_decode;
-    # read after the plan is complete (counted in one pass over the rows, then kept)
-    @cached_property
+    # read after the plan is complete (counted in one pass over the rows, then kept: kept by
+    # hand, as functools.cached_property would, without the lock it takes on every first read)
+    @property
     def _counts(self) -> tuple[int, int, int, int, int, int]:
+        if self._counted is None:
+            self._counted = self._count()
+        return self._counted
+
+    def _count(self) -> tuple[int, int, int, int, int, int]:
         tokens = useful = decode_rows = prefill_tokens = decode_tokens = pad_tokens = 0
         for s in self.seqs:
             tokens += s.num_tokens + s.num_pad
