@@ -277,7 +277,8 @@ class ModelRunner:
         meanwhile. `previous`: the step before's sampled tokens, one per row that sampled
         (overlapped scheduling): the plan's placeholders (-1 - r) are filled from row r of it,
         here, where the tokens are, without a trip through the host."""
-        self.copy_blocks(output.block_copies)      # before the forward writes into the copies
+        if output.block_copies:                    # before the forward writes into the copies
+            self.copy_blocks(output.block_copies)
         input_ids, positions, meta, logits_indices, decode = packed
         if previous is not None and len(previous):   # (a step that sampled nothing names none)
             holes = input_ids < 0
@@ -395,9 +396,11 @@ class ModelRunner:
         """Every row greedy, none asking for logprobs (a decode step's settings, read off the
         persistent batch): each row's argmax is its one token, and the result's lists are built
         once each, without `sample`'s general bookkeeping."""
-        self.sampled = self.sampler.argmax(logits.float())
-        num_rows = len(self.sampled)
-        return ModelRunnerOutput([[token] for token in self.sampled.tolist()], [None] * num_rows,
+        # (float32 logits, the CPU's, are taken as they are: .float() is a call even then)
+        sampled = self.sampled = self.sampler.argmax(
+            logits if logits.dtype == torch.float32 else logits.float())
+        num_rows = len(sampled)
+        return ModelRunnerOutput([[token] for token in sampled.tolist()], [None] * num_rows,
                                  [None] * num_rows)
 
     def _logprobs(self, rows: list[ScheduledSeq], logits: torch.Tensor, firsts: list[int],
