@@ -38,8 +38,9 @@ class BlockAllocator:
     The free list is a stack, as minicb's is: allocate() returns the block pushed last, and a
     fresh allocator hands out 0, 1, 2, ... in that order. (vLLM keeps a queue instead, least
     recently freed first, so that cached K/V lives longest; chapter 04 compares the two. Here
-    the grader compares your blocks with minicb's, so the order matters.) Errors are RuntimeErrors that say what went wrong:
-    allocate() with no free block, share() or release() of a block whose count is 0.
+    the grader compares your blocks with minicb's, so the order matters.) Errors are
+    RuntimeErrors that say what went wrong: allocate() with no free block, share() or release()
+    of a block whose count is 0.
 
     >>> allocator = BlockAllocator(4)
     >>> [allocator.allocate() for _ in range(3)], allocator.num_free()
