@@ -67,6 +67,11 @@ def compare(reference: Reference, token_ids: list[int], logprobs: list[dict[int,
     return "equal"
 
 
+def greedy(max_tokens: int) -> SamplingParams:
+    """What every parity request asks: greedy, its full length, the top-5 logprobs compared."""
+    return SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True, logprobs=5)
+
+
 def check_all(references: list[Reference], outputs, label: str = "request") -> list[str]:
     """`compare` for each request's first sample, in order: one verdict per request."""
     return [compare(ref, out.outputs[0].token_ids, out.outputs[0].logprobs, f"{label} {i}")
@@ -82,9 +87,7 @@ def run_with_arrivals(llm, prompts, max_tokens, arrival_steps,
     results, step, added = {}, 0, 0
     while added < len(prompts) or engine.has_unfinished_requests():
         while added < len(prompts) and arrival_steps[added] <= step:
-            engine.add_request(str(added), prompts[added],
-                               SamplingParams(max_tokens=max_tokens[added], temperature=0,
-                                              ignore_eos=True, logprobs=5))
+            engine.add_request(str(added), prompts[added], greedy(max_tokens[added]))
             added += 1
         for index, at in aborts.items():
             if (at == step and str(index) in engine.requests and

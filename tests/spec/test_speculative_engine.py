@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from reference import check_all, hf_greedy, run_with_arrivals
+from reference import check_all, greedy, hf_greedy, run_with_arrivals
 
 from minicb import LLM, SamplingParams
 from minicb.config import EngineConfig, blocks_for
@@ -85,9 +85,7 @@ def test_default_model_greedy_with_speculation_equals_transformers():
     prompts = [llm.tokenizer.encode(h, add_special_tokens=False) for h in heads]
     max_tokens = [40, 40, 32, 16]
     references = hf_greedy(path, prompts, max_tokens)
-    outputs = llm.generate(prompts, [
-        SamplingParams(max_tokens=n, temperature=0, ignore_eos=True, logprobs=5)
-        for n in max_tokens], use_tqdm=False)
+    outputs = llm.generate(prompts, [greedy(n) for n in max_tokens], use_tqdm=False)
     verdicts = check_all(references, outputs, "prompt")
     assert verdicts.count("equal") >= len(heads) - 1, verdicts
     metrics = outputs[0].metrics
