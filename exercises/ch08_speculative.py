@@ -31,7 +31,7 @@ from collections.abc import Sequence
 
 import torch
 
-from minicb.sampling import SamplingParams
+from minicb.params import SamplingParams
 from minicb.spec.rejection import target_probs  # noqa: F401 (given: the sampled rule uses it)
 
 

@@ -6,10 +6,10 @@
 """
 
 from minicb.config import EngineConfig
-from minicb.engine import LLMEngine
-from minicb.llm import LLM
-from minicb.outputs import CompletionOutput, RequestOutput
-from minicb.sampling import SamplingParams
+from minicb.engine.llm import LLM
+from minicb.engine.llm_engine import LLMEngine
+from minicb.engine.outputs import CompletionOutput, RequestOutput
+from minicb.params import SamplingParams
 
 __all__ = ["LLM", "LLMEngine", "EngineConfig", "SamplingParams", "RequestOutput",
            "CompletionOutput", "default_model_path"]

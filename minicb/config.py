@@ -91,7 +91,8 @@ class EngineConfig:
                                      "requests of max_model_len tokens, so preemption is never "
                                      "needed)")
     cpu_threads: int | None = knob(None, "CPU threads of a model step (default: torch's count, "
-                                   "fewer while other programs keep cores busy; minicb/threads.py)")
+                                   "fewer while other programs keep cores busy; "
+                                   "minicb/runner/threads.py)")
     max_fused_decode_rows: int | None = knob(
         None, "largest decode step (rows) the fused CPU layer takes; bigger steps run the torch "
         f"modules (default: {FUSED_DECODE_ROWS_PER_THREAD} per thread of the engine's ceiling at "
@@ -104,7 +105,7 @@ class EngineConfig:
         False, "overlap the host's work with the model: plan and pack step n + 1 while step n runs "
         "in its own thread; stops are applied one step late (the token past one is discarded). "
         "Speculative decoding, and requests with penalties, min_tokens or structured output, run "
-        "synchronous steps (minicb/core.py)")
+        "synchronous steps (minicb/engine/core.py)")
     policy: str = knob("fcfs", "admission order; under 'priority' a lower value goes first, as in "
                        "vLLM; "
                        "preemption evicts the latest arrival (under priority, the lowest priority)",
@@ -328,7 +329,7 @@ class ResolvedConfig(EngineConfig):
                f"({self.model_max_len}); lower max_model_len.")
         settle("num_kv_blocks", asked["num_kv_blocks"] or self.max_num_seqs * self.blocks_per_seq())
         if asked["max_fused_decode_rows"] is None:
-            from minicb.threads import ceiling
+            from minicb.runner.threads import ceiling
 
             settle("max_fused_decode_rows",
                    FUSED_DECODE_ROWS_PER_THREAD * (self.cpu_threads or ceiling()))

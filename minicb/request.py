@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from minicb.sampling import SamplingParams
+from minicb.params import SamplingParams
 
 
 class RequestStatus(enum.Enum):
@@ -80,7 +80,7 @@ class Request:
         # as the prefill computes them; None unless params.prompt_logprobs asks
         self.prompt_logprobs: list[dict[int, float] | None] | None = \
             [None] if params.prompt_logprobs is not None else None
-        # penalties, min_tokens and a grammar's matcher (minicb.logits_process); None for none
+        # penalties, min_tokens and a grammar's matcher (minicb.runner.logits_process); None: none
         self.logits_state = None
         self.num_reported_tokens = 0    # how many output tokens step() has already handed out
         # speculative decoding: tokens proposed, proposals accepted, verification rows run

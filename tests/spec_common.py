@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from minicb.sampling import SamplingParams
+from minicb.params import SamplingParams
 
 SIGNIFICANCE = 1e-3         # the chi-square tests reject at this p-value (seeded: deterministic)
 VOCAB = 6

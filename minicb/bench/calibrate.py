@@ -5,12 +5,12 @@
 
 Runs the real engine through steps of known shapes (decode rows x context length x a prompt
 joining), times each, and fits `step_overhead + prefill_token * P + decode_seq * R +
-context_token * C` (minicb.calibrate) twice: once for the decode-only steps the fused C decode
+context_token * C` (minicb.sim.calibrate) twice: once for the decode-only steps the fused C decode
 layer runs, once for every other step (`fit_piecewise`). Writes the samples, the fit and how
 well it fits, with the machine, to benchmarks/results/calibration.json, and a picture of
 measured against fitted.
 The book's chapters 03 and 06 run their knob and goodput experiments under this fit (the
-committed one, `minicb.calibrate.REFERENCE_CPU`) and under a GPU's published numbers.
+committed one, `minicb.sim.calibrate.REFERENCE_CPU`) and under a GPU's published numbers.
 """
 
 from __future__ import annotations
@@ -21,15 +21,15 @@ import time
 import torch
 
 from minicb.bench.harness import add_flags, announce, bench_parser, write_results
-from minicb.calibrate import (
+from minicb.config import FUSED_DECODE_ROWS_PER_THREAD
+from minicb.runner.threads import ceiling
+from minicb.sim.calibrate import (
     A100_LLAMA2_7B,
     PIECEWISE_TERMS,
     fit_piecewise,
     fused_rows_of,
     measure_steps,
 )
-from minicb.config import FUSED_DECODE_ROWS_PER_THREAD
-from minicb.threads import ceiling
 
 
 def main(argv: list[str] | None = None) -> int:

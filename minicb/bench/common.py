@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from minicb.workload import Workload, WorkloadRequest, get_workload
+from minicb.sim.workload import Workload, WorkloadRequest, get_workload
 
 # Shapes of public checkpoints, built with random weights: the GPU numbers need a real model's
 # size, not its knowledge, and nothing has to be downloaded.
@@ -107,14 +107,14 @@ def weight_bytes(model: torch.nn.Module) -> int:
 
 # --- workloads ----------------------------------------------------------------------------------
 def load_workload(name: str, num_prompts: int | None = None) -> Workload:
-    """A standard workload from minicb.workload, optionally with fewer requests for a quick run.
+    """A standard workload from minicb.sim.workload, optionally with fewer requests for a quick run.
 
     Generated workloads are drawn with n=num_prompts (the same seed, so a smaller run is a
     different draw of the same distribution); fixed ones keep their first num_prompts requests.
     """
     if num_prompts is not None and num_prompts < 1:
         raise ValueError(f"--num-prompts must be >= 1 (got {num_prompts}).")
-    from minicb.workload import WORKLOADS
+    from minicb.sim.workload import WORKLOADS
 
     if (name in WORKLOADS and num_prompts is not None and "n"
         in inspect.signature(WORKLOADS[name]).parameters):

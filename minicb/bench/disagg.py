@@ -5,7 +5,8 @@
     python -m minicb bench disagg --quick    # fewer requests, fewer SLO scales
 
 Everything runs the real scheduler on `A100_LLAMA2_7B`, the cost model derived from published
-A100 measurements of Llama-2-7B (`minicb.calibrate`), in virtual seconds; links, model shapes and
+A100 measurements of Llama-2-7B (`minicb.sim.calibrate`), in virtual seconds;
+links, model shapes and
 memory come from the cited facts (`minicb.facts`). Three seeded workloads (chat-like, long
 prompts with short answers, short prompts with short answers), each with a TTFT and a TPOT target,
 arrive as Poisson processes for a fixed time (so a higher rate means more requests, and a
@@ -27,10 +28,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from minicb.bench.harness import add_flags, bench_parser, dated_record, write_record
-from minicb.calibrate import A100_LLAMA2_7B
 from minicb.facts import fact
 from minicb.metrics import percentiles
-from minicb.parallel import (
+from minicb.sim import simulate
+from minicb.sim.calibrate import A100_LLAMA2_7B
+from minicb.sim.cluster import Pool, attainment_at_rate, max_rate_meeting
+from minicb.sim.parallel import (
     LINKS,
     LLAMA2_7B,
     LLAMA2_70B,
@@ -40,9 +43,13 @@ from minicb.parallel import (
     tp_cost_model,
     tp_step_parts,
 )
-from minicb.sim import simulate
-from minicb.sim.cluster import Pool, attainment_at_rate, max_rate_meeting
-from minicb.workload import Workload, capped_exponential, fixed, poisson_arrivals, uniform_lengths
+from minicb.sim.workload import (
+    Workload,
+    capped_exponential,
+    fixed,
+    poisson_arrivals,
+    uniform_lengths,
+)
 
 GOAL = fact("distserve_slo_attainment").value / 100
 RATES = (0.5, 1, 2, 3, 4, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64, 80, 96)   # requests/s, total

@@ -49,7 +49,7 @@ FLAGS: dict[str, dict] = {
                                              "(minicb.bench.common.RANDOM_MODELS), built here"),
     "device": dict(default="cpu"),
     "dtype": dict(default="float32", choices=["float32", "float16", "bfloat16"]),
-    "workload": dict(default="long-tail", help="a workload of minicb.workload"),
+    "workload": dict(default="long-tail", help="a workload of minicb.sim.workload"),
     "num_prompts": dict(type=int, default=None, help="fewer requests for a quicker run"),
     "repeats": dict(type=int, default=3, help="runs of each system, alternated"),
     "threads": dict(type=int, default=None, help="torch CPU threads (default: torch's)"),

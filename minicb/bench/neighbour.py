@@ -10,8 +10,8 @@ process pinned to the last core, stopped when the run ends and never allowed to 
 deadline) keeps one core busy. It reports each system's throughput both ways and the slowdown,
 1 - loaded / quiet, over several alternating repetitions (pooled: all tokens over all seconds).
 `continuous-paged` uses minicb's default thread policy (the cores other programs leave free,
-minicb/threads.py); `continuous-paged-all-cores` pins every core, as torch does by default, to
-show what the policy saves. The load average is recorded beside every run.
+minicb/runner/threads.py); `continuous-paged-all-cores` pins every core, as torch does by
+default, to show what the policy saves. The load average is recorded beside every run.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from minicb.bench.harness import (
 from minicb.bench.offline import ENGINE_FLAGS, PEERS, SYSTEMS, load_hf_model, run_system
 from minicb.config import EngineConfig
 from minicb.metrics import summarize
-from minicb.threads import usable_cores
+from minicb.runner.threads import usable_cores
 
 VARIANTS = {"continuous-paged-all-cores": "continuous-paged"}
 ALL_SYSTEMS = [*SYSTEMS, *VARIANTS, *PEERS]

@@ -29,13 +29,13 @@ import torch
 
 from minicb.bench.harness import add_flags, announce, bench_parser, dated_record, write_record
 from minicb.config import EngineConfig
-from minicb.engine import LLMEngine
+from minicb.engine.llm_engine import LLMEngine
 from minicb.metrics import RequestMetrics, summarize
+from minicb.params import SamplingParams
 from minicb.request import Request
-from minicb.sampling import SamplingParams
 from minicb.sim import simulate
+from minicb.sim.workload import Workload, chat, fixed, long_tail, poisson_arrivals
 from minicb.viz.base import PALETTE, new_figure
-from minicb.workload import Workload, chat, fixed, long_tail, poisson_arrivals
 
 
 @dataclass

@@ -24,7 +24,7 @@ from minicb.bench.machine import machine_line
 from minicb.serving.cluster import Cluster, scrape
 from minicb.serving.loadgen import PROMPT_WORDS
 from minicb.serving.server import ServerThread, build_app
-from minicb.workload import Workload, prefix_heavy, prefix_texts
+from minicb.sim.workload import Workload, prefix_heavy, prefix_texts
 
 QUERIES, HITS = "minicb_prefix_cache_queries_total", "minicb_prefix_cache_hits_total"
 SERVED = "minicb_request_success_total"

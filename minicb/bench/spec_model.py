@@ -1,5 +1,5 @@
 """The speculative benchmark's arithmetic: what a run measured, ratios from paired runs, where
-speculation stops paying, and the same curve PREDICTED on a cost model (`minicb.calibrate`) from
+speculation stops paying, and the same curve PREDICTED on a cost model (`minicb.sim.calibrate`) from
 measured rates.
 
 A prediction prices one step of B requests both ways, with the cost model's own terms:
@@ -28,8 +28,8 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 from minicb.bench.harness import format_table
-from minicb.calibrate import A100_LLAMA2_7B, REFERENCE_CPU
 from minicb.sim import CostModel
+from minicb.sim.calibrate import A100_LLAMA2_7B, REFERENCE_CPU
 
 KEY = ("system", "workload", "method", "batch_size")
 

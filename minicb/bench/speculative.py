@@ -66,7 +66,7 @@ from minicb.bench.spec_model import (
     tokens_per_step,
 )
 from minicb.config import SPECULATIVE_METHODS
-from minicb.workload import code_completion, fixed
+from minicb.sim.workload import code_completion, fixed
 
 METHODS = ("none", "ngram", "draft_model")
 WORKLOADS = ("code", "random")

@@ -4,7 +4,7 @@ they do to tokens/s, on the shipped model and this CPU.
     python -m minicb bench structured              # batch 1, 16, 64; 3 repeats
     python -m minicb bench structured --quick      # one repeat, fewer tokens
 
-1. Per step, at B rows: the time of the logits processors' hook (minicb.logits_process) on
+1. Per step, at B rows: the time of the logits processors' hook (minicb.runner.logits_process) on
    [B, vocab] float32 logits, for each kind alone, beside the sampler without them and the
    model's own decode step at B (the engine has no overlapped scheduling: everything here is on
    the critical path between two forwards). Kinds: `mask` (every row under a JSON schema, its
@@ -45,9 +45,9 @@ from minicb.bench.harness import (
     verdict,
     write_results,
 )
-from minicb.logits_process import LogitsState, apply_logits_processors
-from minicb.sampling import Sampler
-from minicb.structured_outputs import StructuredOutputsParams
+from minicb.params import StructuredOutputsParams
+from minicb.runner.logits_process import LogitsState, apply_logits_processors
+from minicb.runner.sampler import Sampler
 
 SCHEMA = {"type": "object", "properties": {
     "module": {"type": "string", "enum": ["os", "sys", "json", "re", "math"]},

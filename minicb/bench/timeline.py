@@ -12,7 +12,7 @@ Two pictures of the same loop, one lane for the host and one for the device:
   device" is the thread that runs the model, its intervals the runner's step, wall clock
   (minicb.bench.device_lane).
 - in virtual time, from the cost model: the simulator's step costs on the book's reference CPU
-  (minicb.calibrate.REFERENCE_CPU; --cost a100 for the A100's) as the device's lane, and a host
+  (minicb.sim.calibrate.REFERENCE_CPU; --cost a100 for the A100's) as the device's lane, and a host
   cost per step (schedule + pack + update, read from `bench overhead`'s JSON at the nearest batch
   size, or --host-ms), laid out as the two loops run them: one after the other, or the host
   planning step n + 1 while the device runs step n.
@@ -161,9 +161,9 @@ def virtual_lanes(device_seconds: list[float], host: dict, overlap: bool) -> dic
 
 def simulated(batch: int, context: int, steps: int, host: dict, cost_name: str = "cpu") -> dict:
     """The cost model's decode steps for `batch` requests, sync and overlapped lanes."""
-    from minicb.calibrate import A100_LLAMA2_7B, REFERENCE_CPU
     from minicb.sim import simulate
-    from minicb.workload import fixed
+    from minicb.sim.calibrate import A100_LLAMA2_7B, REFERENCE_CPU
+    from minicb.sim.workload import fixed
 
     cost = {"cpu": REFERENCE_CPU, "a100": A100_LLAMA2_7B}[cost_name]
     result = simulate(fixed("timeline", [context] * batch, [steps + 1] * batch), cost=cost,

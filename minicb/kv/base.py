@@ -50,7 +50,7 @@ class KVManager(ABC):
     def block_table(self, request) -> list[int]:
         """The request's blocks in order. Never changed once returned: a table that changes is
         a new list, so a plan holds its rows' tables by reference as snapshots, and the runner's
-        persistent batch sees that a row changed by identity alone (minicb.input_batch)."""
+        persistent batch sees that a row changed by identity alone (minicb.runner.input_batch)."""
 
     @abstractmethod
     def num_reserved_slots(self) -> int:

@@ -33,7 +33,7 @@ class SmallBatchLinear(nn.Linear):
 
     The limit is a fixed number of rows, never scaled by the live thread count: the two products
     sum in a different order (they agree to about 1e-6), and the thread policy
-    (minicb/threads.py) changes the thread count with the machine's load between steps. Which
+    (minicb/runner/threads.py) changes the thread count with the machine's load between steps. Which
     arithmetic a step runs depends only on its shape, so greedy outputs never depend on what else
     the machine is doing; the threads change only how fast it runs.
     """

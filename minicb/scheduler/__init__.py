@@ -4,7 +4,7 @@ from collections.abc import Callable, Iterable
 
 from minicb.kv.base import KVManager
 from minicb.registry import SCHEDULERS
-from minicb.scheduler.base import ScheduledSeq, Scheduler, SchedulerOutput
+from minicb.scheduler.base import Scheduler
 from minicb.scheduler.continuous import ContinuousScheduler
 from minicb.scheduler.static import NaiveScheduler, StaticScheduler
 
@@ -18,5 +18,5 @@ def make_scheduler(config, kv_manager: KVManager, clock: Callable[[], float],
     return SCHEDULERS.get_part(config.scheduler)(config, kv_manager, clock, eos_token_ids)
 
 
-__all__ = ["Scheduler", "SchedulerOutput", "ScheduledSeq", "NaiveScheduler", "StaticScheduler",
+__all__ = ["Scheduler", "NaiveScheduler", "StaticScheduler",
            "ContinuousScheduler", "make_scheduler", "SCHEDULER_CLASSES"]

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from minicb.plan import ScheduledSeq, SchedulerOutput
 from minicb.request import Request, RequestStatus
-from minicb.scheduler.base import ScheduledSeq, Scheduler, SchedulerOutput
+from minicb.scheduler.base import Scheduler
 from minicb.spec.ngram import propose_ngram
 
 

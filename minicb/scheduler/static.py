@@ -8,8 +8,9 @@ ends; waiting requests cannot enter. That idle capacity is what continuous batch
 
 from __future__ import annotations
 
+from minicb.plan import SchedulerOutput
 from minicb.request import RequestStatus
-from minicb.scheduler.base import Scheduler, SchedulerOutput
+from minicb.scheduler.base import Scheduler
 
 
 class StaticScheduler(Scheduler):

@@ -40,12 +40,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from minicb.config import EngineConfig
-from minicb.engine import LLMEngine
-from minicb.inputs import ProcessedPrompt, Prompt
+from minicb.engine.inputs import ProcessedPrompt, Prompt
+from minicb.engine.llm_engine import LLMEngine
+from minicb.engine.outputs import RequestOutput
 from minicb.kv.prefix import PrefixCacheStats
 from minicb.metrics import RequestMetrics
-from minicb.outputs import RequestOutput
-from minicb.sampling import SamplingParams
+from minicb.params import SamplingParams
 from minicb.serving.metrics import ServingStats
 from minicb.serving.openai_logprobs import token_texts
 

@@ -27,8 +27,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from minicb.metrics import RequestMetrics, Summary, summarize
-from minicb.viz.base import new_figure
-from minicb.workload import (
+from minicb.sim.workload import (
     Workload,
     fixed,
     gamma_arrivals,
@@ -36,6 +35,7 @@ from minicb.workload import (
     prefix_texts,
     uniform_lengths,
 )
+from minicb.viz.base import new_figure
 
 # text prompts are drawn from these words (about one token each for a code-trained tokenizer)
 PROMPT_WORDS = ("def return import self for in if else class None True False while with as try "

@@ -15,7 +15,7 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from minicb.sampling import MAX_TEMPERATURE, SamplingParams
+from minicb.params import MAX_TEMPERATURE, SamplingParams
 from minicb.serving.errors import APIError
 from minicb.serving.openai_sampling import extra_schemas, sampling_extras
 

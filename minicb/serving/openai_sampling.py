@@ -23,10 +23,16 @@ from __future__ import annotations
 
 import json
 
-from minicb.sampling import MAX_LOGIT_BIAS as MAX_LOGIT_BIAS_ENTRIES
-from minicb.sampling import MAX_LOGPROBS, MAX_REPETITION_PENALTY, MIN_REPETITION_PENALTY
+from minicb.params import (
+    MAX_CHOICES,
+    MAX_CONSTRAINT_CHARS,
+    MAX_LOGPROBS,
+    MAX_REPETITION_PENALTY,
+    MIN_REPETITION_PENALTY,
+    StructuredOutputsParams,
+)
+from minicb.params import MAX_LOGIT_BIAS as MAX_LOGIT_BIAS_ENTRIES
 from minicb.serving.errors import APIError
-from minicb.structured_outputs import MAX_CHOICES, MAX_CONSTRAINT_CHARS, StructuredOutputsParams
 
 # OpenAI's documented ranges
 MAX_PENALTY = 2.0                  # presence_penalty and frequency_penalty in [-2, 2]

@@ -49,7 +49,7 @@ from starlette.requests import ClientDisconnect
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from minicb.config import EngineConfig
-from minicb.engine import LLMEngine
+from minicb.engine.llm_engine import LLMEngine
 from minicb.serving.async_engine import AsyncLLMEngine, QueueFullError, RequestStream, StreamDelta
 from minicb.serving.errors import APIError
 from minicb.serving.openai_logprobs import ChoiceLogprobs

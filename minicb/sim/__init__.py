@@ -2,7 +2,7 @@
 
 `simulate` runs one engine (the real scheduler and KV manager) on a `CostModel`;
 `minicb.sim.cluster` runs pools of such instances (co-located or prefill/decode disaggregated)
-in one event loop. Both step the same `minicb.core.EngineCore` the real engine steps.
+in one event loop. Both step the same `minicb.engine.core.EngineCore` the real engine steps.
 """
 
 from minicb.sim.cost_model import CostModel, CostModelExecutor, VirtualClock, VirtualStep

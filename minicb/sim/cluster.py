@@ -1,8 +1,8 @@
 """Several GPUs in virtual time: co-located serving against prefill/decode disaggregation.
 
 Each instance (one GPU, or one tensor-parallel group) is the REAL scheduler and KV manager on a
-cost model, with its own clock: an engine core (minicb.core.EngineCore) on a cost-model executor,
-exactly as `minicb.sim.simulate` runs one. A cluster is pools of them:
+cost model, with its own clock: an engine core (minicb.engine.core.EngineCore) on a cost-model
+executor, exactly as `minicb.sim.simulate` runs one. A cluster is pools of them:
 
 * co-located: every instance prefills and decodes its own requests (continuous batching,
   chunked prefill), the arrangement of chapters 03-07;
@@ -31,15 +31,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from minicb.config import EngineConfig
-from minicb.core import EngineCore, InFlightStep
+from minicb.engine.core import EngineCore, InFlightStep
 from minicb.kv import make_kv_manager
 from minicb.metrics import RequestMetrics, meets_slo
-from minicb.parallel import Link, ModelShape, kv_transfer_time
+from minicb.params import SamplingParams
 from minicb.request import Request, RequestStatus
-from minicb.sampling import SamplingParams
 from minicb.scheduler import make_scheduler
 from minicb.sim.cost_model import CostModel, CostModelExecutor
-from minicb.workload import Workload, poisson_arrivals
+from minicb.sim.parallel import Link, ModelShape, kv_transfer_time
+from minicb.sim.workload import Workload, poisson_arrivals
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 Each step costs `step_overhead + prefill_token * prefill tokens + decode_seq * decode rows +
 context_token * keys the decode rows read` (padding and a static batch's idle rows included: they
-are computed too). `minicb.calibrate` fits those four numbers to the real engine's step times on
+are computed too). `minicb.sim.calibrate` fits those four numbers to the real engine's step times on
 this machine, and gives a second set for a GPU from published measurements.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from minicb.scheduler.base import SchedulerOutput
+from minicb.plan import SchedulerOutput
 
 
 @dataclass
@@ -18,7 +18,7 @@ class CostModel:
     """Virtual time per step. The defaults make one decode step cost 1 unit at any batch size
     (decode is memory-bound: a bigger batch rides along almost free) and a prefill token 1/64.
 
-    A calibrated model (`minicb.calibrate`) counts seconds and adds the cost of attention: every
+    A calibrated model (`minicb.sim.calibrate`) counts seconds and adds the cost of attention: every
     decode row reads all the keys its request has cached, `context_token` per key."""
 
     step_overhead: float = 1.0

@@ -1,5 +1,5 @@
 """simulate: serve a workload in virtual time, with the REAL scheduler and KV manager stepped by
-the engine core (minicb.core.EngineCore) on the cost-model executor (minicb.sim.cost_model).
+the engine core (minicb.engine.core.EngineCore) on the cost-model executor (minicb.sim.cost_model).
 
 No tensors, so notebooks can schedule thousands of requests in a second, and the book's worked
 examples come out of the same code that serves real requests.
@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from minicb.config import EngineConfig
-from minicb.core import EngineCore
+from minicb.engine.core import EngineCore
 from minicb.kv import make_kv_manager
 from minicb.metrics import (
     RequestMetrics,
@@ -23,11 +23,11 @@ from minicb.metrics import (
     summarize,
     summarize_steps,
 )
+from minicb.params import SamplingParams
 from minicb.request import Request
-from minicb.sampling import SamplingParams
 from minicb.scheduler import make_scheduler
 from minicb.sim.cost_model import CostModel, CostModelExecutor
-from minicb.workload import Workload, poisson_arrivals
+from minicb.sim.workload import Workload, poisson_arrivals
 
 
 @dataclass

@@ -39,9 +39,9 @@ import torch
 from minicb.config import ResolvedConfig
 from minicb.model.llama import LlamaForCausalLM
 from minicb.model.loader import load_model, load_tokenizer
-from minicb.runner import ModelRunner
-from minicb.sampling import Sampler
-from minicb.scheduler.base import ScheduledSeq, SchedulerOutput
+from minicb.plan import ScheduledSeq, SchedulerOutput
+from minicb.runner.model_runner import ModelRunner
+from minicb.runner.sampler import Sampler
 
 
 class DraftModelProposer:

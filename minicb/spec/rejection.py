@@ -5,7 +5,7 @@ decoding without speculation gives. Sampled rows use the rejection rule of Levia
 (2023) and Chen et al. (2023): accept a proposed token x with probability min(1, p(x)/q(x)), and
 on the first rejection draw from max(0, p - q), normalised. Every emitted token is then
 distributed exactly as the target model's own sample would be. p is the sampler's own
-distribution and every draw the sampler's own inverse-CDF draw (minicb.sampling.Sampler).
+distribution and every draw the sampler's own inverse-CDF draw (minicb.runner.sampler.Sampler).
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from collections.abc import Sequence
 
 import torch
 
-from minicb.sampling import Sampler, SamplingParams
+from minicb.params import SamplingParams
+from minicb.runner.sampler import Sampler
 
 
 def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:

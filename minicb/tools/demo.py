@@ -14,10 +14,10 @@ import time
 
 from minicb.bench.machine import machine_line
 from minicb.config import EngineConfig
-from minicb.llm import LLM
+from minicb.engine.llm import LLM
 from minicb.metrics import summarize
-from minicb.sampling import SamplingParams
-from minicb.workload import Workload, fixed, get_workload, long_tail_lengths, uniform_lengths
+from minicb.params import SamplingParams
+from minicb.sim.workload import Workload, fixed, get_workload, long_tail_lengths, uniform_lengths
 
 SYSTEMS = [("naive", "paged"), ("static", "paged"), ("continuous", "contiguous"),
            ("continuous", "paged")]

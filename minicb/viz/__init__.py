@@ -2,7 +2,7 @@
 
     from minicb import viz
     from minicb.sim import simulate
-    from minicb.workload import seed_example
+    from minicb.sim.workload import seed_example
     viz.slot_timeline(simulate(seed_example(), scheduler="static", max_num_seqs=4))
 
 Schedules (from `minicb.sim.SimResult`): slot_timeline, compare_timelines, kv_usage_timeline.

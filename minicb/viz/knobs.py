@@ -9,9 +9,9 @@ from collections.abc import Sequence
 from matplotlib.figure import Figure
 
 from minicb.sim import CostModel, SimResult, simulate
+from minicb.sim.workload import Workload
 from minicb.viz.base import new_figure
 from minicb.viz.schedule import draw_slots, slot_legend, slots_height
-from minicb.workload import Workload
 
 
 def knob_row(result: SimResult) -> dict:

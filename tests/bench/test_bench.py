@@ -16,7 +16,7 @@ from minicb.bench import main as bench_main
 from minicb.bench.agreement import agreement, compare_outputs
 from minicb.bench.common import fit_to_context, load_workload
 from minicb.bench.machine import describe, machine_info
-from minicb.workload import get_workload
+from minicb.sim.workload import get_workload
 
 
 def _check_machine(payload: dict) -> None:

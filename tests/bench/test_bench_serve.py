@@ -28,7 +28,7 @@ from minicb.serving.loadgen import (
     run_benchmark,
 )
 from minicb.serving.server import ServerThread, build_app
-from minicb.workload import gamma_arrivals
+from minicb.sim.workload import gamma_arrivals
 
 
 def other_server(state: dict) -> Starlette:

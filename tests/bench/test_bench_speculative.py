@@ -32,7 +32,7 @@ from minicb.bench.vllm_peer import driver_request
 from minicb.config import SPECULATIVE_METHODS
 from minicb.metrics import RequestMetrics
 from minicb.sim import CostModel
-from minicb.workload import code_completion
+from minicb.sim.workload import code_completion
 from tests.bench.test_vllm_peer import FakeEngine, fake_config, load_driver
 
 BATCHES = [1, 2]

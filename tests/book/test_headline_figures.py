@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from minicb.calibrate import A100_LLAMA2_7B
-from minicb.parallel import LINKS, LLAMA2_7B, tp_step_parts
 from minicb.repeats import Repeats
+from minicb.sim.calibrate import A100_LLAMA2_7B
+from minicb.sim.parallel import LINKS, LLAMA2_7B, tp_step_parts
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -75,7 +75,7 @@ def test_the_step_times_architecture_quotes(speculative):
 
 
 def test_the_tensor_parallel_record_is_the_current_model():
-    """benchmarks/results/disagg.json's TP rows are what minicb.parallel prices today."""
+    """benchmarks/results/disagg.json's TP rows are what minicb.sim.parallel prices today."""
     record = json.loads((RESULTS / "disagg.json").read_text())
     for row in record["tp"]:
         if row["model"] != LLAMA2_7B.name:

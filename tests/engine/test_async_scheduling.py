@@ -167,7 +167,7 @@ def test_seeded_sampling_is_the_same_alone_and_overlapped():
 
 
 def test_speculative_decoding_falls_back_to_synchronous_steps_and_says_so(caplog):
-    with caplog.at_level(logging.WARNING, logger="minicb.engine"):
+    with caplog.at_level(logging.WARNING, logger="minicb.engine.llm_engine"):
         llm = LLM(async_scheduling=True, speculative_method="ngram")
     assert not llm.llm_engine.core.overlap
     warnings = [r.getMessage() for r in caplog.records if "async_scheduling" in r.getMessage()]
@@ -229,7 +229,7 @@ def test_requests_with_host_state_run_synchronous_steps_and_say_so(caplog):
     params = [SamplingParams(temperature=0, max_tokens=12, repetition_penalty=1.3),
               SamplingParams(temperature=0, max_tokens=12, min_tokens=10),
               SamplingParams(temperature=0.8, seed=2, max_tokens=30, ignore_eos=True)]
-    with caplog.at_level(logging.WARNING, logger="minicb.engine"):
+    with caplog.at_level(logging.WARNING, logger="minicb.engine.llm_engine"):
         (sync, _), (overlapped, engine) = generate_both(PROMPTS[:3], params, max_num_seqs=4)
     assert summary(overlapped) == summary(sync)
     warnings = [r.getMessage() for r in caplog.records if "synchronous steps while" in

@@ -8,13 +8,13 @@ from pathlib import Path
 
 from minicb import LLM, SamplingParams
 from minicb.config import EngineConfig
-from minicb.core import Done, EngineCore
+from minicb.engine.core import Done, EngineCore
 from minicb.kv import make_kv_manager
 from minicb.request import Request
 from minicb.scheduler import make_scheduler
 from minicb.sim import CostModel, CostModelExecutor, simulate
 from minicb.sim.cluster import Pool, simulate_cluster
-from minicb.workload import seed_example
+from minicb.sim.workload import seed_example
 
 PACKAGE = Path(__file__).resolve().parents[2] / "minicb"
 
@@ -25,7 +25,7 @@ def test_schedule_is_called_from_one_place_in_the_package():
                for node in ast.walk(ast.parse(path.read_text()))
                if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
                and node.func.attr == "schedule"]
-    assert len(callers) == 1 and callers[0].startswith("core.py:"), callers
+    assert len(callers) == 1 and callers[0].startswith("engine/core.py:"), callers
 
 
 def test_the_simulators_patch_neither_the_clock_nor_the_scheduler():

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from minicb import LLM, SamplingParams
-from minicb.sampling import Sampler
+from minicb.runner.sampler import Sampler
 
 GREEDY = dict(temperature=0, ignore_eos=True)
 

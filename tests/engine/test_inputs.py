@@ -1,4 +1,4 @@
-"""One front door: a request is checked once, in minicb/inputs.py, whoever sends it; an abort
+"""One front door: a request is checked once, in minicb/engine/inputs.py, whoever sends it; an abort
 reaches the engine core as an event, applied and reported by the next step."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """A textbook's outputs must not depend on what else the reader's machine is doing.
 
-The thread policy (minicb/threads.py) changes torch's thread count between steps when other
+The thread policy (minicb/runner/threads.py) changes torch's thread count between steps when other
 programs load the machine. It may change how many threads run a step, never which arithmetic
 runs it: the path a decode step takes (the fused C layer or the torch modules, which differ in
 the last bits) is fixed by the plan's shape and the engine's configuration.

@@ -11,13 +11,13 @@ import torch
 
 from minicb import LLM, EngineConfig, SamplingParams
 from minicb.config import ResolvedConfig
-from minicb.detokenizer import IncrementalDetokenizer
+from minicb.engine.detokenizer import IncrementalDetokenizer
 from minicb.model.attention import AttentionMetadata
+from minicb.plan import SamplerOutput
 from minicb.registry import ATTENTION_BACKENDS, KV_CACHES, SCHEDULERS
 from minicb.request import RequestStatus
-from minicb.sampling import SamplerOutput
 from minicb.sim import simulate
-from minicb.workload import fixed
+from minicb.sim.workload import fixed
 
 GREEDY = dict(temperature=0, ignore_eos=True)
 

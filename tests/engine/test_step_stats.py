@@ -13,7 +13,7 @@ import pytest
 from minicb import LLM, SamplingParams
 from minicb.metrics import StepStats, StepTotals, summarize, summarize_steps
 from minicb.sim import simulate
-from minicb.workload import Workload, WorkloadRequest
+from minicb.sim.workload import Workload, WorkloadRequest
 
 
 def serve(model: str, prompt_lens, output_lens, **knobs) -> LLM:

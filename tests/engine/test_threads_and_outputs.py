@@ -1,5 +1,5 @@
 """Outputs never depend on the machine's load: the thread policy changes how many threads run a
-step (minicb/threads.py), never which arithmetic runs it. The same greedy workload, once on a
+step (minicb/runner/threads.py), never which arithmetic runs it. The same greedy workload, once on a
 fixed thread count and once with the count changing between steps as a busy neighbour would
 make it, takes the same path at every step and gives the same tokens."""
 

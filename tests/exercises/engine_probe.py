@@ -14,7 +14,7 @@ import torch
 
 from minicb import LLM, CompletionOutput, SamplingParams
 from minicb.model.attention import AttentionMetadata
-from minicb.workload import fixed
+from minicb.sim.workload import fixed
 
 _probe_ids = itertools.count()
 
@@ -97,5 +97,5 @@ def generate_completions(llm: LLM, prompts: list[list[int]],
 
 
 def random_prompts(lengths: list[int], vocab_size: int, seed: int = 0) -> list[list[int]]:
-    """Seeded random prompts of these lengths (minicb.workload's, so every test draws alike)."""
+    """Seeded random prompts of these lengths (minicb.sim.workload's, so every test draws alike)."""
     return fixed("prompts", lengths, [1] * len(lengths)).prompt_token_ids(vocab_size, seed)

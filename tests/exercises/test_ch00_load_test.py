@@ -14,7 +14,7 @@ from engine_probe import greedy, random_prompts
 from minicb import LLM
 from minicb.metrics import RequestMetrics, summarize
 from minicb.sim import CostModel, simulate
-from minicb.workload import chat, poisson_arrivals
+from minicb.sim.workload import chat, poisson_arrivals
 
 ch00 = chapter("00")
 QUANTILES = (0, 50, 90, 95, 99, 100)

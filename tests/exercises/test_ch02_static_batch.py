@@ -10,7 +10,7 @@ from reference import compare, hf_greedy
 
 from minicb import LLM
 from minicb.sim import simulate
-from minicb.workload import mixed, seed_example, three_answers
+from minicb.sim.workload import mixed, seed_example, three_answers
 
 ch02 = chapter("02")
 LENGTHS = [3, 11, 7]

@@ -10,7 +10,7 @@ from reference import compare, hf_greedy
 import minicb.scheduler
 from minicb import LLM
 from minicb.sim import SimResult, simulate
-from minicb.workload import Workload, fixed, mixed, poisson_arrivals, seed_example
+from minicb.sim.workload import Workload, fixed, mixed, poisson_arrivals, seed_example
 
 ch03 = chapter("03")
 
@@ -147,8 +147,8 @@ def test_ch03_victim_is_the_latest_arrival_not_yet_scheduled():
     """pick_victim's contract, with running requests out of arrival order (as after re-admission):
     a request already given its tokens this step is never the victim."""
     from minicb.config import EngineConfig
+    from minicb.params import SamplingParams
     from minicb.request import Request
-    from minicb.sampling import SamplingParams
 
     scheduler = ch03.StepScheduler(EngineConfig(), None, lambda: 0.0)
     arrivals = {"a": 0, "d": 3, "b": 1, "c": 2}

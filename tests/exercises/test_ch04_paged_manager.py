@@ -11,7 +11,7 @@ from adapter import chapter
 from engine_probe import greedy, random_prompts
 from reference import compare, hf_greedy
 
-import minicb.engine
+import minicb.engine.llm_engine
 from minicb import LLM
 from minicb.kv.paged import PagedKVManager
 
@@ -100,7 +100,7 @@ def test_ch04_real_engine_on_your_manager_equals_transformers(monkeypatch, tiny_
         managers.append(ch04.PagedManager(num_blocks, block_size))
         return managers[-1]
 
-    monkeypatch.setattr(minicb.engine, "make_kv_manager", make)
+    monkeypatch.setattr(minicb.engine.llm_engine, "make_kv_manager", make)
     llm = LLM(tiny_model, kv_cache="paged", block_size=4, num_kv_blocks=9, max_num_seqs=3)
     kv = llm.llm_engine.kv
     assert kv is managers[-1]

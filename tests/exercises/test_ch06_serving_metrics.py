@@ -14,7 +14,7 @@ from engine_probe import greedy, random_prompts
 from minicb import LLM
 from minicb.metrics import RequestMetrics, percentiles, summarize
 from minicb.sim import simulate
-from minicb.workload import chat, poisson_arrivals
+from minicb.sim.workload import chat, poisson_arrivals
 
 ch06 = chapter("06")
 QUANTILES = (0, 50, 90, 95, 99, 100)

@@ -11,7 +11,7 @@ from engine_probe import generate_completions
 from reference import compare, hf_greedy
 from spec_common import SIGNIFICANCE, TARGET, acceptance_stream, chi_square_p_value
 
-import minicb.runner
+import minicb.runner.model_runner
 import minicb.scheduler.continuous
 import minicb.spec
 from minicb import LLM, SamplingParams
@@ -95,7 +95,7 @@ def test_ch08_real_engine_with_your_rule_equals_transformers(monkeypatch):
         return kept
 
     monkeypatch.setattr(minicb.scheduler.continuous, "propose_ngram", ch08.propose_ngram)
-    monkeypatch.setattr(minicb.runner, "accept", counting_accept)
+    monkeypatch.setattr(minicb.runner.model_runner, "accept", counting_accept)
     path = default_model_path()
     llm = LLM(path, speculative_method="ngram", num_speculative_tokens=4, block_size=4,
               num_kv_blocks=128, max_model_len=256)

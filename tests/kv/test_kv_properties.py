@@ -8,8 +8,8 @@ from hypothesis import strategies as st
 
 from minicb.config import EngineConfig
 from minicb.kv import ContiguousKVManager, PagedKVManager, make_kv_manager
+from minicb.params import SamplingParams
 from minicb.request import Request, RequestStatus
-from minicb.sampling import SamplingParams
 from minicb.scheduler import make_scheduler
 
 

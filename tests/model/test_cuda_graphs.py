@@ -21,7 +21,7 @@ from minicb.model.cuda_graphs import (
     padded_size,
     uses_cuda_graphs,
 )
-from minicb.runner import check_kv_fits
+from minicb.runner.model_runner import check_kv_fits
 
 INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
 GREEDY = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in (9, 4, 12, 7, 10)]
@@ -238,7 +238,8 @@ def test_the_graphs_memory_is_counted_before_the_kv_pool(monkeypatch):
     # at least the largest size's logits in float32: a floor any honest estimate clears
     assert estimate > 256 * args.vocab_size * 4
     kv = 2 * args.num_layers * args.num_kv_heads * args.head_dim * 2 * graphs.num_kv_blocks * 16
-    monkeypatch.setattr("minicb.runner.free_memory", lambda device: int(kv / 0.9) + estimate // 2)
+    monkeypatch.setattr("minicb.runner.model_runner.free_memory",
+                        lambda device: int(kv / 0.9) + estimate // 2)
     check_kv_fits(eager, args)
     with pytest.raises(ValueError, match="CUDA graphs.*enforce_eager=True"):
         check_kv_fits(graphs, args)

@@ -18,7 +18,7 @@ from reference import compare, hf_greedy
 from minicb import LLM, SamplingParams
 from minicb.config import EngineConfig
 from minicb.sim import CostModel, SimResult, simulate
-from minicb.workload import Workload, WorkloadRequest
+from minicb.sim.workload import Workload, WorkloadRequest
 
 ONE_STEP = CostModel(step_overhead=1.0, prefill_token=0.0, decode_seq=0.0)   # time unit = step
 

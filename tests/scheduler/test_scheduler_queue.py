@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import random
 
+from minicb.params import SamplingParams
 from minicb.request import Request
-from minicb.sampling import SamplingParams
 from minicb.scheduler.continuous import StepBudget
 from minicb.scheduler.queue import WaitingQueue
 

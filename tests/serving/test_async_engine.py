@@ -10,7 +10,7 @@ import pytest
 from serving_common import run, text_checkpoint, train_tokenizer
 
 from minicb import LLM, EngineConfig, LLMEngine, SamplingParams
-from minicb.detokenizer import IncrementalDetokenizer
+from minicb.engine.detokenizer import IncrementalDetokenizer
 from minicb.serving.async_engine import AsyncLLMEngine, QueueFullError
 
 GREEDY = dict(temperature=0, ignore_eos=True)

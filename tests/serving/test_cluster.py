@@ -199,7 +199,7 @@ def test_a_launcher_killed_outright_takes_its_replicas_and_router_with_it(router
 
 def test_the_prefix_heavy_workload_repeats_each_chats_last_turn_and_is_seeded():
     from minicb.serving.loadgen import PROMPT_WORDS
-    from minicb.workload import get_workload, prefix_texts
+    from minicb.sim.workload import get_workload, prefix_texts
 
     workload = get_workload("prefix-heavy", n=24, seed=3, systems=2, turns=3)
     prompts = prefix_texts(workload, PROMPT_WORDS)

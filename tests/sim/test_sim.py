@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from minicb.sim import CostModel, simulate
-from minicb.workload import (
+from minicb.sim.workload import (
     Workload,
     WorkloadRequest,
     chat,
@@ -70,8 +70,8 @@ def test_reference_cpu_calibration_is_the_committed_measurement():
 
     import pytest
 
-    from minicb.calibrate import PIECEWISE_TERMS, REFERENCE_CPU, StepSample, fit_piecewise
     from minicb.config import FUSED_DECODE_ROWS_PER_THREAD
+    from minicb.sim.calibrate import PIECEWISE_TERMS, REFERENCE_CPU, StepSample, fit_piecewise
 
     record = json.loads((Path(__file__).resolve().parents[2] / "benchmarks" / "results"
                          / "calibration.json").read_text())
@@ -96,7 +96,7 @@ def test_reference_cpu_calibration_is_the_committed_measurement():
 
 
 def test_fit_recovers_known_terms_and_drops_negative_ones():
-    from minicb.calibrate import StepSample, fit
+    from minicb.sim.calibrate import StepSample, fit
 
     truth = dict(step_overhead=2e-3, prefill_token=5e-5, decode_seq=1e-4, context_token=3e-7)
     samples = [StepSample(p, r, c, truth["step_overhead"] + truth["prefill_token"] * p

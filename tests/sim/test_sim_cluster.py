@@ -5,8 +5,16 @@ from __future__ import annotations
 
 import pytest
 
-from minicb.calibrate import A100_LLAMA2_7B
-from minicb.parallel import (
+from minicb.sim import CostModel, simulate
+from minicb.sim.calibrate import A100_LLAMA2_7B
+from minicb.sim.cluster import (
+    Pool,
+    attainment_at_rate,
+    max_rate_meeting,
+    simulate_cluster,
+    slo_attainment,
+)
+from minicb.sim.parallel import (
     ETHERNET_25G,
     LLAMA2_7B,
     LLAMA2_70B,
@@ -24,15 +32,7 @@ from minicb.parallel import (
     tp_cost_model,
     tp_step_parts,
 )
-from minicb.sim import CostModel, simulate
-from minicb.sim.cluster import (
-    Pool,
-    attainment_at_rate,
-    max_rate_meeting,
-    simulate_cluster,
-    slo_attainment,
-)
-from minicb.workload import Workload, WorkloadRequest, fixed, mixed, poisson_arrivals
+from minicb.sim.workload import Workload, WorkloadRequest, fixed, mixed, poisson_arrivals
 
 # one unit per step, a hundredth of a unit per prompt token: hand arithmetic stays exact
 UNIT = CostModel(step_overhead=1.0, prefill_token=0.01)
@@ -326,8 +326,8 @@ def test_the_benchmarks_runs_grow_by_adding_later_requests():
 def test_an_instance_admits_by_the_engines_own_length_rule():
     """A request that can never fit an instance's KV pool is refused with the scheduler's
     message (Scheduler.check_fits), named for the instance."""
+    from minicb.params import SamplingParams
     from minicb.request import Request
-    from minicb.sampling import SamplingParams
     from minicb.sim.cluster import Instance
 
     instance = Instance("decode-0", "decode", Pool(1, UNIT, dict(num_kv_blocks=2, block_size=4)),

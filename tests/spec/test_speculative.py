@@ -9,7 +9,7 @@ import pytest
 import torch
 from spec_common import SIGNIFICANCE, TARGET, acceptance_stream, chi_square_p_value
 
-from minicb.sampling import SamplingParams
+from minicb.params import SamplingParams
 from minicb.spec import accept, propose_ngram, target_probs
 
 

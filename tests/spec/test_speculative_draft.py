@@ -26,10 +26,10 @@ from test_speculative_engine import (
     repeating_workload,
 )
 
-import minicb.runner
+import minicb.runner.model_runner
 from minicb import LLM, SamplingParams
 from minicb.config import EngineConfig
-from minicb.sampling import Sampler
+from minicb.runner.sampler import Sampler
 from minicb.spec import accept, target_probs
 
 DRAFT = dict(speculative_method="draft_model", num_speculative_tokens=3)
@@ -226,7 +226,7 @@ def _sampled_pairs(target: str, draft: str) -> torch.Tensor:
     assert sum(o.metrics.num_verify_steps for o in outputs) >= SAMPLES
     accepted = sum(o.metrics.num_accepted_tokens for o in outputs)
     assert accepted > 0, "no draft token was accepted"
-    assert accepted < 2 * SAMPLES or accept is not minicb.runner.accept, \
+    assert accepted < 2 * SAMPLES or accept is not minicb.runner.model_runner.accept, \
         "every draft token was accepted: the rule's rejection branch never ran"
     pairs = Counter(o.outputs[0].token_ids[1] * TINY_VOCAB + o.outputs[0].token_ids[2]
                     for o in outputs)
@@ -264,7 +264,7 @@ def _without_checking(logits, proposed, params, generator=None, draft_probs=None
                                          (_without_checking, False)])
 def test_sampled_tokens_follow_the_target(tiny_vocab_pair, monkeypatch, rule, passes):
     target, draft = tiny_vocab_pair
-    monkeypatch.setattr(minicb.runner, "accept", rule)
+    monkeypatch.setattr(minicb.runner.model_runner, "accept", rule)
     p_value = _p_value(_sampled_pairs(target, draft), _exact_second_and_third(target))
     assert (p_value > SIGNIFICANCE) == passes, p_value
 

@@ -181,7 +181,7 @@ def test_abort_during_speculation_frees_everything(tiny_llama):
 
 def test_simulator_refuses_speculation():
     from minicb.sim import simulate
-    from minicb.workload import Workload, WorkloadRequest
+    from minicb.sim.workload import Workload, WorkloadRequest
 
     with pytest.raises(ValueError, match="speculative_method"):
         simulate(Workload("one", [WorkloadRequest(8, 4)]), speculative_method="ngram")

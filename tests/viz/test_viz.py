@@ -11,8 +11,8 @@ from matplotlib.colors import to_rgb
 
 from minicb import viz
 from minicb.sim import simulate
+from minicb.sim.workload import chat, fixed, seed_example
 from minicb.viz.base import PAD_COLOUR
-from minicb.workload import chat, fixed, seed_example
 
 
 def requests_per_slot(grid) -> list[list[str]]:

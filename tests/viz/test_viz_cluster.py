@@ -7,12 +7,12 @@ import pytest
 from matplotlib.patches import Rectangle
 
 from minicb import viz
-from minicb.calibrate import A100_LLAMA2_7B
-from minicb.parallel import LLAMA2_7B, NVLINK, tp_step_parts
 from minicb.sim import CostModel
+from minicb.sim.calibrate import A100_LLAMA2_7B
 from minicb.sim.cluster import Pool, simulate_cluster
+from minicb.sim.parallel import LLAMA2_7B, NVLINK, tp_step_parts
+from minicb.sim.workload import Workload, WorkloadRequest
 from minicb.viz.cluster import DECODE_COLOUR, MIXED_COLOUR, PREFILL_COLOUR, TRANSFER_COLOUR
-from minicb.workload import Workload, WorkloadRequest
 
 UNIT = CostModel(step_overhead=1.0, prefill_token=0.01)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from minicb import viz
 from minicb.sim import simulate
-from minicb.workload import chat, seed_example
+from minicb.sim.workload import chat, seed_example
 
 
 def test_timelines_of_comparable_length_share_one_step_axis():
@@ -81,7 +81,7 @@ def test_length_spread_shows_the_answers_that_ended_apart_from_the_cap():
 
 
 def test_short_named_requests_keep_their_labels_on_a_long_schedule():
-    from minicb.workload import fixed
+    from minicb.sim.workload import fixed
 
     spread = fixed("6/50/300 and three waiting", [8] * 6, [6, 50, 300, 6, 6, 6])
     wide = simulate(spread, scheduler="static", max_num_seqs=3)

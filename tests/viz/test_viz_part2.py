@@ -15,6 +15,7 @@ import pytest
 from figures import rendered
 
 from minicb.sim import CostModel, serve_at_rates, simulate
+from minicb.sim.workload import Workload, WorkloadRequest, chat, fixed, seed_example
 from minicb.viz.kernels import paged_lookup, recorded_kernel_results
 from minicb.viz.memory import block_map, block_owners, block_reuse, free_blocks_timeline
 from minicb.viz.quiz import (
@@ -26,7 +27,6 @@ from minicb.viz.quiz import (
     quiz_widget,
 )
 from minicb.viz.serving import step_costs
-from minicb.workload import Workload, WorkloadRequest, chat, fixed, seed_example
 
 ROOT = Path(__file__).resolve().parents[2]
 

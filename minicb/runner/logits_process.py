@@ -29,10 +29,14 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from minicb.structured_outputs import StructuredOutputMatcher, allocate_bitmask, bitmask_to_bool
+from minicb.runner.structured_outputs import (
+    StructuredOutputMatcher,
+    allocate_bitmask,
+    bitmask_to_bool,
+)
 
-if TYPE_CHECKING:        # minicb.sampling calls this module's hook
-    from minicb.sampling import SamplingParams
+if TYPE_CHECKING:        # minicb.runner.sampler calls this module's hook
+    from minicb.params import SamplingParams
 
 
 class LogitsState:

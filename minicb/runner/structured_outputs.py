@@ -8,7 +8,7 @@ grammar's state after the tokens it has produced. Every step:
 
 1. the matcher writes its row of a token bitmask (one bit per vocabulary entry: may come next);
 2. the sampler sets the logits of every masked-out token to -inf, so no sampling setting can
-   pick one (minicb.logits_process);
+   pick one (minicb.runner.logits_process);
 3. the token sampled is fed back (`accept`), moving the matcher on.
 
 EOS is allowed only where the grammar may end, so an output that stops by itself is complete;
@@ -22,93 +22,13 @@ import json
 import re
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
 
 import torch
 
+from minicb.params import StructuredOutputsParams
+
 INSTALL_HINT = "structured outputs need the xgrammar package: pip install 'minicb[structured]'"
-MAX_CONSTRAINT_CHARS = 100_000    # a schema or regex longer than this is refused, not compiled
-MAX_CHOICES = 1024
 CACHE_SIZE = 256                  # compiled constraints kept (least recently used dropped)
-
-
-@dataclass
-class StructuredOutputsParams:
-    """Exactly one constraint (vLLM's names). `json`: a JSON schema, as a dict or a JSON string;
-    `json_object=True`: any JSON object (OpenAI's response_format {"type": "json_object"});
-    `regex`: a regular expression the whole output matches; `choice`: one of these strings;
-    `grammar`: an EBNF grammar (xgrammar's, GBNF-like, with a `root` rule).
-    `disable_any_whitespace=True` allows no whitespace between JSON tokens beyond one space after
-    `:` and `,` (vLLM's switch; a small model tends to loop on whitespace otherwise)."""
-
-    json: dict | str | None = None
-    regex: str | None = None
-    choice: list[str] | None = None
-    grammar: str | None = None
-    json_object: bool | None = None
-    disable_any_whitespace: bool = False
-
-    def __post_init__(self) -> None:
-        given = [name for name in ("json", "regex", "choice", "grammar", "json_object")
-                 if getattr(self, name) not in (None, False)]
-        if len(given) != 1:
-            raise ValueError("structured_outputs must set exactly one of json, regex, choice, "
-                             f"grammar or json_object (got {given or 'none'}).")
-        if not isinstance(self.disable_any_whitespace, bool):
-            raise ValueError("structured_outputs.disable_any_whitespace must be true or false.")
-        if self.json is not None:
-            if isinstance(self.json, str):
-                try:
-                    schema = json.loads(self.json)
-                except ValueError as error:
-                    raise ValueError(f"structured_outputs.json is not valid JSON ({error}); send "
-                                     "a JSON schema object.") from None
-            else:
-                schema = self.json
-            if not isinstance(schema, dict):
-                raise ValueError("structured_outputs.json must be a JSON schema object (a dict "
-                                 f"or its JSON text), got {type(schema).__name__}.")
-            try:
-                _check_size("json", json.dumps(schema))
-            except TypeError as error:
-                raise ValueError(f"structured_outputs.json holds a value JSON cannot encode "
-                                 f"({error}); use only JSON types.") from None
-        for name in ("regex", "grammar"):
-            value = getattr(self, name)
-            if value is not None:
-                if not isinstance(value, str) or not value:
-                    raise ValueError(f"structured_outputs.{name} must be a non-empty string.")
-                _check_size(name, value)
-        if self.choice is not None:
-            if (not isinstance(self.choice, (list, tuple)) or not self.choice
-                    or len(self.choice) > MAX_CHOICES
-                    or any(not isinstance(c, str) or not c for c in self.choice)):
-                raise ValueError(f"structured_outputs.choice must be a list of 1 to {MAX_CHOICES} "
-                                 "non-empty strings.")
-            _check_size("choice", "".join(self.choice))
-        if self.json_object not in (None, True, False):
-            raise ValueError("structured_outputs.json_object must be true or false.")
-
-    @property
-    def key(self) -> tuple:
-        """What identifies the compiled grammar: equal constraints share one compilation. A
-        schema's key order stays (the output writes properties in the schema's order)."""
-        if self.json is not None:
-            schema = json.loads(self.json) if isinstance(self.json, str) else self.json
-            return ("json", json.dumps(schema), self.disable_any_whitespace)
-        if self.json_object:
-            return ("json_object", "", self.disable_any_whitespace)
-        if self.choice is not None:
-            return ("choice", json.dumps(list(self.choice)))
-        if self.regex is not None:
-            return ("regex", self.regex)
-        return ("grammar", self.grammar)
-
-
-def _check_size(name: str, text: str) -> None:
-    if len(text) > MAX_CONSTRAINT_CHARS:
-        raise ValueError(f"structured_outputs.{name} has {len(text)} characters, more than "
-                         f"{MAX_CONSTRAINT_CHARS}; send a shorter constraint.")
 
 
 def choice_grammar(choices: list[str]) -> str:

@@ -16,14 +16,14 @@ from typing import NamedTuple
 import torch
 
 from minicb.config import ResolvedConfig
-from minicb.input_batch import DecodeInputs, InputBatch
 from minicb.model.attention import AttentionMetadata
 from minicb.model.cuda_graphs import DecodeGraphs, graph_memory_bytes
 from minicb.model.fused_cpu import FusedCpuDecoder
 from minicb.model.llama import LlamaForCausalLM
 from minicb.model.loader import DTYPES
-from minicb.sampling import Logprob, ModelRunnerOutput, Sampler
-from minicb.scheduler.base import ScheduledSeq, SchedulerOutput
+from minicb.plan import Logprob, ModelRunnerOutput, ScheduledSeq, SchedulerOutput
+from minicb.runner.input_batch import DecodeInputs, InputBatch
+from minicb.runner.sampler import Sampler
 from minicb.spec.rejection import accept
 
 

@@ -16,7 +16,8 @@ import torch
 
 from minicb import LLM, SamplingParams
 from minicb.model.loader import resolve_model_path
-from minicb.structured_outputs import StructuredOutputManager, StructuredOutputsParams
+from minicb.params import StructuredOutputsParams
+from minicb.runner.structured_outputs import StructuredOutputManager
 
 SHIPPED = str(resolve_model_path(None))
 

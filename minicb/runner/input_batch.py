@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from minicb.sampling import SamplingParams
+from minicb.params import SamplingParams
 
 # from this many rows a step computes its rows' slots and lengths as arrays (InputBatch.gather)
 ARRAY_ROWS = 128

@@ -1,5 +1,5 @@
-"""LLMEngine: add_request / step / abort, shaped like vLLM's. LLM (minicb/llm.py) and the async
-engine (minicb/serving/async_engine.py) both drive it."""
+"""LLMEngine: add_request / step / abort, shaped like vLLM's. LLM (minicb/engine/llm.py) and the
+async engine (minicb/serving/async_engine.py) both drive it."""
 
 from __future__ import annotations
 
@@ -11,24 +11,24 @@ from dataclasses import replace
 import torch
 
 from minicb.config import EngineConfig
-from minicb.core import EngineCore, ModelExecutor, OverlappedModelExecutor
-from minicb.detokenizer import IncrementalDetokenizer
-from minicb.inputs import InputProcessor, ProcessedPrompt, Prompt
+from minicb.engine.core import EngineCore, ModelExecutor, OverlappedModelExecutor
+from minicb.engine.detokenizer import IncrementalDetokenizer
+from minicb.engine.inputs import InputProcessor, ProcessedPrompt, Prompt
+from minicb.engine.outputs import CompletionOutput, RequestOutput
 from minicb.kv import make_kv_manager
-from minicb.logits_process import LogitsState
 from minicb.metrics import RequestMetrics, StepTotals, count_step
 from minicb.model.attention import resolve_backend
 from minicb.model.cuda_graphs import uses_cuda_graphs
 from minicb.model.loader import load_model, load_tokenizer, resolve_model_path
-from minicb.outputs import CompletionOutput, RequestOutput
+from minicb.params import SamplingParams
 from minicb.request import Request, RequestStatus
-from minicb.runner import ModelRunner, check_kv_fits
-from minicb.sampling import SamplingParams
+from minicb.runner.logits_process import LogitsState
+from minicb.runner.model_runner import ModelRunner, check_kv_fits
+from minicb.runner.structured_outputs import StructuredOutputManager
+from minicb.runner.threads import ThreadPolicy
 from minicb.scheduler import make_scheduler
-from minicb.structured_outputs import StructuredOutputManager
-from minicb.threads import ThreadPolicy
 
-log = logging.getLogger("minicb.engine")
+log = logging.getLogger("minicb.engine.llm_engine")
 
 class LLMEngine:
     """One engine, swappable parts: scheduler × KV manager × attention backend."""
@@ -72,7 +72,7 @@ class LLMEngine:
         # the grammar compiler and its cache, built by the first constrained request
         self._structured: StructuredOutputManager | None = None
         self._structured_lock = threading.Lock()
-        # the front door: every request is checked there, once (minicb/inputs.py)
+        # the front door: every request is checked there, once (minicb/engine/inputs.py)
         self.processor = InputProcessor(self.tokenizer, self.vocab_size, self.scheduler.check_fits,
                                         self.model_path, self._structured_manager)
         # True: every output carries the text its step added (the async engine streams it)

@@ -10,7 +10,8 @@ import math
 import pytest
 import torch
 
-from minicb.sampling import Sampler, SamplingParams
+from minicb.params import SamplingParams
+from minicb.runner.sampler import Sampler
 
 LOGITS = torch.tensor([2.0, 1.5, 1.0, 0.5, 0.0, -0.5, -1.0, -3.0])
 ROWS, ROUNDS = 1000, 20   # 20,000 draws per setting

@@ -7,10 +7,10 @@ import time
 import pytest
 import torch
 
-from minicb import threads as policy_module
+from minicb.runner import threads as policy_module
 from minicb.bench.neighbour import BusyNeighbour
 from minicb.config import EngineConfig
-from minicb.threads import ThreadPolicy, machine_busy_seconds, threads_for
+from minicb.runner.threads import ThreadPolicy, machine_busy_seconds, threads_for
 
 
 @pytest.fixture(autouse=True)

@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from minicb.sampling import SamplingParams, _check_text
-from minicb.structured_outputs import StructuredOutputManager
+from minicb.params import SamplingParams, _check_text
+from minicb.runner.structured_outputs import StructuredOutputManager
 
 Prompt = str | Sequence[int]
 # characters a string prompt may have: far more than any context here, and small enough that

@@ -2,8 +2,8 @@
 
 Everything that steps a scheduler goes through `EngineCore`:
 
-* `LLMEngine` (minicb/engine.py) with `ModelExecutor`: the model runs the plan, real tokens come
-  back;
+* `LLMEngine` (minicb/engine/llm_engine.py) with `ModelExecutor`: the model runs the plan, real
+  tokens come back;
 * `minicb.sim.simulate` with a `CostModelExecutor`: the plan's cost advances a virtual clock and
   every row that needs a token gets one (no model, no tensors);
 * each instance of the cluster simulator (minicb.sim.cluster): a core with its own cost-model
@@ -31,13 +31,13 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Protocol
 
+from minicb.plan import ModelRunnerOutput, SamplerOutput, SchedulerOutput
 from minicb.request import Request
-from minicb.sampling import ModelRunnerOutput, SamplerOutput
-from minicb.scheduler.base import Scheduler, SchedulerOutput
+from minicb.scheduler.base import Scheduler
 
 # one entry per row that needs logits (Scheduler.update reads each of these shapes)
 StepOutput = ModelRunnerOutput | SamplerOutput | Sequence[int]
-log = logging.getLogger("minicb.engine")
+log = logging.getLogger("minicb.engine.llm_engine")
 
 
 class StepFuture(Protocol):
@@ -69,8 +69,8 @@ class ModelExecutor:
     on this thread, before `execute` returns (a synchronous step)."""
 
     def __init__(self, runner, threads=None):
-        """`runner`: a minicb.runner.ModelRunner; `threads`: the CPU thread policy
-        (minicb.threads.ThreadPolicy), asked before each step how many threads to use."""
+        """`runner`: a minicb.runner.model_runner.ModelRunner; `threads`: the CPU thread policy
+        (minicb.runner.threads.ThreadPolicy), asked before each step how many threads to use."""
         self.runner = runner
         self.threads = threads
 

@@ -8,11 +8,11 @@ from dataclasses import replace
 from tqdm.auto import tqdm
 
 from minicb.config import EngineConfig
-from minicb.engine import LLMEngine
-from minicb.inputs import Prompt
+from minicb.engine.inputs import Prompt
+from minicb.engine.llm_engine import LLMEngine
+from minicb.engine.outputs import RequestOutput
 from minicb.metrics import StepTotals
-from minicb.outputs import RequestOutput
-from minicb.sampling import SamplingParams
+from minicb.params import SamplingParams
 
 
 class LLM:

@@ -1,5 +1,5 @@
-"""Penalties and filters (minicb.logits_process) against transformers' LogitsProcessors on the
-same logits and histories, rows that ask for nothing untouched bit for bit, and every setting's
+"""Penalties and filters (minicb.runner.logits_process) against transformers' LogitsProcessors on
+the same logits and histories, rows that ask for nothing untouched bit for bit, and every setting's
 validation naming the field."""
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ from transformers.generation.logits_process import (
     SequenceBiasLogitsProcessor,
 )
 
-from minicb.logits_process import LogitsState, apply_logits_processors
-from minicb.sampling import Sampler, SamplingParams
+from minicb.params import SamplingParams
+from minicb.runner.logits_process import LogitsState, apply_logits_processors
+from minicb.runner.sampler import Sampler
 
 VOCAB = 64
 EOS = 2
@@ -230,7 +231,7 @@ def test_a_repetition_penalty_too_small_for_float32_is_refused():
     """One below float32's range becomes 0 and turns a mask's -inf into NaN: refuse it early."""
     import pytest
 
-    from minicb.sampling import MIN_REPETITION_PENALTY, SamplingParams
+    from minicb.params import MIN_REPETITION_PENALTY, SamplingParams
 
     with pytest.raises(ValueError, match="repetition_penalty"):
         SamplingParams(repetition_penalty=1e-46)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from minicb.input_batch import InputBatch
-from minicb.sampling import SamplingParams
+from minicb.params import SamplingParams
+from minicb.runner.input_batch import InputBatch
 
 GREEDY, SAMPLED = SamplingParams(temperature=0), SamplingParams(temperature=0.8, logprobs=2)
 
@@ -81,7 +81,7 @@ def test_the_kv_manager_hands_out_a_new_table_whenever_one_changes():
 def test_few_rows_and_many_rows_pack_the_same_numbers(monkeypatch):
     """A step of many rows computes its slots and lengths as arrays, one of few rows per row: both
     give what the formulas give, row by row, with each array's dtype."""
-    import minicb.input_batch as input_batch
+    import minicb.runner.input_batch as input_batch
 
     seqs = [row(f"r{i}", 3 * i + 1, [7 * i + k for k in range((3 * i + 1) // 2 + 1 + i % 3)])
             for i in range(40)]
