@@ -1,17 +1,18 @@
 """The model runner: turn a SchedulerOutput into packed tensors, run the model, sample.
 
 It reads only the plan: each row carries the tokens it computes, where they start, its block
-table, whether it is a decode and its sampling settings (minicb.scheduler.base.ScheduledSeq). It
-holds no KV manager and never looks at a Request, so the plan alone says what a step computes.
+table, whether it is a decode and its sampling settings (minicb.plan.ScheduledSeq). It holds no
+KV manager and never looks at a Request, so the plan alone says what a step computes.
 
-The per-step work is tensor operations over the packed batch; Python touches each row once per
-step, never each cached token. A step of decodes only (the common case) takes a shorter path:
-one position and one slot per row, worked out in plain Python, then one tensor each.
+A step takes one general path, which any step may take, or a shorter sibling that gives the same
+result for the steps it accepts. Each choice is made once, in one place: `prepare` picks the
+packer (minicb.runner.packing: any step, or decodes only) and `sample` the sampling route (any
+step, no verification row, or every row a plain argmax).
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections.abc import Sequence
 
 import torch
 
@@ -23,32 +24,9 @@ from minicb.model.llama import LlamaForCausalLM
 from minicb.model.loader import DTYPES
 from minicb.plan import Logprob, ModelRunnerOutput, ScheduledSeq, SchedulerOutput
 from minicb.runner.input_batch import DecodeInputs, InputBatch
+from minicb.runner.packing import PackedStep, pack, pack_decodes
 from minicb.runner.sampler import Sampler
 from minicb.spec.rejection import accept
-
-
-class PackedStep(NamedTuple):
-    """A step as the forward and the sampler take it. It carries all the step reads of the
-    runner's state between steps (`decode`), so a step prepared while the last one runs
-    (overlapped scheduling) never shares that state with it."""
-
-    input_ids: torch.Tensor
-    positions: torch.Tensor
-    meta: AttentionMetadata
-    logits_indices: torch.Tensor
-    decode: DecodeInputs | None     # a step of decodes only: what it read of the batch
-
-
-def _row_logits(seq: ScheduledSeq, end: int) -> list[torch.Tensor]:
-    """The packed positions whose logits a row needs, in order: its prompt positions (for prompt
-    logprobs), then those it samples from (the last, or a verification row's 1 + k)."""
-    parts = []
-    if seq.prompt_targets:
-        first = end - seq.num_tokens
-        parts.append(torch.arange(first, first + len(seq.prompt_targets)))
-    if seq.needs_logits:
-        parts.append(torch.arange(end - seq.num_logits, end))
-    return parts
 
 
 def free_memory(device: torch.device) -> int:
@@ -103,8 +81,6 @@ class ModelRunner:
         # each running request's block table and sampling settings, kept between steps
         self.input_batch = InputBatch(2 * config.max_num_seqs, config.blocks_per_seq() + 1,
                                       config.block_size)
-        # per row count, a decode step's cu_seqlens_q and logits_indices (the row numbers)
-        self._row_numbers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         args = model.args
         shape = (config.num_kv_blocks, config.block_size, args.num_kv_heads, args.head_dim)
         dtype = DTYPES[config.dtype]
@@ -113,8 +89,9 @@ class ModelRunner:
                           for _ in range(args.num_layers)]
         # a CPU engine (its C kernels built, float32 weights) runs its decode-only steps of up to
         # max_fused_decode_rows rows through the fused C decode layer; other steps run the model
+        # (a mixture-of-experts model always: the fused layer computes a dense MLP)
         self.fused = (FusedCpuDecoder(model, config.max_fused_decode_rows)
-                      if config.attention == "cpu" else None)
+                      if config.attention == "cpu" and model.args.moe is None else None)
         self.graphs: DecodeGraphs | None = None     # decode-only steps through CUDA graphs
 
     def use_cuda_graphs(self, capture: bool = True) -> None:
@@ -131,112 +108,14 @@ class ModelRunner:
         return own + (self.proposer.runner.kv_cache_bytes() if self.proposer is not None else 0)
 
     def prepare(self, output: SchedulerOutput) -> PackedStep:
-        """Pack the step: input ids, positions, attention metadata, the rows to sample and, for a
-        step of decodes only, what it read of the persistent batch."""
+        """Pack the step (minicb.runner.packing): input ids, positions, attention metadata, the
+        rows to sample and, for a step of decodes only, what it read of the persistent batch.
+        Such a step (none a ghost, none asking for prompt logprobs) takes the shorter packer."""
         rows = len(output.seqs)
         if (output.num_decode_rows == rows and output.num_useful_rows == rows
                 and not any(s.prompt_targets for s in output.seqs)):
-            return self._prepare_decodes(output)       # decodes only, none a ghost or a prompt
-        return self._prepare_packed(output)
-
-    def _prepare_packed(self, output: SchedulerOutput):
-        """Any step: per row, [pad…, the row's tokens]; everything else by tensor ops."""
-        seqs, block_size = output.seqs, self.config.block_size
-        input_ids: list[int] = []
-        q_lens, starts, pads, seq_lens, real_rows = [], [], [], [], []
-        for seq in seqs:
-            input_ids.extend([self.pad_token_id] * seq.num_pad)
-            input_ids.extend(seq.token_ids)
-            q_lens.append(seq.q_len)
-            starts.append(seq.start)
-            pads.append(seq.num_pad)
-            seq_lens.append(seq.seq_len)
-            real_rows.append(not seq.ghost)
-
-        q_lens_t = torch.tensor(q_lens)
-        cu_seqlens_q = torch.zeros(len(q_lens) + 1, dtype=torch.int32)
-        cu_seqlens_q[1:] = q_lens_t.cumsum(0)
-        row_of_token = torch.repeat_interleave(torch.arange(len(q_lens)), q_lens_t)
-        offset_in_row = torch.arange(len(input_ids)) - cu_seqlens_q[:-1].long()[row_of_token]
-        pads_t = torch.tensor(pads)[row_of_token]
-        positions = (torch.tensor(starts)[row_of_token] + offset_in_row - pads_t).clamp(min=0)
-        block_tables = self._block_tables(seqs)
-        max_blocks = block_tables.shape[1]
-        # token at position p of row r → block_tables[r, p // block_size] * block_size + p %
-        # block_size
-        slots = block_tables[row_of_token,
-                             (positions // block_size).clamp(max=max_blocks - 1)].long() \
-            * block_size + positions % block_size
-        writes = (offset_in_row >= pads_t) & torch.tensor(real_rows)[row_of_token]
-        slot_mapping = torch.where(writes, slots, torch.full_like(slots, -1))
-        ends = cu_seqlens_q[1:].long()
-        if any(s.proposal or s.prompt_targets for s in seqs):
-            # a verification row needs logits at each of its 1 + k positions, a row asking for
-            # prompt logprobs at its first len(prompt_targets) positions too, the rest at the last
-            logits_indices = torch.cat([part for s, end in zip(seqs, ends.tolist())
-                                        for part in _row_logits(s, end)]
-                                       or [torch.zeros(0, dtype=torch.long)])
-        else:
-            logits_indices = (ends - 1)[[s.needs_logits for s in seqs]]
-        return self._to_device(output, torch.tensor(input_ids), positions, slot_mapping,
-                               cu_seqlens_q, torch.tensor(seq_lens, dtype=torch.int32), seq_lens,
-                               block_tables, q_lens, logits_indices)
-
-    def _prepare_decodes(self, output: SchedulerOutput):
-        """The decode-only step: row r is one token at position start_r, every row needs its
-        logits, nothing is padded. The persistent batch gathers the rows in one pass (their
-        block tables rewritten only when they changed) into arrays that become tensors without
-        a copy; what depends on the row count alone (cu_seqlens_q, the logits of every row, the
-        query lengths and decode marks) is the same for every step of as many rows, made once."""
-        inputs = self.input_batch.gather(output.seqs)
-        num_rows = len(output.seqs)
-        numbers = self._row_numbers.get(num_rows)
-        if numbers is None:    # (never written in place: every step of num_rows rows reads them)
-            rows = torch.arange(num_rows + 1, dtype=torch.int32)
-            numbers = self._row_numbers[num_rows] = (rows, rows[:-1].long(), [1] * num_rows,
-                                                     [True] * num_rows)
-        cu_seqlens_q, logits_indices, q_lens, decode_rows = numbers
-        if self.device.type != "cpu":
-            return self._to_device(output, torch.from_numpy(inputs.tokens),
-                                   torch.from_numpy(inputs.positions),
-                                   torch.from_numpy(inputs.slots), cu_seqlens_q,
-                                   torch.from_numpy(inputs.seq_lens), inputs.seq_lens_host,
-                                   torch.from_numpy(inputs.block_tables), q_lens, logits_indices,
-                                   inputs)
-        # on the host, the arrays are the step's tensors: nothing to move
-        meta = AttentionMetadata(torch.from_numpy(inputs.slots), cu_seqlens_q,
-                                 torch.from_numpy(inputs.seq_lens),
-                                 torch.from_numpy(inputs.block_tables), 1,
-                                 max(inputs.seq_lens_host), q_lens, inputs.seq_lens_host,
-                                 decode_rows, num_rows)
-        return PackedStep(torch.from_numpy(inputs.tokens), torch.from_numpy(inputs.positions),
-                          meta, logits_indices, inputs)
-
-    @staticmethod
-    def _block_tables(seqs) -> torch.Tensor:
-        """The rows' block tables, padded with block 0 to the longest: int32 [rows, max_blocks]."""
-        tables = [s.block_table for s in seqs]
-        width = max(len(t) for t in tables)
-        return torch.tensor([t + [0] * (width - len(t)) if len(t) < width else t for t in tables],
-                            dtype=torch.int32)
-
-    def _to_device(self, output, input_ids, positions, slot_mapping, cu_seqlens_q, seq_lens,
-                   seq_lens_host, block_tables, q_lens, logits_indices, decode=None) -> PackedStep:
-        on_host = self.device.type == "cpu"     # then every .to() would be a no-op call
-
-        def moved(tensor: torch.Tensor) -> torch.Tensor:
-            return tensor if on_host else tensor.to(self.device, non_blocking=True)
-
-        meta = AttentionMetadata(
-            slot_mapping=moved(slot_mapping), cu_seqlens_q=moved(cu_seqlens_q),
-            seq_lens=moved(seq_lens), block_tables=moved(block_tables), max_seqlen_q=max(q_lens),
-            max_seqlen_k=max(max(seq_lens_host), 1), q_lens_host=q_lens,
-            seq_lens_host=seq_lens_host,
-            decode_rows=([True] * len(q_lens) if output.num_decode_rows == len(q_lens)
-                         else [s.is_decode for s in output.seqs]),
-            num_decode_rows=output.num_decode_rows)
-        return PackedStep(moved(input_ids), moved(positions), meta,
-                          moved(logits_indices), decode)
+            return pack_decodes(output, self.input_batch, self.device)
+        return pack(output, self.config.block_size, self.pad_token_id, self.device)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                 logits_indices: torch.Tensor) -> torch.Tensor:
@@ -286,62 +165,16 @@ class ModelRunner:
                                     input_ids)
         logits = self.forward(input_ids, positions, meta, logits_indices)
         prompt_logprobs, rows = None, output.seqs
-        if decode is not None:                    # every row a decode: its settings are at hand
-            steady = decode.all_greedy and not decode.any_logprobs    # nothing but an argmax
-            result = self._argmax_rows(logits) if steady else self.sample(rows, logits, decode)
-        else:
-            rows = [s for s in output.seqs if s.needs_logits]
+        if decode is None:          # (in a step of decodes only, every row samples, none asks
+            rows = [s for s in output.seqs if s.needs_logits]       # for prompt logprobs)
             if any(s.prompt_targets for s in output.seqs):
                 logits, prompt_logprobs = self._prompt_logprobs(output.seqs, logits)
-            result = self.sample(rows, logits)
+        result = self.sample(rows, logits, decode)
         result.prompt_logprobs = prompt_logprobs
         if self.proposer is not None:
             self.proposer.catch_up([s for s, tokens in zip(rows, result.sampled_token_ids)
                                     if s.proposal and tokens and len(tokens) > len(s.proposal)])
         return result
-
-    def sample(self, rows: list[ScheduledSeq], logits: torch.Tensor,
-               decode: DecodeInputs | None = None) -> ModelRunnerOutput:
-        """Every row's tokens, one path for all: `logits` holds each row's `num_logits`
-        positions in turn (one for a decode or a prompt's last chunk, 1 + k for a verification
-        row). The one-position rows are sampled together by the sampler; each verification row
-        goes to the acceptance rule (minicb.spec.rejection.accept, with the request's own
-        generator), which keeps 1 to k + 1 tokens; then every kept token's logprob, read by the
-        sampler from its own position's logits. `decode`: in a step of decodes only, what the
-        persistent batch read of its rows, their sampling settings included."""
-        if decode is not None:
-            firsts = range(len(rows) + 1)
-            plain = range(len(rows))
-            greedy = decode.all_greedy
-        else:
-            firsts = [0]
-            for seq in rows:
-                firsts.append(firsts[-1] + seq.num_logits)
-            plain = [i for i, s in enumerate(rows) if not s.proposal]
-            greedy = None
-        tokens: list[list[int] | None] = [None] * len(rows)
-        errors: list[str | None] = [None] * len(rows)
-        if len(plain) == len(rows):
-            drawn, errors = self._sample_plain(logits, rows, greedy)
-            tokens = [None if token is None else [token] for token in drawn]
-        elif plain:
-            at = torch.tensor([firsts[i] for i in plain])
-            drawn, failed = self._sample_plain(logits[at], [rows[i] for i in plain])
-            for i, token, error in zip(plain, drawn, failed):
-                tokens[i], errors[i] = (None if token is None else [token]), error
-        if len(plain) < len(rows):
-            for i, seq in enumerate(rows):
-                if seq.proposal:
-                    try:
-                        tokens[i] = accept(logits[firsts[i]:firsts[i + 1]], seq.proposal,
-                                           seq.params, seq.generator, seq.draft_probs)
-                    except Exception as error:
-                        errors[i] = f"verification failed: {type(error).__name__}: {error}"
-        if decode is not None and not decode.any_logprobs:
-            logprobs = [None] * len(rows)
-        else:
-            logprobs = self._logprobs(rows, logits, firsts, tokens)
-        return ModelRunnerOutput(tokens, logprobs, errors)
 
     @staticmethod
     def _prompt_logprobs(seqs: list[ScheduledSeq], logits: torch.Tensor):
@@ -358,16 +191,81 @@ class ModelRunner:
                   for index, s in enumerate(seqs) if s.prompt_targets}
         return logits[~is_prompt], by_row
 
-    def _sample_plain(self, logits: torch.Tensor, rows: list[ScheduledSeq],
-                      all_greedy: bool | None = None
+    def sample(self, rows: list[ScheduledSeq], logits: torch.Tensor,
+               decode: DecodeInputs | None = None) -> ModelRunnerOutput:
+        """Every row's tokens, their logprobs and errors, by the route the step allows, chosen
+        here once. `_sample_general` takes any step; the two others give its very result for the
+        steps they accept, with less work (tests/runner/test_sample_routes.py holds them to it):
+
+        - `_sample_argmax`: a step of decodes whose every row takes the argmax of its raw logits
+          (greedy, nothing to apply first), as the persistent batch read off its rows (`decode`);
+        - `_sample_plain`: a step without a verification row, so row i's logits are logits[i]."""
+        if decode is not None:
+            if decode.all_greedy:
+                return self._sample_argmax(rows, logits, decode.any_logprobs)
+            return self._sample_plain(rows, logits, decode.any_logprobs)
+        if not any(s.proposal for s in rows):
+            return self._sample_plain(rows, logits)
+        return self._sample_general(rows, logits)
+
+    def _sample_general(self, rows: list[ScheduledSeq], logits: torch.Tensor
+                        ) -> ModelRunnerOutput:
+        """Every row's tokens, one path for all: `logits` holds each row's `num_logits`
+        positions in turn (one for a decode or a prompt's last chunk, 1 + k for a verification
+        row). The one-position rows are sampled together by the sampler; each verification row
+        goes to the acceptance rule (minicb.spec.rejection.accept, with the request's own
+        generator), which keeps 1 to k + 1 tokens; then every kept token's logprob, read by the
+        sampler from its own position's logits."""
+        firsts = [0]
+        for seq in rows:
+            firsts.append(firsts[-1] + seq.num_logits)
+        tokens: list[list[int] | None] = [None] * len(rows)
+        errors: list[str | None] = [None] * len(rows)
+        plain = [i for i, s in enumerate(rows) if not s.proposal]
+        if plain:
+            at = torch.tensor([firsts[i] for i in plain])
+            drawn, failed = self._sample_batch(logits[at], [rows[i] for i in plain])
+            for i, token, error in zip(plain, drawn, failed):
+                tokens[i], errors[i] = (None if token is None else [token]), error
+        for i, seq in enumerate(rows):
+            if seq.proposal:
+                try:
+                    tokens[i] = accept(logits[firsts[i]:firsts[i + 1]], seq.proposal, seq.params,
+                                       seq.generator, seq.draft_probs)
+                except Exception as error:
+                    errors[i] = f"verification failed: {type(error).__name__}: {error}"
+        return ModelRunnerOutput(tokens, self._logprobs(rows, logits, firsts, tokens), errors)
+
+    def _sample_plain(self, rows: list[ScheduledSeq], logits: torch.Tensor,
+                      any_logprobs: bool = True) -> ModelRunnerOutput:
+        """No verification row: each row has one position, logits[i], so the sampler takes the
+        logits whole (no gather) and no acceptance rule runs. `any_logprobs`: False when the
+        persistent batch says no row asked for logprobs (else `_logprobs` looks)."""
+        drawn, errors = self._sample_batch(logits, rows)
+        tokens = [None if token is None else [token] for token in drawn]
+        logprobs = (self._logprobs(rows, logits, range(len(rows) + 1), tokens) if any_logprobs
+                    else [None] * len(rows))
+        return ModelRunnerOutput(tokens, logprobs, errors)
+
+    def _sample_argmax(self, rows: list[ScheduledSeq], logits: torch.Tensor,
+                       any_logprobs: bool) -> ModelRunnerOutput:
+        """Every row a decode that takes the argmax of its raw logits, as the sampler would
+        (greedy, no penalty, bias or grammar to apply first): one argmax, no row's settings read,
+        nothing that can fail; logprobs only when a row asked. The steady greedy decode."""
+        # (float32 logits, the CPU's, are taken as they are: .float() is a call even then)
+        sampled = self.sampled = self.sampler.argmax(
+            logits if logits.dtype == torch.float32 else logits.float())
+        tokens = [[token] for token in sampled.tolist()]
+        logprobs = (self._logprobs(rows, logits, range(len(rows) + 1), tokens) if any_logprobs
+                    else [None] * len(rows))
+        return ModelRunnerOutput(tokens, logprobs, [None] * len(rows))
+
+    def _sample_batch(self, logits: torch.Tensor, rows: list[ScheduledSeq]
                       ) -> tuple[list[int | None], list[str | None]]:
-        """One token per row, the batch at once. If one request's settings break the batch's
-        sampling, each row is sampled alone, so only a row that fails by itself goes without a
-        token (the engine ends that request, with the error, and every other request carries
-        on). `all_greedy`: whether every row is greedy, when the caller knows."""
-        if all_greedy:         # no settings to read: every row takes its argmax
-            self.sampled = self.sampler.argmax(logits.float())
-            return self.sampled.tolist(), [None] * len(rows)
+        """One token per row, the batch at once, kept in `sampled` for the next step's
+        placeholders. If one request's settings break the batch's sampling, each row is sampled
+        alone, so only a row that fails by itself goes without a token (the engine ends that
+        request, with the error, and every other request carries on)."""
         params, generators = [s.params for s in rows], [s.generator for s in rows]
         states = [s.logits_state for s in rows]
         try:
@@ -392,21 +290,11 @@ class ModelRunner:
         self.sampled = torch.tensor([0 if t is None else t for t in tokens], device=logits.device)
         return tokens, errors
 
-    def _argmax_rows(self, logits: torch.Tensor) -> ModelRunnerOutput:
-        """Every row greedy, none asking for logprobs (a decode step's settings, read off the
-        persistent batch): each row's argmax is its one token, and the result's lists are built
-        once each, without `sample`'s general bookkeeping."""
-        # (float32 logits, the CPU's, are taken as they are: .float() is a call even then)
-        sampled = self.sampled = self.sampler.argmax(
-            logits if logits.dtype == torch.float32 else logits.float())
-        num_rows = len(sampled)
-        return ModelRunnerOutput([[token] for token in sampled.tolist()], [None] * num_rows,
-                                 [None] * num_rows)
-
-    def _logprobs(self, rows: list[ScheduledSeq], logits: torch.Tensor, firsts: list[int],
+    def _logprobs(self, rows: list[ScheduledSeq], logits: torch.Tensor, firsts: Sequence[int],
                   tokens: list[list[int] | None]) -> list[list[Logprob | None] | None]:
         """Each kept token's logprob from its own position's logits, in one call of the sampler
-        over the rows that asked for them; None for the others."""
+        over the rows that asked for them; None for the others. `firsts[i]`: row i's first
+        position in `logits`."""
         asked = [i for i, (s, t) in enumerate(zip(rows, tokens))
                  if t is not None and s.params.logprobs is not None]
         result: list[list[Logprob | None] | None] = [None] * len(rows)

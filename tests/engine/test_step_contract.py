@@ -16,6 +16,7 @@ from minicb.model.attention import AttentionMetadata
 from minicb.plan import SamplerOutput
 from minicb.registry import ATTENTION_BACKENDS, KV_CACHES, SCHEDULERS
 from minicb.request import RequestStatus
+from minicb.runner.packing import pack
 from minicb.sim import simulate
 from minicb.sim.workload import fixed
 
@@ -58,7 +59,9 @@ def test_the_decode_fast_path_packs_what_the_general_path_packs(tiny_llama):
     plan = engine.scheduler.schedule()
     assert plan.num_decode_rows == len(plan.seqs) == 3
     fast = engine.runner.prepare(plan)
-    general = engine.runner._prepare_packed(plan)
+    assert fast.decode is not None                       # the decode-only packer took it
+    general = pack(plan, engine.config.block_size, engine.runner.pad_token_id,
+                   engine.runner.device)
     for have, want in zip(general[:4], fast[:4]):
         if isinstance(want, AttentionMetadata):
             for name in ("slot_mapping", "cu_seqlens_q", "seq_lens", "block_tables"):
