@@ -109,3 +109,66 @@ def reload_cpu_kernel():
     cpu._library.cache_clear()
     yield
     cpu._library.cache_clear()
+
+
+def _save_moe(model_cls, config, path) -> str:
+    """An MoE checkpoint: `_save`'s sharpening, and the experts' and routers' weights scaled up
+    too, so tokens prefer their experts clearly (a near-tie between two experts' router scores
+    would let rounding pick either)."""
+    torch.manual_seed(0)
+    model = model_cls(config).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith(("proj.weight", "_proj")) or "embed" in name or "lm_head" in name:
+                param.mul_(2.0)
+            elif name.endswith("mlp.gate.weight"):
+                param.mul_(20.0)
+            elif name.endswith("norm.weight"):
+                param.normal_(1.0, 0.2)
+    model.save_pretrained(path)
+    return str(path)
+
+
+MOE_COMMON = dict(vocab_size=512, num_attention_heads=4, num_key_value_heads=2,
+                  max_position_embeddings=512, tie_word_embeddings=False, bos_token_id=1,
+                  eos_token_id=2, pad_token_id=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_moe(tmp_path_factory) -> str:
+    """A Qwen3-MoE: 8 experts, top-2, renormalised (norm_topk_prob), every layer sparse."""
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    config = Qwen3MoeConfig(hidden_size=128, intermediate_size=256, moe_intermediate_size=64,
+                            num_hidden_layers=2, head_dim=32, num_experts=8,
+                            num_experts_per_tok=2, norm_topk_prob=True, **MOE_COMMON)
+    return _save_moe(Qwen3MoeForCausalLM, config, tmp_path_factory.mktemp("tiny-qwen3-moe"))
+
+
+@pytest.fixture(scope="session")
+def tiny_mixtral(tmp_path_factory) -> str:
+    """A Mixtral: 8 experts, top-2, always renormalised, float32 routing weights."""
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    config = MixtralConfig(hidden_size=128, intermediate_size=96, num_hidden_layers=2,
+                           num_local_experts=8, num_experts_per_tok=2, **MOE_COMMON)
+    return _save_moe(MixtralForCausalLM, config, tmp_path_factory.mktemp("tiny-mixtral"))
+
+
+@pytest.fixture(scope="session")
+def tiny_many_experts(tmp_path_factory) -> str:
+    """Many small experts (32, top-8, not renormalised), a dense middle layer (mlp_only_layers),
+    and Qwen2-MoE's sigmoid-gated shared expert."""
+    from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
+
+    config = Qwen2MoeConfig(hidden_size=128, intermediate_size=192, moe_intermediate_size=32,
+                            shared_expert_intermediate_size=64, num_hidden_layers=3,
+                            mlp_only_layers=[1], num_experts=32, num_experts_per_tok=8,
+                            norm_topk_prob=False, **MOE_COMMON)
+    return _save_moe(Qwen2MoeForCausalLM, config, tmp_path_factory.mktemp("tiny-many-experts"))
+
+
+@pytest.fixture(scope="session", params=["tiny_qwen3_moe", "tiny_mixtral", "tiny_many_experts"])
+def tiny_moe(request) -> str:
+    """Each mixture-of-experts family in turn."""
+    return request.getfixturevalue(request.param)

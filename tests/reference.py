@@ -26,11 +26,14 @@ class Reference:
     logprobs: list[dict[int, float]]    # per position: top-5 {token: logprob}
 
 
-def hf_greedy(model_dir: str, prompts: list[list[int]], max_tokens: list[int]) -> list[Reference]:
-    """transformers' generate(do_sample=False) on each prompt alone, with top-5 logprobs."""
+def hf_greedy(model_dir: str, prompts: list[list[int]], max_tokens: list[int],
+              **load_options) -> list[Reference]:
+    """transformers' generate(do_sample=False) on each prompt alone, with top-5 logprobs;
+    `load_options` go to from_pretrained (experts_implementation="eager", say)."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32,
+                                                 **load_options).eval()
     # ignore_eos means "do not stop at EOS", not "never pick EOS": min_new_tokens would mask EOS
     # out of the logits, so the reference simply has no EOS to stop at
     model.generation_config.eos_token_id = None

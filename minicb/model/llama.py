@@ -8,6 +8,7 @@ request's past through the batch's slot mapping and block tables (minicb.model.a
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -15,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from minicb.model.attention import Attention, AttentionMetadata
+from minicb.model.moe import MoeArgs, SparseMoeBlock
 
 
 @dataclass
@@ -35,6 +37,7 @@ class ModelArgs:
     rope_scaling: dict | None = None
     o_bias: bool = False    # an o_proj bias: Llama's and Qwen3's attention_bias (not Qwen2's)
     qk_norm: bool = False   # Qwen3: an RMSNorm over each query and key head, before RoPE
+    moe: MoeArgs | None = None  # the mixture-of-experts layers (minicb/model/moe.py); None: dense
 
 
 class RMSNorm(nn.Module):
@@ -205,12 +208,17 @@ def fuse_linears(parts: list[nn.Linear]) -> nn.Linear:
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, args: ModelArgs, attention: Attention):
+    def __init__(self, args: ModelArgs, attention: Attention, index: int = 0):
         super().__init__()
         self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.self_attn = SelfAttention(args, attention)
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
-        self.mlp = MLP(args)
+        if args.moe is not None and index in args.moe.sparse_layers:
+            shared = args.moe.shared_expert_size     # Qwen2-MoE's shared expert: a dense MLP
+            self.mlp = SparseMoeBlock(args.hidden_size, args.moe, MLP(dataclasses.replace(
+                args, intermediate_size=shared, mlp_bias=False)) if shared else None)
+        else:
+            self.mlp = MLP(args)
 
     def forward(self, x, cos, sin, kv_cache, meta):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, meta)
@@ -221,7 +229,8 @@ class LlamaModel(nn.Module):
     def __init__(self, args: ModelArgs, attention: Attention):
         super().__init__()
         self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(args, attention) for _ in range(args.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(args, attention, index)
+                                    for index in range(args.num_layers))
         self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(args)
 
@@ -251,7 +260,8 @@ class LlamaForCausalLM(nn.Module):
         for layer in self.model.layers:
             attn, mlp = layer.self_attn, layer.mlp
             attn.qkv_proj = fuse_linears([attn.q_proj, attn.k_proj, attn.v_proj])
-            mlp.gate_up_proj = fuse_linears([mlp.gate_proj, mlp.up_proj])
+            if isinstance(mlp, MLP):     # a sparse block's experts are stacked already
+                mlp.gate_up_proj = fuse_linears([mlp.gate_proj, mlp.up_proj])
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,

@@ -11,8 +11,15 @@ from safetensors.torch import load_file
 
 from minicb.config import DTYPES as DTYPE_NAMES
 from minicb.model.llama import LlamaForCausalLM, ModelArgs, rope_inv_freq
+from minicb.model.moe import (
+    FAMILIES,
+    MOE_FIELDS,
+    MOE_INERT,
+    moe_args_from_config,
+    stack_expert_weights,
+)
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", *FAMILIES)
 SUPPORTED_ROPE_TYPES = ("default", "llama3")
 # what each RoPE type reads from rope_parameters (or the older rope_scaling)
 ROPE_FIELDS = {"default": ("rope_type", "type", "rope_theta"),
@@ -60,14 +67,14 @@ HONOURED = (*REQUIRED, "architectures", "model_type", "num_key_value_heads", "he
             "max_position_embeddings", "tie_word_embeddings", "attention_bias", "mlp_bias",
             # checked below: only the values the forward computes are accepted
             "hidden_act", "layer_types", "use_sliding_window", "sliding_window",
-            "max_window_layers")
+            "max_window_layers", *MOE_FIELDS)
 INERT = ("bos_token_id", "eos_token_id", "pad_token_id",   # the tokenizer's and sampler's business
          "dtype", "torch_dtype",                 # the engine's dtype decides
          "transformers_version", "_name_or_path", "use_cache", "initializer_range",
          "attention_dropout",                    # dropout is off at inference
          "pretraining_tp",                       # read by no forward (transformers ignores it too)
          "output_attentions", "output_hidden_states", "return_dict", "id2label", "label2id",
-         "tokenizer_class")
+         "tokenizer_class", *MOE_INERT)
 
 
 def check_fields(config: dict, source: str) -> None:
@@ -132,7 +139,7 @@ def model_args_from_config(config: dict, source: str = "config.json") -> ModelAr
         raise ValueError(f"{source}: num_attention_heads={num_heads} is not a multiple of "
                          f"num_key_value_heads={num_kv_heads}.")
     check_fields(config, source)
-    is_qwen2 = architectures[0] == "Qwen2ForCausalLM"
+    is_qwen2 = architectures[0] in ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM")
     attention_bias = bool(config.get("attention_bias", False))
     return ModelArgs(
         vocab_size=config["vocab_size"],
@@ -146,11 +153,13 @@ def model_args_from_config(config: dict, source: str = "config.json") -> ModelAr
         rope_theta=rope.get("rope_theta", config.get("rope_theta", 10000.0)),
         max_position_embeddings=config.get("max_position_embeddings", 2048),
         tie_word_embeddings=config.get("tie_word_embeddings", False),
-        qkv_bias=is_qwen2 or attention_bias,     # Qwen2: always, and never on o_proj
+        # Qwen2: always (Qwen2-MoE: as its qkv_bias says), and never on o_proj
+        qkv_bias=is_qwen2 and config.get("qkv_bias", True) or attention_bias,
         o_bias=attention_bias and not is_qwen2,
         mlp_bias=bool(config.get("mlp_bias", False)),
         rope_scaling=rope if rope_type == "llama3" else None,
-        qk_norm=architectures[0] == "Qwen3ForCausalLM",
+        qk_norm=architectures[0] in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM"),
+        moe=moe_args_from_config(config, architectures[0], source),
     )
 
 
@@ -179,6 +188,7 @@ def load_model(path: Path, device: str = "cpu", dtype: str = "float32",
                              f"{error}") from None
     if args.tie_word_embeddings:
         state.pop("lm_head.weight", None)
+    state = stack_expert_weights(state, args.moe)
     with torch.device("meta"):
         model = LlamaForCausalLM(args, attention)
     model = model.to_empty(device=device).to(DTYPES[dtype])
