@@ -100,6 +100,10 @@ class EngineConfig:
     enforce_eager: bool = knob(
         False, "run every step eagerly: no CUDA graphs for decode steps (graphs are captured "
         "only on CUDA with attention='triton'; elsewhere every step is eager anyway)")
+    tensor_parallel_size: int = knob(
+        1, "processes (GPUs on CUDA) one model is split across, by attention heads and MLP "
+        "features, as vLLM's option of the same name; each runs its share of every layer and "
+        "the ranks all-reduce twice per layer (minicb/engine/tp_executor.py)")
     seed: int = knob(0, "seed of the sampler's default generator")
     async_scheduling: bool = knob(
         False, "overlap the host's work with the model: plan and pack step n + 1 while step n runs "
@@ -202,6 +206,9 @@ class EngineConfig:
                                                       and self.max_fused_decode_rows >= 0),
                f"max_fused_decode_rows must be None (the default) or an integer >= 0 (0: never "
                f"fuse) (got {self.max_fused_decode_rows!r}).")
+        _check(_is_int(self.tensor_parallel_size) and self.tensor_parallel_size >= 1,
+               f"tensor_parallel_size must be an integer >= 1 (got "
+               f"{self.tensor_parallel_size!r}); 1 runs the model in this process alone.")
         _check(isinstance(self.enforce_eager, bool),
                f"enforce_eager must be True or False (got {self.enforce_eager!r}).")
         _check(self.num_kv_blocks is None or (isinstance(self.num_kv_blocks, int)

@@ -48,7 +48,11 @@ class LLMEngine:
         # on a CPU, how many threads each step uses: the cores other programs leave free. It
         # changes how many threads run a step, never which arithmetic: the fused decode layer's
         # row limit is fixed here, once (config.max_fused_decode_rows)
-        self.threads = (ThreadPolicy(config.cpu_threads) if config.device == "cpu" else None)
+        threads = config.cpu_threads
+        if config.tensor_parallel_size > 1:     # each rank its share of the cores, fixed
+            from minicb.engine.tp_executor import rank_threads
+            threads = rank_threads(config)
+        self.threads = (ThreadPolicy(threads) if config.device == "cpu" else None)
         config = self.config = config.resolve(self.model.args.max_position_embeddings, attention,
                                                dtype)
         pad = self.tokenizer.pad_token_id if self.tokenizer is not None else None
@@ -65,7 +69,13 @@ class LLMEngine:
         self.kv = make_kv_manager(config.kv_cache, config.num_kv_blocks, config.block_size,
                                   config.max_model_len, config.enable_prefix_caching)
         self.scheduler = make_scheduler(config, self.kv, time.perf_counter, self.eos_token_ids)
-        self.runner = ModelRunner(self.model, config, pad_token_id=pad or 0, proposer=proposer)
+        if config.tensor_parallel_size == 1:
+            self.runner = ModelRunner(self.model, config, pad_token_id=pad or 0,
+                                      proposer=proposer)
+        else:      # the model split across processes, this one rank 0 (engine/tp_executor.py)
+            from minicb.engine.tp_executor import start_tensor_parallel
+            self.runner = start_tensor_parallel(self.model, config, self.model_path, pad or 0,
+                                                proposer)
         if uses_cuda_graphs(config):        # after the KV pool, whose addresses the graphs read
             self.runner.use_cuda_graphs(capture=True)
         self.core = self._make_core(config)

@@ -89,9 +89,11 @@ class ModelRunner:
                           for _ in range(args.num_layers)]
         # a CPU engine (its C kernels built, float32 weights) runs its decode-only steps of up to
         # max_fused_decode_rows rows through the fused C decode layer; other steps run the model
-        # (a mixture-of-experts model always: the fused layer computes a dense MLP)
+        # (a mixture-of-experts model always: the fused layer computes a dense MLP; and a rank
+        # of a split model: the fused layer has no place for the all-reduces)
         self.fused = (FusedCpuDecoder(model, config.max_fused_decode_rows)
-                      if config.attention == "cpu" and model.args.moe is None else None)
+                      if config.attention == "cpu" and model.args.moe is None
+                      and config.tensor_parallel_size == 1 else None)
         self.graphs: DecodeGraphs | None = None     # decode-only steps through CUDA graphs
 
     def use_cuda_graphs(self, capture: bool = True) -> None:

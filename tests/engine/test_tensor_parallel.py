@@ -1,0 +1,236 @@
+"""Tensor parallelism on a CPU (gloo): a model split over two processes gives the tokens of the
+unsplit model, with logprobs within LOGPROB_TOLERANCE, on every family of the parity suite, and
+with the engine's features on; a split the heads cannot take is refused naming the sizes that
+work; a killed worker ends its requests with an error naming it, and nothing hangs or is left
+running.
+
+Each test starts one two-rank engine (a spawned worker costs an interpreter and torch's import)
+and stops it when done. Together, the families and scheduler × KV layouts below cover every
+family (Llama; Qwen2 and a biased Llama with one KV head, which both ranks hold; Qwen3) and every
+scheduler × KV layout once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+from reference import Reference, compare
+
+from minicb import LLM, LLMEngine, SamplingParams
+from minicb.engine.tp_executor import TensorParallelError
+from minicb.serving.async_engine import AsyncLLMEngine
+
+# the two runs sum each row-parallel product in two halves instead of one: float32 rounding
+LOGPROB_TOLERANCE = 1e-4
+COMMON = dict(max_model_len=128, max_num_seqs=4, max_num_batched_tokens=64, block_size=8)
+
+
+def workload(num: int = 8, seed: int = 0) -> list[tuple[list[int], int]]:
+    rng = random.Random(seed)
+    return [([rng.randrange(3, 512) for _ in range(rng.randint(1, 40))], rng.randint(1, 12))
+            for _ in range(num)]
+
+
+def drive(llm: LLM, requests, params=None, aborts: dict[int, int] | None = None
+          ) -> dict[str, list]:
+    """Add request i before step i // 2 (arrivals mid-run), abort request j before step
+    aborts[j]; each request's (token ids, logprobs) per sample, in sample order."""
+    engine, aborts = llm.llm_engine, aborts or {}
+    finished: dict[str, list] = {}
+    step = added = 0
+    while added < len(requests) or engine.has_unfinished_requests():
+        while added < len(requests) and added // 2 <= step:
+            prompt, max_tokens = requests[added]
+            engine.add_request(str(added), prompt, (params or greedy)(added, max_tokens))
+            added += 1
+        for index, at in aborts.items():
+            if at == step and engine.has_request(str(index)):
+                engine.abort(str(index))
+        for output in engine.step():
+            if output.finished:
+                finished.setdefault(output.request_id, []).append(output.outputs[0])
+        step += 1
+    return {rid: [(s.token_ids, s.logprobs) for s in sorted(samples, key=lambda s: s.index)]
+            for rid, samples in finished.items()}
+
+
+def greedy(index: int, max_tokens: int) -> SamplingParams:
+    return SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True, logprobs=5)
+
+
+def assert_same(one: dict, two: dict) -> None:
+    """Every request's samples: equal tokens (a near-tie under the one-rank run may part them,
+    as the parity suite allows), and the logprobs of each shared top token within tolerance."""
+    assert one.keys() == two.keys()
+    for rid in one:
+        for sample, ((ids1, lp1), (ids2, lp2)) in enumerate(zip(one[rid], two[rid], strict=True)):
+            verdict = compare(Reference(ids1, lp1), ids2, lp2, f"request {rid}/{sample}")
+            agreed = len(ids1) if verdict == "equal" else int(verdict.rsplit(" ", 1)[1]) + 1
+            for top1, top2 in zip(lp1[:agreed], lp2[:agreed]):
+                shared = top1.keys() & top2.keys()
+                assert shared, f"request {rid}: no top token in common"
+                worst = max(abs(top1[t] - top2[t]) for t in shared)
+                assert worst < LOGPROB_TOLERANCE, f"request {rid}: logprobs differ by {worst}"
+
+
+def assert_blocks_back(llm: LLM) -> None:
+    kv = llm.llm_engine.kv
+    assert kv.num_free_blocks() == kv.num_blocks, "KV blocks leaked after every request ended"
+
+
+def both(path: str, run, **knobs) -> tuple[dict, dict, LLM]:
+    """`run(llm)` on the unsplit engine, then on a two-rank one (stopped afterwards)."""
+    one = run(LLM(path, **COMMON, **knobs))
+    split = LLM(path, tensor_parallel_size=2, **COMMON, **knobs)
+    try:
+        two = run(split)
+        assert_blocks_back(split)
+    finally:
+        split.llm_engine.runner.shutdown()
+    return one, two, split
+
+
+@pytest.mark.parametrize("family,scheduler,kv_cache", [
+    ("tiny_llama", "naive", "paged"),                 # 2 KV heads: one per rank
+    ("tiny_qwen2", "static", "paged"),                # 1 KV head, held by both ranks; q/k/v biases
+    ("tiny_qwen3", "static", "contiguous"),           # per-head q/k norms
+    ("tiny_llama_bias", "continuous", "contiguous"),  # 1 KV head; o_proj and MLP biases
+])
+def test_two_ranks_equal_one(request, family, scheduler, kv_cache):
+    path = request.getfixturevalue(family)
+    requests = workload()
+    one, two, split = both(path, lambda llm: drive(llm, requests), scheduler=scheduler,
+                           kv_cache=kv_cache)
+    assert len(two) == len(requests)
+    assert_same(one, two)
+    runner = split.llm_engine.runner
+    # each rank's pool holds its own KV heads: half of them, or the one head both ranks hold
+    assert runner.kv_caches[0][0].shape[2] == max(1, runner.model.args.num_kv_heads)
+    assert runner.model.args.num_heads == 2     # 4 query heads over 2 ranks
+
+
+def test_features_on_two_ranks(tiny_llama):
+    """Continuous batching on paged KV with the prefix cache, a pool small enough to preempt,
+    overlapped scheduling, seeded sampling of n = 2 samples, and aborts mid-run."""
+    shared = [7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22]
+    requests = [(shared + prompt, max(tokens, 8)) for prompt, tokens in workload(seed=1)]
+
+    def sampled(index: int, max_tokens: int) -> SamplingParams:
+        if index % 3:
+            return greedy(index, max_tokens)
+        return SamplingParams(max_tokens=max_tokens, temperature=1.0, seed=index, n=2,
+                              ignore_eos=True, logprobs=5)
+
+    def run(llm):
+        result = drive(llm, requests, sampled, aborts={2: 3, 5: 6})
+        engine = llm.llm_engine
+        assert engine.scheduler.num_preemptions > 0, "the pool was meant to preempt"
+        assert engine.kv.prefix_stats().hit_tokens > 0, "the shared prefix was meant to be reused"
+        return result
+
+    one, two, _ = both(tiny_llama, run, enable_prefix_caching=True, num_kv_blocks=12,
+                       async_scheduling=True)
+    assert_same(one, two)
+
+
+def test_speculative_decoding_and_a_killed_worker(tiny_qwen2):
+    """ngram speculation on two ranks gives the unsplit engine's tokens; then a worker is killed
+    in the middle of a run: the step raises an error naming it, every later step too (no hang),
+    the async engine ends its requests with that error, and the other processes are gone."""
+    requests = [(prompt * 3, tokens) for prompt, tokens in workload(seed=2)]
+    knobs = dict(speculative_method="ngram", num_speculative_tokens=3)
+    one = drive(LLM(tiny_qwen2, **COMMON, **knobs), requests)
+    split = LLM(tiny_qwen2, tensor_parallel_size=2, **COMMON, **knobs)
+    try:
+        assert_same(one, drive(split, requests))
+        assert_blocks_back(split)
+        engine = split.llm_engine
+        worker = engine.runner.workers.processes[0]
+        engine.add_request("doomed", [5, 6, 7], greedy(0, 50))
+        engine.step()
+        os.kill(worker.pid, signal.SIGKILL)
+        started = time.monotonic()
+        with pytest.raises(TensorParallelError, match=r"rank 1 \(pid \d+\) was killed by SIGKILL"):
+            for _ in range(50):
+                engine.step()
+        with pytest.raises(TensorParallelError, match="the engine has stopped"):
+            split.generate([[5, 6]], greedy(0, 4), use_tqdm=False)
+        assert time.monotonic() - started < 30, "the failure took a collective's timeout"
+        deltas = asyncio.run(_serve_one(engine))
+        assert deltas[-1].finish_reason == "error" and "SIGKILL" in deltas[-1].error
+    finally:
+        split.llm_engine.runner.shutdown()
+    assert not worker.is_alive()
+
+
+async def _serve_one(engine: LLMEngine) -> list:
+    server = AsyncLLMEngine(engine)
+    deltas = [delta async for delta in server.generate([9, 10], greedy(0, 4))]
+    await server.shutdown()
+    return deltas
+
+
+def test_a_split_the_heads_cannot_take_names_the_sizes_that_work(tiny_llama):
+    with pytest.raises(ValueError, match=r"tensor_parallel_size=3 cannot split.*1, 2, 4"):
+        LLM(tiny_llama, tensor_parallel_size=3, **COMMON)
+    with pytest.raises(ValueError, match="tensor_parallel_size must be an integer >= 1"):
+        LLM(tiny_llama, tensor_parallel_size=0)
+
+
+SCRIPT = """
+import gc, sys, torch
+from minicb import LLM, SamplingParams
+if __name__ == "__main__":
+    torch.set_num_threads(1)
+    llm = LLM(sys.argv[1], tensor_parallel_size=2, max_model_len=64, max_num_seqs=2)
+    workers = llm.llm_engine.runner.workers.processes
+    print(" ".join(str(p.pid) for p in workers), flush=True)
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+    if sys.argv[2] == "drop":       # the LLM goes out of scope: its workers stop with it
+        llm.generate([[5, 6, 7]], params, use_tqdm=False)
+        del llm
+        gc.collect()
+        print("alive after drop:", [p.is_alive() for p in workers], flush=True)
+    else:                           # busy until Ctrl-C
+        while True:
+            llm.generate([[5, 6, 7]], params, use_tqdm=False)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as stat:        # a zombie is gone, just not yet reaped
+        return stat.read().split(")")[-1].split()[0] != "Z"
+
+
+def test_no_orphans_after_ctrl_c_or_going_out_of_scope(tiny_llama, tmp_path):
+    script = tmp_path / "serve_until_interrupted.py"
+    script.write_text(textwrap.dedent(SCRIPT))
+    for mode in ("drop", "interrupt"):
+        process = subprocess.Popen([sys.executable, str(script), tiny_llama, mode],
+                                   stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        pids = [int(pid) for pid in process.stdout.readline().split()]
+        assert pids, "the script printed no worker"
+        if mode == "drop":
+            assert process.stdout.readline().strip() == "alive after drop: [False]"
+        else:
+            time.sleep(1.0)
+            process.send_signal(signal.SIGINT)
+        process.communicate(timeout=60)
+        deadline = time.monotonic() + 10
+        while any(map(_alive, pids)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(map(_alive, pids)), f"{mode}: worker processes left running"
+    gc.collect()
