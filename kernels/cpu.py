@@ -2,14 +2,19 @@
 through ctypes: paged attention (``cpu_attention.c``), the small-batch matrix product
 (``cpu_linear.c``) and a whole decoder layer for decode steps (``cpu_decode_layer.c``). Their
 entry points, and the fused layer's arguments as one struct, are declared in ``cpu_kernels.h``;
-:class:`LayerArgs` mirrors that struct field by field.
+:class:`LayerArgs` mirrors that struct field by field. Activations are float32; weights may be
+float32, bfloat16 or int8 with per-channel scales, the KV cache float32, bfloat16 or int8 with
+per-(token, head) scales (``DTYPE_CODES``).
+
+The library is built once per instruction set (kernels/isa.py: AVX2, AVX-512, AVX-512 BF16) and
+the widest build the CPU runs is loaded; ``$MINICB_CPU_ISA`` forces one.
 
 Triton runs on a CPU only through its interpreter, far too slow to serve with, and the torch
 backend's gather + SDPA moves every decode row's (padded) keys three times. The attention kernel
 reads each row's real keys once, straight from its blocks. The library is compiled with the
 machine's C compiler (``cc``, or ``$CC``) the first time it is needed and cached under
-``~/.cache/minicb`` (or ``$MINICB_CACHE``), keyed by the sources, the flags and the CPU, so later
-runs load it in milliseconds.
+``~/.cache/minicb`` (or ``$MINICB_CACHE``), keyed by the sources, the build's flags and the CPU,
+so later runs load it in milliseconds.
 A cached library is loaded only if it is private to this user and its hash matches the one
 recorded when it was built; anything else is rebuilt, never loaded.
 Where no compiler works, :func:`available` says why, and the engine keeps the torch backend.
@@ -30,16 +35,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from minicb.kernels import isa
 
-HEADER = Path(__file__).with_name("cpu_kernels.h")
+HEADERS = tuple(Path(__file__).with_name(name) for name in ("cpu_kernels.h", "cpu_simd.h"))
 # each compiles on its own; they are linked into one library
 SOURCES = tuple(Path(__file__).with_name(name) for name in
                 ("cpu_attention.c", "cpu_linear.c", "cpu_decode_layer.c"))
 LIBRARY = "libminicb_cpu_kernels"
-# Tried in order: the fastest build first, then builds for compilers without -march=native or
-# OpenMP (Apple's clang has no -fopenmp: the kernel then runs on one thread).
-FLAG_SETS = (["-O3", "-march=native", "-fopenmp"], ["-O3", "-fopenmp"], ["-O3", "-march=native"],
-             ["-O3"])
+# enum minicb_dtype (cpu_kernels.h): how a weight matrix or the KV cache is stored
+DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2}
+MAX_HEAD_DIM = 256      # MINICB_MAX_HEAD_DIM: the attention kernel's scratch row for one head
 
 
 class CPUKernelUnavailable(RuntimeError):
@@ -107,14 +112,21 @@ def _cpu_identity() -> str:
 
 
 @functools.cache
-def _library() -> ctypes.CDLL:
+def _library(build: str | None = None) -> ctypes.CDLL:
+    """The library compiled for one instruction set (kernels/isa.py), built on first use; None:
+    the build for this CPU (isa.chosen: the widest it runs, or $MINICB_CPU_ISA)."""
+    if build is None:
+        try:
+            return _library(isa.chosen())
+        except ValueError as err:
+            raise CPUKernelUnavailable(str(err)) from None
     compiler = (os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
                 or shutil.which("clang"))
     if compiler is None:
         raise CPUKernelUnavailable("no C compiler found (cc, gcc or clang; or set $CC)")
-    source = b"".join(path.read_bytes() for path in (HEADER, *SOURCES))
+    source = b"".join(path.read_bytes() for path in (*HEADERS, *SOURCES))
     complaints = []
-    for flags in FLAG_SETS:
+    for flags in isa.compiler_flags(build):
         recipe = " ".join([compiler, *flags, _cpu_identity()]).encode()
         key = hashlib.sha256(source + recipe).hexdigest()[:16]
         directory = cache_dir()
@@ -136,7 +148,7 @@ def _library() -> ctypes.CDLL:
             complaints.append(f"{target}: {err}")
             continue
         _declare(lib)
-        lib.flags = flags
+        lib.flags, lib.build = flags, build
         return lib
     raise CPUKernelUnavailable("the CPU kernels did not compile: " + " | ".join(complaints))
 
@@ -144,12 +156,12 @@ def _library() -> ctypes.CDLL:
 def _declare(lib: ctypes.CDLL) -> None:
     """The entry points' argument and result types, as cpu_kernels.h declares them."""
     p, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_float
-    lib.minicb_paged_attention_f32.restype = ctypes.c_int
-    lib.minicb_paged_attention_f32.argtypes = [p] * 7 + [i64] * 8 + [f32, i32]
-    lib.minicb_linear_f32.restype = None
-    lib.minicb_linear_f32.argtypes = [p] * 4 + [i64] * 3
-    lib.minicb_decode_layer_f32.restype = ctypes.c_int
-    lib.minicb_decode_layer_f32.argtypes = [ctypes.POINTER(LayerArgs)]
+    lib.minicb_paged_attention.restype = ctypes.c_int
+    lib.minicb_paged_attention.argtypes = [p] * 5 + [i32] + [p] * 4 + [i64] * 8 + [f32, i32]
+    lib.minicb_linear.restype = ctypes.c_int
+    lib.minicb_linear.argtypes = [p] * 3 + [i32] + [p] * 2 + [i64] * 3
+    lib.minicb_decode_layer.restype = ctypes.c_int
+    lib.minicb_decode_layer.argtypes = [ctypes.POINTER(LayerArgs)]
     lib.minicb_layer_args_field.restype = ctypes.c_char_p
     lib.minicb_layer_args_field.argtypes = [i64, ctypes.POINTER(i64), ctypes.POINTER(i64)]
     lib.minicb_layer_args_size.restype = i64
@@ -168,13 +180,15 @@ class LayerArgs(ctypes.Structure):
         ("norm1", _p), ("w_qkv", _p), ("b_qkv", _p),     # the layer's weights (None: absent)
         ("q_norm", _p), ("k_norm", _p), ("w_o", _p), ("b_o", _p), ("norm2", _p),
         ("w_gate_up", _p), ("b_gate_up", _p), ("w_down", _p), ("b_down", _p),
+        ("s_qkv", _p), ("s_o", _p), ("s_gate_up", _p), ("s_down", _p),   # int8 weights' scales
         ("cos", _p), ("signed_sin", _p),                 # the step, shared by every layer
-        ("k_cache", _p), ("v_cache", _p), ("slot_mapping", _p), ("seq_lens", _p),
-        ("block_tables", _p),
+        ("k_cache", _p), ("v_cache", _p), ("k_scale", _p), ("v_scale", _p),
+        ("slot_mapping", _p), ("seq_lens", _p), ("block_tables", _p),
         ("h", _p), ("qkv", _p), ("attn", _p), ("gate_up", _p), ("act", _p),   # scratch rows
+        ("x_round", _p),
         ("m", _i64), ("hidden", _i64), ("intermediate", _i64), ("q_heads", _i64),
         ("kv_heads", _i64), ("head_dim", _i64), ("block_size", _i64), ("table_width", _i64),
-        ("num_blocks", _i64),
+        ("num_blocks", _i64), ("w_dtype", _i64), ("kv_dtype", _i64),
         ("eps", _f32), ("scale", _f32),
     ]
 
@@ -191,9 +205,10 @@ def c_layout() -> tuple[int, list[tuple[str, int, int]]]:
 
 
 def available() -> tuple[bool, str]:
-    """(True, how it was built) or (False, why not)."""
+    """(True, which build and how it was compiled) or (False, why not)."""
     try:
-        return True, " ".join(_library().flags)
+        lib = _library()
+        return True, f"{lib.build}: {' '.join(lib.flags)}"
     except CPUKernelUnavailable as err:
         return False, str(err)
 
@@ -205,17 +220,55 @@ def _require(name: str, t: torch.Tensor, dtype: torch.dtype, fix: str = "") -> N
                          f"tensor, got {t.dtype} on {t.device}{'; ' + fix if fix else ''}.")
 
 
+def _require_typed(name: str, t: torch.Tensor, fix: str = "") -> int:
+    """A weight or cache the C code reads in one of its formats (DTYPE_CODES): its format's
+    code."""
+    if t.dtype not in DTYPE_CODES:
+        raise ValueError(f"{name} is {t.dtype}; the CPU kernels read float32, bfloat16 or int8"
+                         f"{'; ' + fix if fix else ''}.")
+    _require(name, t, t.dtype, fix)
+    return DTYPE_CODES[t.dtype]
+
+
+def cache_format(k_cache: torch.Tensor, v_cache: torch.Tensor, k_scale: torch.Tensor | None,
+                 v_scale: torch.Tensor | None) -> tuple[int, int | None, int | None]:
+    """(format code, k scales' address, v scales') of a KV cache [num_blocks, block_size,
+    kv_heads, head_dim]; an int8 cache needs its float32 scales [num_blocks, block_size,
+    kv_heads], the others none."""
+    code = _require_typed("k_cache", k_cache)
+    if v_cache.dtype != k_cache.dtype or v_cache.shape != k_cache.shape:
+        raise ValueError(f"k_cache {tuple(k_cache.shape)} {k_cache.dtype} and v_cache "
+                         f"{tuple(v_cache.shape)} {v_cache.dtype} must match.")
+    _require("v_cache", v_cache, v_cache.dtype)
+    if k_cache.shape[3] > MAX_HEAD_DIM:
+        raise ValueError(f"head_dim {k_cache.shape[3]} exceeds the CPU kernel's {MAX_HEAD_DIM}; "
+                         "use attention='torch'.")
+    if k_cache.dtype != torch.int8:
+        if k_scale is not None or v_scale is not None:
+            raise ValueError(f"a {k_cache.dtype} cache has no scales; pass none.")
+        return code, None, None
+    for name, t in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if t is None or t.shape != k_cache.shape[:3]:
+            raise ValueError(f"an int8 cache needs {name} [num_blocks, block_size, kv_heads] = "
+                             f"{list(k_cache.shape[:3])}, got "
+                             f"{None if t is None else list(t.shape)}.")
+        _require(name, t, torch.float32)
+    return code, k_scale.data_ptr(), v_scale.data_ptr()
+
+
 def paged_attention_cpu(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                         cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor,
                         block_tables: torch.Tensor, scale: float, decodes_only: bool = False,
-                        out: torch.Tensor | None = None) -> torch.Tensor:
+                        out: torch.Tensor | None = None, k_scale: torch.Tensor | None = None,
+                        v_scale: torch.Tensor | None = None) -> torch.Tensor:
     """Attend a packed batch over the paged cache; same contract as the Triton ``paged_attention``.
 
-    q [num_tokens, q_heads, head_dim] and the caches [num_blocks, block_size, kv_heads, head_dim]
-    must be float32, contiguous and on the CPU; the index tensors int32.
+    q [num_tokens, q_heads, head_dim] must be float32, the caches [num_blocks, block_size,
+    kv_heads, head_dim] float32, bfloat16 or int8 (with k_scale and v_scale, see cache_format),
+    all contiguous and on the CPU; the index tensors int32.
     """
-    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
-        _require(name, t, torch.float32, "use attention='torch' for other dtypes and devices")
+    _require("q", q, torch.float32, "use attention='torch' for other dtypes and devices")
+    kv_dtype, k_scales, v_scales = cache_format(k_cache, v_cache, k_scale, v_scale)
     for name, t in (("cu_seqlens_q", cu_seqlens_q), ("seq_lens", seq_lens),
                     ("block_tables", block_tables)):
         _require(name, t, torch.int32)
@@ -231,13 +284,13 @@ def paged_attention_cpu(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
                          f"{tuple(q.shape)}, got {tuple(out.shape)} {out.dtype}.")
     if num_tokens == 0:
         return out
-    status = _library().minicb_paged_attention_f32(q.data_ptr(), k_cache.data_ptr(),
-                                                   v_cache.data_ptr(), out.data_ptr(),
-                                                   cu_seqlens_q.data_ptr(), seq_lens.data_ptr(),
-                                                   block_tables.data_ptr(), seq_lens.numel(),
-                                                   num_tokens, q_heads, kv_heads, head_dim,
-                                                   block_size, block_tables.shape[1], num_blocks,
-                                                   scale, int(decodes_only))
+    status = _library().minicb_paged_attention(q.data_ptr(), k_cache.data_ptr(),
+                                               v_cache.data_ptr(), k_scales, v_scales, kv_dtype,
+                                               out.data_ptr(), cu_seqlens_q.data_ptr(),
+                                               seq_lens.data_ptr(), block_tables.data_ptr(),
+                                               seq_lens.numel(), num_tokens, q_heads, kv_heads,
+                                               head_dim, block_size, block_tables.shape[1],
+                                               num_blocks, scale, int(decodes_only))
     if status == -2:
         raise ValueError("a block table names a block outside the KV pool, or is shorter than its "
                          "row's keys.")
@@ -246,32 +299,41 @@ def paged_attention_cpu(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
     return out
 
 
-def linear_cpu(x: torch.Tensor, weight: torch.Tensor,
-               bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear(x, weight, bias)`` for a few rows (cpu_linear.c): x [m, k] and weight [n, k]
-    contiguous float32 CPU tensors, bias [n] or None; returns [m, n]."""
-    for name, t in (("x", x), ("weight", weight), ("bias", bias)):
+def linear_cpu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+               scale: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` for a few rows (cpu_linear.c): x [m, k] a contiguous float32
+    CPU tensor; weight [n, k] float32, bfloat16, or int8 with its per-output-channel float32
+    ``scale`` [n] (the product is then ``x (weight * scale[:, None])^T``); bias [n] float32 or
+    None. Returns float32 [m, n]."""
+    _require("x", x, torch.float32, "use torch.nn.functional.linear")
+    w_dtype = _require_typed("weight", weight, "use torch.nn.functional.linear")
+    for name, t in (("bias", bias), ("scale", scale)):
         if t is not None:
-            _require(name, t, torch.float32, "use torch.nn.functional.linear")
+            _require(name, t, torch.float32)
+            if t.shape != (weight.shape[0],):
+                raise ValueError(f"{name} {tuple(t.shape)} must be [{weight.shape[0]}].")
+    if (weight.dtype == torch.int8) != (scale is not None):
+        raise ValueError("int8 weights need their per-channel scale, and only they take one.")
     if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
         raise ValueError(f"x {tuple(x.shape)} and weight {tuple(weight.shape)} do not multiply: "
                          "x is [rows, in_features], weight [out_features, in_features].")
-    if bias is not None and bias.shape != (weight.shape[0],):
-        raise ValueError(f"bias {tuple(bias.shape)} must be [{weight.shape[0]}].")
     (m, k), n = x.shape, weight.shape[0]
-    out = torch.empty(m, n, dtype=x.dtype)
-    if m:
-        _library().minicb_linear_f32(x.data_ptr(), weight.data_ptr(),
-                                     None if bias is None else bias.data_ptr(), out.data_ptr(),
-                                     m, n, k)
+    out = torch.empty(m, n, dtype=torch.float32)
+    if m and _library().minicb_linear(
+            x.data_ptr(), weight.data_ptr(), None if scale is None else scale.data_ptr(),
+            w_dtype, None if bias is None else bias.data_ptr(), out.data_ptr(), m, n, k) != 0:
+        raise MemoryError("the CPU linear kernel could not allocate its rounded input rows")
     return out
 
 
 # The layer's tensors the fused layer reads, by their LayerArgs names; None where the model has no
-# such part (a bias, Qwen3's per-head q/k norms) except for the first five, which every layer has.
+# such part (a bias, Qwen3's per-head q/k norms, int8 weights' scales) except for the first six,
+# which every layer has.
 WEIGHTS = ("norm1", "w_qkv", "w_o", "norm2", "w_gate_up", "w_down",
-           "b_qkv", "q_norm", "k_norm", "b_o", "b_gate_up", "b_down")
+           "b_qkv", "q_norm", "k_norm", "b_o", "b_gate_up", "b_down",
+           "s_qkv", "s_o", "s_gate_up", "s_down")
 REQUIRED_WEIGHTS = WEIGHTS[:6]
+MATRICES = {"w_qkv": "s_qkv", "w_o": "s_o", "w_gate_up": "s_gate_up", "w_down": "s_down"}
 
 
 @dataclass
@@ -310,22 +372,26 @@ def decode_step_cpu(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor
         raise ValueError(f"cos and signed_sin must be [{rows}, {head_dim}], got "
                          f"{tuple(cos.shape)} and {tuple(signed_sin.shape)}.")
     sizes = [rows * hidden, rows * (q_heads + 2 * kv_heads) * head_dim, rows * q_heads * head_dim,
-             rows * 2 * intermediate, rows * intermediate]
+             rows * 2 * intermediate, rows * intermediate,
+             rows * max(hidden, q_heads * head_dim, intermediate)]   # x_round: any product's input
     scratch = torch.empty(sum(sizes), dtype=torch.float32).split(sizes)
-    h, qkv, attn, gate_up, act = (t.data_ptr() for t in scratch)
+    h, qkv, attn, gate_up, act, x_round = (t.data_ptr() for t in scratch)
     args = LayerArgs(x=x.data_ptr(), cos=cos.data_ptr(), signed_sin=signed_sin.data_ptr(),
                      slot_mapping=slot_mapping.data_ptr(), seq_lens=seq_lens.data_ptr(),
                      block_tables=block_tables.data_ptr(), h=h, qkv=qkv, attn=attn,
-                     gate_up=gate_up, act=act, m=rows, hidden=hidden, intermediate=intermediate,
+                     gate_up=gate_up, act=act, x_round=x_round, m=rows, hidden=hidden,
+                     intermediate=intermediate,
                      q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim,
                      table_width=block_tables.shape[1], eps=eps, scale=scale)
     keep = (x, cos, signed_sin, slot_mapping, seq_lens, block_tables, *scratch)
     return DecodeStep(args, q_heads, kv_heads, head_dim, hidden, keep)
 
 
-def check_layer_weights(layer: dict[str, torch.Tensor | None]) -> None:
+def check_layer_weights(layer: dict[str, torch.Tensor | None]) -> int:
     """Refuse a layer the fused layer cannot run as it is: a tensor it has no slot for, a
-    required one missing, or one the C code cannot read as a plain float32 array."""
+    required one missing, or one the C code cannot read. The four matrices share one format
+    (float32, bfloat16, or int8 with their scales); norms, biases and scales are float32. Returns
+    the matrices' format code."""
     unknown = sorted(set(layer) - set(WEIGHTS))
     if unknown:
         raise ValueError(f"the fused decode layer has no slot for {', '.join(unknown)}; it reads "
@@ -333,26 +399,40 @@ def check_layer_weights(layer: dict[str, torch.Tensor | None]) -> None:
     missing = [name for name in REQUIRED_WEIGHTS if layer.get(name) is None]
     if missing:
         raise ValueError(f"the fused decode layer needs {', '.join(missing)}.")
-    for name, tensor in layer.items():   # the C code reads them as plain float32 arrays
-        if tensor is not None and (tensor.dtype != torch.float32 or tensor.device.type != "cpu"
-                                   or not tensor.is_contiguous()):
-            raise ValueError(f"the fused decode layer needs contiguous float32 weights on the "
-                             f"CPU; {name} is {tensor.dtype} on {tensor.device}. Use "
-                             "attention='torch' for other dtypes and devices.")
+    formats = {layer[name].dtype for name in MATRICES}
+    if len(formats) != 1 or not formats <= set(DTYPE_CODES):
+        raise ValueError(f"the fused decode layer's four matrices share one format of "
+                         f"float32, bfloat16 or int8; got {sorted(map(str, formats))}.")
+    quantized = formats == {torch.int8}
+    for matrix, scale in MATRICES.items():
+        if quantized != (layer.get(scale) is not None):
+            raise ValueError(f"{matrix} is {layer[matrix].dtype}: int8 matrices need their "
+                             f"scales ({scale}), and only they take one.")
+    fix = "Use attention='torch' for other dtypes and devices."
+    for name, tensor in layer.items():   # the C code reads them as plain arrays
+        if tensor is None:
+            continue
+        if name in MATRICES:
+            _require(name, tensor, tensor.dtype, fix)
+        else:
+            _require(name, tensor, torch.float32, f"norms, biases and scales are float32. {fix}")
+    return DTYPE_CODES[formats.pop()]
 
 
 def decode_layer_cpu(x: torch.Tensor, layer: dict[str, torch.Tensor | None],
-                     k_cache: torch.Tensor, v_cache: torch.Tensor, step: DecodeStep) -> None:
+                     k_cache: torch.Tensor, v_cache: torch.Tensor, step: DecodeStep,
+                     w_dtype: int = 0, k_scale: torch.Tensor | None = None,
+                     v_scale: torch.Tensor | None = None) -> None:
     """One decoder layer of a decode step (cpu_decode_layer.c): x [rows, hidden], the step's own
     (decode_step_cpu), is updated in place and this step's k and v are written into the caches
-    [num_blocks, block_size, kv_heads, head_dim].
+    [num_blocks, block_size, kv_heads, head_dim] (float32, bfloat16, or int8 with k_scale and
+    v_scale: cache_format).
 
-    ``layer`` maps the names in WEIGHTS to contiguous float32 tensors (or None for an optional
-    part), as minicb.model.fused_cpu.layer_weights gives them (checked there by
-    check_layer_weights).
+    ``layer`` maps the names in WEIGHTS to contiguous tensors (or None for an optional part), as
+    minicb.model.fused_cpu.layer_weights gives them, checked there by check_layer_weights, whose
+    answer is ``w_dtype``.
     """
-    _require("k_cache", k_cache, torch.float32)
-    _require("v_cache", v_cache, torch.float32)
+    kv_dtype, k_scales, v_scales = cache_format(k_cache, v_cache, k_scale, v_scale)
     num_blocks, block_size, kv_heads, head_dim = k_cache.shape
     if (kv_heads, head_dim) != (step.kv_heads, step.head_dim) or v_cache.shape != k_cache.shape:
         raise ValueError(f"the caches {tuple(k_cache.shape)} and {tuple(v_cache.shape)} do not "
@@ -367,8 +447,9 @@ def decode_layer_cpu(x: torch.Tensor, layer: dict[str, torch.Tensor | None],
         tensor = layer.get(name)
         setattr(args, name, None if tensor is None else tensor.data_ptr())
     args.k_cache, args.v_cache = k_cache.data_ptr(), v_cache.data_ptr()
+    args.k_scale, args.v_scale, args.kv_dtype, args.w_dtype = k_scales, v_scales, kv_dtype, w_dtype
     args.block_size, args.num_blocks = block_size, num_blocks
-    status = _library().minicb_decode_layer_f32(ctypes.byref(args))
+    status = _library().minicb_decode_layer(ctypes.byref(args))
     if status == -2:
         raise ValueError("a block table names a block outside the KV pool, is shorter than its "
                          "row's keys, or a slot lies outside the pool.")

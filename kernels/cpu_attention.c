@@ -14,8 +14,14 @@
  * Query j of request i sits at position max(seq_len - q_len + j, 0) and sees keys 0..position.
  *
  * Softmax in three passes over a per-thread scratch row per head (scores; then max, exp and
- * normalise; then the weighted sum of V, straight into the output), all in float32. Parallel over query tokens with OpenMP when compiled with
- * it. The common head sizes (64, 128) get their own copy of the loop, unrolled by the compiler.
+ * normalise; then the weighted sum of V, straight into the output), all in float32. Parallel over
+ * query tokens with OpenMP when compiled with it. The common head sizes (64, 128) get their own
+ * copy of the loop, unrolled by the compiler.
+ *
+ * The cache may hold bfloat16 or int8 (enum minicb_dtype): each key head is widened to float32
+ * (int8 times its token's and head's scale) into a scratch row once, then used by every query
+ * head of its group, so a narrower cache reads fewer bytes and computes as a float32 one would
+ * on the dequantized values. minicb_store_kv writes a token's k or v in the cache's format.
  */
 #include <math.h>
 #include <stdint.h>
@@ -23,6 +29,7 @@
 #include <string.h>
 
 #include "cpu_kernels.h"
+#include "cpu_simd.h"
 
 static int64_t row_of(const int32_t *cu_seqlens_q, int64_t num_seqs, int64_t token) {
     /* the request whose segment holds `token`: cu[r] <= token < cu[r + 1] (binary search) */
@@ -34,29 +41,47 @@ static int64_t row_of(const int32_t *cu_seqlens_q, int64_t num_seqs, int64_t tok
     return lo;
 }
 
+/* Key (or value) row `index` of the cache (one token's one KV head: head_dim values) as float32:
+ * the row itself for a float32 cache, else widened (and for int8, times its scale) into buf. */
+static inline __attribute__((always_inline)) const float *kv_row(
+    const void *cache, const float *scales, const int dtype, int64_t index, const int64_t head_dim,
+    float *restrict buf)
+{
+    if (dtype == MINICB_F32) return (const float *)cache + index * head_dim;
+    const float s = dtype == MINICB_I8 ? scales[index] : 1.0f;
+#pragma omp simd
+    for (int64_t d = 0; d < head_dim; d++) buf[d] = load_scalar(cache, index * head_dim + d, dtype) * s;
+    return buf;
+}
+
 /* One query token against keys 0..n-1 of its request, every head, written to ot. `scores` holds
- * q_heads rows of n floats. Inlined with a constant head_dim where one is known. */
+ * q_heads rows of n floats, then head_dim floats for a widened row. Inlined with a constant
+ * head_dim and cache format where one is known. */
 static inline __attribute__((always_inline)) void attend_token(
-    const float *restrict qt, float *restrict ot, const float *restrict k_cache, const float *restrict v_cache,
-    const int32_t *restrict table, int64_t n, int64_t q_heads, int64_t kv_heads, const int64_t head_dim,
-    int64_t block_size, float scale, float *restrict scores)
+    const float *restrict qt, float *restrict ot, const void *restrict k_cache,
+    const void *restrict v_cache, const float *k_scale, const float *v_scale, const int dtype,
+    const int32_t *restrict table, int64_t n, int64_t q_heads, int64_t kv_heads,
+    const int64_t head_dim, int64_t block_size, float scale, float *restrict scores)
 {
     const int64_t group = q_heads / kv_heads;
-    const int64_t key_stride = kv_heads * head_dim;     /* from one key to the next in a block */
-    const int64_t block_stride = block_size * key_stride;
+    float *buf = scores + q_heads * n;
 
-    /* pass 1: scores[qh][p] = scale * q_qh . k_p, block by block, every head of a key in turn */
+    /* pass 1: scores[qh][p] = scale * q_qh . k_p, block by block; each key head is read (and
+     * widened) once for the group of query heads that share it */
     for (int64_t start = 0; start < n; start += block_size) {
-        const float *kb = k_cache + (int64_t)table[start / block_size] * block_stride;
+        const int64_t first = (int64_t)table[start / block_size] * block_size;  /* its 1st token */
         const int64_t len = n - start < block_size ? n - start : block_size;
         for (int64_t o = 0; o < len; o++) {
-            for (int64_t qh = 0; qh < q_heads; qh++) {
-                const float *kp = kb + o * key_stride + (qh / group) * head_dim;
-                const float *qp = qt + qh * head_dim;
-                float s = 0.0f;
+            for (int64_t h = 0; h < kv_heads; h++) {
+                const float *kp = kv_row(k_cache, k_scale, dtype, (first + o) * kv_heads + h,
+                                         head_dim, buf);
+                for (int64_t qh = h * group; qh < (h + 1) * group; qh++) {
+                    const float *qp = qt + qh * head_dim;
+                    float s = 0.0f;
 #pragma omp simd reduction(+ : s)
-                for (int64_t d = 0; d < head_dim; d++) s += qp[d] * kp[d];
-                scores[qh * n + start + o] = s * scale;
+                    for (int64_t d = 0; d < head_dim; d++) s += qp[d] * kp[d];
+                    scores[qh * n + start + o] = s * scale;
+                }
             }
         }
     }
@@ -71,36 +96,67 @@ static inline __attribute__((always_inline)) void attend_token(
     /* pass 3: out[qh] = sum_p w[qh][p] * v_p */
     memset(ot, 0, sizeof(float) * (size_t)(q_heads * head_dim));
     for (int64_t start = 0; start < n; start += block_size) {
-        const float *vb = v_cache + (int64_t)table[start / block_size] * block_stride;
+        const int64_t first = (int64_t)table[start / block_size] * block_size;
         const int64_t len = n - start < block_size ? n - start : block_size;
         for (int64_t o = 0; o < len; o++) {
-            for (int64_t qh = 0; qh < q_heads; qh++) {
-                const float *vp = vb + o * key_stride + (qh / group) * head_dim;
-                const float w = scores[qh * n + start + o];
-                float *oq = ot + qh * head_dim;
+            for (int64_t h = 0; h < kv_heads; h++) {
+                const float *vp = kv_row(v_cache, v_scale, dtype, (first + o) * kv_heads + h,
+                                         head_dim, buf);
+                for (int64_t qh = h * group; qh < (h + 1) * group; qh++) {
+                    const float w = scores[qh * n + start + o];
+                    float *oq = ot + qh * head_dim;
 #pragma omp simd
-                for (int64_t d = 0; d < head_dim; d++) oq[d] += w * vp[d];
+                    for (int64_t d = 0; d < head_dim; d++) oq[d] += w * vp[d];
+                }
             }
         }
     }
 }
 
-/* attend_token with the head size as a compile-time constant where it is a common one (the
- * compiler then unrolls the loops over it). */
-void minicb_attend_token(
-    const float *qt, float *ot, const float *k_cache, const float *v_cache, const int32_t *table,
-    int64_t n, int64_t q_heads, int64_t kv_heads, int64_t head_dim, int64_t block_size, float scale,
-    float *scores)
+/* attend_token with the cache format, and the head size where it is a common one (64, 128), as
+ * compile-time constants: the compiler then unrolls the loops over the head and drops the other
+ * formats' branches. */
+#define ATTEND(DT, HD) attend_token(qt, ot, k_cache, v_cache, k_scale, v_scale, DT, table, n, \
+                                    q_heads, kv_heads, HD, block_size, scale, scores)
+#define ATTEND_FORMAT(DT)                                      \
+    do {                                                       \
+        if (head_dim == 64) ATTEND(DT, 64);                    \
+        else if (head_dim == 128) ATTEND(DT, 128);             \
+        else ATTEND(DT, head_dim);                             \
+    } while (0)
+
+void minicb_attend_token(const float *qt, float *ot, const void *k_cache, const void *v_cache,
+                         const float *k_scale, const float *v_scale, int kv_dtype,
+                         const int32_t *table, int64_t n, int64_t q_heads, int64_t kv_heads,
+                         int64_t head_dim, int64_t block_size, float scale, float *scores)
 {
-    if (head_dim == 64)
-        attend_token(qt, ot, k_cache, v_cache, table, n, q_heads, kv_heads, 64, block_size, scale,
-                     scores);
-    else if (head_dim == 128)
-        attend_token(qt, ot, k_cache, v_cache, table, n, q_heads, kv_heads, 128, block_size, scale,
-                     scores);
-    else
-        attend_token(qt, ot, k_cache, v_cache, table, n, q_heads, kv_heads, head_dim, block_size,
-                     scale, scores);
+    if (kv_dtype == MINICB_I8) ATTEND_FORMAT(MINICB_I8);
+    else if (kv_dtype == MINICB_BF16) ATTEND_FORMAT(MINICB_BF16);
+    else ATTEND_FORMAT(MINICB_F32);
+}
+#undef ATTEND_FORMAT
+#undef ATTEND
+
+void minicb_store_kv(const float *src, void *cache, float *scales, int kv_dtype, int64_t slot,
+                     int64_t kv_heads, int64_t head_dim)
+{
+    for (int64_t h = 0; h < kv_heads; h++) {
+        const float *x = src + h * head_dim;
+        const int64_t row = slot * kv_heads + h, at = row * head_dim;
+        if (kv_dtype == MINICB_F32) {
+            memcpy((float *)cache + at, x, sizeof(float) * (size_t)head_dim);
+        } else if (kv_dtype == MINICB_BF16) {
+            for (int64_t d = 0; d < head_dim; d++) ((uint16_t *)cache)[at + d] = f32_to_bf16(x[d]);
+        } else {   /* symmetric int8: the head's largest |value| maps to 127 */
+            float amax = 0.0f;
+            for (int64_t d = 0; d < head_dim; d++) amax = fabsf(x[d]) > amax ? fabsf(x[d]) : amax;
+            const float s = amax > 0.0f ? amax / 127.0f : 1.0f;
+            const float inv = 1.0f / s;
+            for (int64_t d = 0; d < head_dim; d++)
+                ((int8_t *)cache)[at + d] = (int8_t)nearbyintf(x[d] * inv);
+            scales[row] = s;
+        }
+    }
 }
 
 /* Every block a row reads must be in the pool: a bad table is an error (-2), never a wild read.
@@ -122,10 +178,11 @@ int minicb_check_tables(const int32_t *seq_lens, const int32_t *block_tables, in
     return 0;
 }
 
-/* One thread's scratch rows for the scores (q_heads x max_seq_len); on failure sets *failed. */
+/* One thread's scratch rows for the scores (q_heads x max_seq_len), and a widened cache row of up
+ * to 256 values (head_dim); on failure sets *failed. */
 float *minicb_scores_scratch(int64_t q_heads, int64_t max_seq_len, int *failed)
 {
-    float *scores = malloc(sizeof(float) * (size_t)(q_heads * max_seq_len));
+    float *scores = malloc(sizeof(float) * (size_t)(q_heads * max_seq_len + MINICB_MAX_HEAD_DIM));
     if (scores == NULL) {
 #pragma omp atomic write
         *failed = 1;
@@ -133,8 +190,9 @@ float *minicb_scores_scratch(int64_t q_heads, int64_t max_seq_len, int *failed)
     return scores;
 }
 
-int minicb_paged_attention_f32(
-    const float *q, const float *k_cache, const float *v_cache, float *out,
+int minicb_paged_attention(
+    const float *q, const void *k_cache, const void *v_cache, const float *k_scale,
+    const float *v_scale, int32_t kv_dtype, float *out,
     const int32_t *cu_seqlens_q, const int32_t *seq_lens, const int32_t *block_tables,
     int64_t num_seqs, int64_t num_tokens, int64_t q_heads, int64_t kv_heads, int64_t head_dim,
     int64_t block_size, int64_t table_width, int64_t num_blocks, float scale, int32_t decodes_only)
@@ -159,8 +217,8 @@ int minicb_paged_attention_f32(
             const float *qt = q + token * q_heads * head_dim;
             float *ot = out + token * q_heads * head_dim;
             const int32_t *table = block_tables + row * table_width;
-            minicb_attend_token(qt, ot, k_cache, v_cache, table, pos + 1, q_heads, kv_heads,
-                                head_dim, block_size, scale, scores);
+            minicb_attend_token(qt, ot, k_cache, v_cache, k_scale, v_scale, kv_dtype, table,
+                                pos + 1, q_heads, kv_heads, head_dim, block_size, scale, scores);
         }
         free(scores);
     }

@@ -12,8 +12,10 @@
  *   q, k = rope(q), rope(k) ; cache[slot] = k, v ; x += attention(q, cache) Wo^T [+ bo]
  *   h = rmsnorm(x) ; g, u = h Wgu^T [+ bgu] ; x += (silu(g) * u) Wd^T [+ bd]
  * Each matrix product splits its weight rows among the threads (cpu_linear.c); attention runs one
- * query per work item (cpu_attention.c). float32 throughout; sums in a different order from
- * torch's, so results agree with the module path to about 1e-6, not bit for bit.
+ * query per work item (cpu_attention.c). Activations and sums are float32; the matrices may be
+ * stored as bfloat16 or int8 and the cache as bfloat16 or int8 (w_dtype, kv_dtype), widened in
+ * registers as they are read. Sums run in a different order from torch's, so in float32 results
+ * agree with the module path to about 1e-6, not bit for bit.
  *
  * The arguments come as one struct (struct minicb_layer_args in cpu_kernels.h), mirrored field by
  * field by kernels/cpu.py's LayerArgs: 36 arguments in a row, 25 of them pointers, would let two
@@ -61,7 +63,7 @@ static inline void rope_heads(float *restrict x, const float *restrict cos_, con
     }
 }
 
-int minicb_decode_layer_f32(const struct minicb_layer_args *a)
+int minicb_decode_layer(const struct minicb_layer_args *a)
 {
     int64_t max_seq_len;           /* a bad table or slot is an error, never a wild read */
     if (minicb_check_tables(a->seq_lens, a->block_tables, a->m, a->block_size, a->table_width,
@@ -73,13 +75,15 @@ int minicb_decode_layer_f32(const struct minicb_layer_args *a)
     const int64_t q_heads = a->q_heads, kv_heads = a->kv_heads;
     const int64_t q_size = q_heads * head_dim, kv_size = kv_heads * head_dim;
     const int64_t qkv_size = q_size + 2 * kv_size;
+    const int wt = (int)a->w_dtype, kt = (int)a->kv_dtype;
     int failed = 0;
 
 #pragma omp parallel
     {
         float *scores = minicb_scores_scratch(q_heads, max_seq_len, &failed);
         rmsnorm_rows(a->x, a->norm1, a->h, m, hidden, a->eps);
-        minicb_linear_rows(a->h, a->w_qkv, a->b_qkv, a->qkv, m, qkv_size, hidden, 0);
+        minicb_linear_rows(a->h, a->w_qkv, a->s_qkv, wt, a->b_qkv, a->qkv, m, qkv_size, hidden, 0,
+                           a->x_round);
 #pragma omp for schedule(static)
         for (int64_t i = 0; i < m; i++) {   /* [q/k norms,] RoPE on q and k, k and v to the cache */
             float *row = a->qkv + i * qkv_size;
@@ -93,12 +97,10 @@ int minicb_decode_layer_f32(const struct minicb_layer_args *a)
             rope_heads(row, a->cos + i * head_dim, a->signed_sin + i * head_dim,
                        q_heads + kv_heads, head_dim);
             if (a->slot_mapping[i] >= 0) {
-                float *kd = a->k_cache + a->slot_mapping[i] * kv_size;
-                float *vd = a->v_cache + a->slot_mapping[i] * kv_size;
-                for (int64_t d = 0; d < kv_size; d++) {
-                    kd[d] = row[q_size + d];
-                    vd[d] = row[q_size + kv_size + d];
-                }
+                minicb_store_kv(row + q_size, a->k_cache, a->k_scale, kt, a->slot_mapping[i],
+                                kv_heads, head_dim);
+                minicb_store_kv(row + q_size + kv_size, a->v_cache, a->v_scale, kt,
+                                a->slot_mapping[i], kv_heads, head_dim);
             }
         }
 #pragma omp for schedule(dynamic, 1)
@@ -107,19 +109,23 @@ int minicb_decode_layer_f32(const struct minicb_layer_args *a)
             const float *qi = a->qkv + i * qkv_size;   /* q heads come first in the row */
             float *oi = a->attn + i * q_size;
             const int32_t *table = a->block_tables + i * a->table_width;
-            minicb_attend_token(qi, oi, a->k_cache, a->v_cache, table, a->seq_lens[i], q_heads,
-                                kv_heads, head_dim, a->block_size, a->scale, scores);
+            minicb_attend_token(qi, oi, a->k_cache, a->v_cache, a->k_scale, a->v_scale, kt, table,
+                                a->seq_lens[i], q_heads, kv_heads, head_dim, a->block_size,
+                                a->scale, scores);
         }
-        minicb_linear_rows(a->attn, a->w_o, a->b_o, a->x, m, hidden, q_size, 1);  /* x += o_proj */
+        minicb_linear_rows(a->attn, a->w_o, a->s_o, wt, a->b_o, a->x, m, hidden, q_size, 1,
+                           a->x_round);                                       /* x += o_proj */
         rmsnorm_rows(a->x, a->norm2, a->h, m, hidden, a->eps);
-        minicb_linear_rows(a->h, a->w_gate_up, a->b_gate_up, a->gate_up, m, 2 * inter, hidden, 0);
+        minicb_linear_rows(a->h, a->w_gate_up, a->s_gate_up, wt, a->b_gate_up, a->gate_up, m,
+                           2 * inter, hidden, 0, a->x_round);
 #pragma omp for schedule(static)
         for (int64_t i = 0; i < m; i++) {      /* silu(gate) * up */
             const float *g = a->gate_up + i * 2 * inter, *u = g + inter;
             float *act = a->act + i * inter;
             for (int64_t d = 0; d < inter; d++) act[d] = g[d] / (1.0f + expf(-g[d])) * u[d];
         }
-        minicb_linear_rows(a->act, a->w_down, a->b_down, a->x, m, hidden, inter, 1); /* x += down */
+        minicb_linear_rows(a->act, a->w_down, a->s_down, wt, a->b_down, a->x, m, hidden, inter, 1,
+                           a->x_round);                                       /* x += down */
         free(scores);
     }
     return failed ? -1 : 0;
@@ -131,11 +137,12 @@ int minicb_decode_layer_f32(const struct minicb_layer_args *a)
 static const struct { const char *name; size_t offset, size; } layer_args_fields[] = {
     FIELD(x), FIELD(norm1), FIELD(w_qkv), FIELD(b_qkv), FIELD(q_norm), FIELD(k_norm), FIELD(w_o),
     FIELD(b_o), FIELD(norm2), FIELD(w_gate_up), FIELD(b_gate_up), FIELD(w_down), FIELD(b_down),
-    FIELD(cos), FIELD(signed_sin), FIELD(k_cache), FIELD(v_cache), FIELD(slot_mapping),
-    FIELD(seq_lens), FIELD(block_tables), FIELD(h), FIELD(qkv), FIELD(attn), FIELD(gate_up),
-    FIELD(act), FIELD(m), FIELD(hidden), FIELD(intermediate), FIELD(q_heads), FIELD(kv_heads),
-    FIELD(head_dim), FIELD(block_size), FIELD(table_width), FIELD(num_blocks), FIELD(eps),
-    FIELD(scale),
+    FIELD(s_qkv), FIELD(s_o), FIELD(s_gate_up), FIELD(s_down),
+    FIELD(cos), FIELD(signed_sin), FIELD(k_cache), FIELD(v_cache), FIELD(k_scale), FIELD(v_scale),
+    FIELD(slot_mapping), FIELD(seq_lens), FIELD(block_tables), FIELD(h), FIELD(qkv), FIELD(attn),
+    FIELD(gate_up), FIELD(act), FIELD(x_round), FIELD(m), FIELD(hidden), FIELD(intermediate),
+    FIELD(q_heads), FIELD(kv_heads), FIELD(head_dim), FIELD(block_size), FIELD(table_width),
+    FIELD(num_blocks), FIELD(w_dtype), FIELD(kv_dtype), FIELD(eps), FIELD(scale),
 };
 #undef FIELD
 

@@ -3,74 +3,78 @@
  *
  * Why: a decode step multiplies a handful of rows (one per running request) by every weight
  * matrix. That is reading the weights, not arithmetic: 1 row x a 256 x 1408 matrix is 0.36 M
- * multiply-adds over 1.4 MB of weights. The general matrix product torch calls is built for big
- * blocks of rows; for 1-16 rows it reads the weights on one core and runs a fraction of the speed
- * the memory allows. Here the weight rows are split evenly between the threads (each reads its
- * share of the weights once), and each thread keeps a tile of 4 weight rows x 3 input rows in
- * twelve 8-wide registers: every weight value loaded is used for up to 3 input rows, every input
- * value for 4 weight rows.
+ * multiply-adds over 1.4 MB of float32 weights. The general matrix product torch calls is built
+ * for big blocks of rows; for 1-16 rows it reads the weights on one core and runs a fraction of
+ * the speed the memory allows. Here the weight rows are split evenly between the threads (each
+ * reads its share of the weights once), and each thread keeps a tile of 4 weight rows x 3 input
+ * rows in twelve vector registers (cpu_simd.h: 8 floats wide with AVX2, 16 with AVX-512): every
+ * weight value loaded is used for up to 3 input rows, every input value for 4 weight rows.
  *
- * The sums are in float32 like torch's, in a different order (8 lanes, then the lanes added), so
- * results differ from torch's in the last bits (about 1e-6 relative), as two BLAS libraries do.
- * Built without AVX2 and FMA (another CPU, or a compiler without -march=native), a plain loop
- * the compiler vectorises as it can does the same work.
+ * Fewer bytes per weight read means a faster decode, so the weights may be stored narrower:
+ *   bfloat16: x is rounded to bfloat16 once per call, then each product of two bfloat16 numbers
+ *     is exact in float32. With AVX-512 BF16 one instruction (vdpbf16ps) multiplies 32 pairs and
+ *     adds them into 16 float32 sums; other builds widen the weights in registers and use FMA.
+ *   int8 (weight-only, one scale per output channel): the weights are widened to float32 in
+ *     registers and multiplied with the float32 x; the channel's scale multiplies the finished
+ *     sum. x stays float32, so the result is dequantize-then-multiply up to float32 rounding.
+ *     (VNNI's integer dot products would need x in int8 too: that is activation quantization,
+ *     a different model, so it is not used here.)
+ * The sums are float32 in a different order from torch's (the lanes, then the lanes added), so
+ * results differ from torch's, and between builds, in the last bits (about 1e-6 relative).
  */
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "cpu_kernels.h"
+#include "cpu_simd.h"
 
-/* Where a sum goes: y = s + bias, or y += s + bias when accumulating (a residual connection
+/* Where a sum goes: y = s * scale + bias, or y += that when accumulating (a residual connection
  * added in place). */
-static inline void store(float *y, float s, const float *bias, int64_t j, int accumulate) {
+static inline void store(float *y, float s, const float *scale, const float *bias, int64_t j,
+                         int accumulate) {
+    if (scale != NULL) s *= scale[j];
     const float v = bias != NULL ? s + bias[j] : s;
     *y = accumulate ? *y + v : v;
 }
 
-#if defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
-
-static inline float lanes_sum(__m256 a) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-    return _mm_cvtss_f32(s);
-}
-
-/* rows (1-3) input rows x 4 weight rows; kv = k rounded down to a multiple of 8, the rest added
+#if VW
+/* rows (1-3) input rows x 4 weight rows; kv = k rounded down to a multiple of VW, the rest added
  * one by one. y points at the first output of the tile, j0 is its first column; n is y's row
- * stride. */
-static inline void tile_4x3(const float *restrict x, const float *restrict w, float *restrict y,
-                            int64_t n, int64_t k, int64_t kv, int rows, const float *bias,
-                            int64_t j0, int accumulate) {
-    const float *w0 = w, *w1 = w + k, *w2 = w + 2 * k, *w3 = w + 3 * k;
+ * stride. dtype is a constant where this is inlined, so each format gets its own loop. */
+static inline __attribute__((always_inline)) void tile_4x3(
+    const float *restrict x, const void *restrict w, const int dtype, float *restrict y,
+    int64_t n, int64_t k, int64_t kv, int rows, const float *scale, const float *bias, int64_t j0,
+    int accumulate)
+{
+    const int64_t r0 = j0 * k, r1 = r0 + k, r2 = r1 + k, r3 = r2 + k;   /* the 4 weight rows */
     const float *x0 = x, *x1 = x + k, *x2 = x + 2 * k;
-    __m256 a00 = _mm256_setzero_ps(), a01 = a00, a02 = a00, a03 = a00;
-    __m256 a10 = a00, a11 = a00, a12 = a00, a13 = a00;
-    __m256 a20 = a00, a21 = a00, a22 = a00, a23 = a00;
-    for (int64_t d = 0; d < kv; d += 8) {
-        const __m256 v0 = _mm256_loadu_ps(w0 + d), v1 = _mm256_loadu_ps(w1 + d);
-        const __m256 v2 = _mm256_loadu_ps(w2 + d), v3 = _mm256_loadu_ps(w3 + d);
-        __m256 xv = _mm256_loadu_ps(x0 + d);
-        a00 = _mm256_fmadd_ps(xv, v0, a00); a01 = _mm256_fmadd_ps(xv, v1, a01);
-        a02 = _mm256_fmadd_ps(xv, v2, a02); a03 = _mm256_fmadd_ps(xv, v3, a03);
+    vf a00 = vzero(), a01 = a00, a02 = a00, a03 = a00;
+    vf a10 = a00, a11 = a00, a12 = a00, a13 = a00;
+    vf a20 = a00, a21 = a00, a22 = a00, a23 = a00;
+    for (int64_t d = 0; d < kv; d += VW) {
+        const vf v0 = vload_typed(w, r0 + d, dtype), v1 = vload_typed(w, r1 + d, dtype);
+        const vf v2 = vload_typed(w, r2 + d, dtype), v3 = vload_typed(w, r3 + d, dtype);
+        vf xv = vload(x0 + d);
+        a00 = vfma(xv, v0, a00); a01 = vfma(xv, v1, a01);
+        a02 = vfma(xv, v2, a02); a03 = vfma(xv, v3, a03);
         if (rows > 1) {
-            xv = _mm256_loadu_ps(x1 + d);
-            a10 = _mm256_fmadd_ps(xv, v0, a10); a11 = _mm256_fmadd_ps(xv, v1, a11);
-            a12 = _mm256_fmadd_ps(xv, v2, a12); a13 = _mm256_fmadd_ps(xv, v3, a13);
+            xv = vload(x1 + d);
+            a10 = vfma(xv, v0, a10); a11 = vfma(xv, v1, a11);
+            a12 = vfma(xv, v2, a12); a13 = vfma(xv, v3, a13);
         }
         if (rows > 2) {
-            xv = _mm256_loadu_ps(x2 + d);
-            a20 = _mm256_fmadd_ps(xv, v0, a20); a21 = _mm256_fmadd_ps(xv, v1, a21);
-            a22 = _mm256_fmadd_ps(xv, v2, a22); a23 = _mm256_fmadd_ps(xv, v3, a23);
+            xv = vload(x2 + d);
+            a20 = vfma(xv, v0, a20); a21 = vfma(xv, v1, a21);
+            a22 = vfma(xv, v2, a22); a23 = vfma(xv, v3, a23);
         }
     }
-    const __m256 acc[3][4] = {{a00, a01, a02, a03}, {a10, a11, a12, a13}, {a20, a21, a22, a23}};
+    const vf acc[3][4] = {{a00, a01, a02, a03}, {a10, a11, a12, a13}, {a20, a21, a22, a23}};
     for (int i = 0; i < rows; i++)
         for (int j = 0; j < 4; j++) {
-            float s = lanes_sum(acc[i][j]);
-            for (int64_t d = kv; d < k; d++) s += x[i * k + d] * w[j * k + d];
-            store(y + i * n + j, s, bias, j0 + j, accumulate);
+            float s = vsum(acc[i][j]);
+            for (int64_t d = kv; d < k; d++) s += x[i * k + d] * load_scalar(w, r0 + j * k + d, dtype);
+            store(y + i * n + j, s, scale, bias, j0 + j, accumulate);
         }
 }
 #define TILE_ROWS 4
@@ -78,43 +82,135 @@ static inline void tile_4x3(const float *restrict x, const float *restrict w, fl
 #define TILE_ROWS 1
 #endif
 
+#if defined(__AVX512BF16__)
+/* The bfloat16 tile with AVX-512 BF16: xb is x already rounded to bfloat16; each vdpbf16ps adds
+ * 32 exact products into 16 float32 sums. kv = k rounded down to a multiple of 32. */
+static void tile_4x3_dpbf16(const uint16_t *restrict xb, const uint16_t *restrict w,
+                            float *restrict y, int64_t n, int64_t k, int64_t kv, int rows,
+                            const float *bias, int64_t j0, int accumulate)
+{
+    const uint16_t *w0 = w, *w1 = w + k, *w2 = w + 2 * k, *w3 = w + 3 * k;
+    const uint16_t *x0 = xb, *x1 = xb + k, *x2 = xb + 2 * k;
+    __m512 a00 = _mm512_setzero_ps(), a01 = a00, a02 = a00, a03 = a00;
+    __m512 a10 = a00, a11 = a00, a12 = a00, a13 = a00;
+    __m512 a20 = a00, a21 = a00, a22 = a00, a23 = a00;
+#define LD(p) ((__m512bh)_mm512_loadu_si512((const void *)(p)))
+    for (int64_t d = 0; d < kv; d += 32) {
+        const __m512bh v0 = LD(w0 + d), v1 = LD(w1 + d), v2 = LD(w2 + d), v3 = LD(w3 + d);
+        __m512bh xv = LD(x0 + d);
+        a00 = _mm512_dpbf16_ps(a00, xv, v0); a01 = _mm512_dpbf16_ps(a01, xv, v1);
+        a02 = _mm512_dpbf16_ps(a02, xv, v2); a03 = _mm512_dpbf16_ps(a03, xv, v3);
+        if (rows > 1) {
+            xv = LD(x1 + d);
+            a10 = _mm512_dpbf16_ps(a10, xv, v0); a11 = _mm512_dpbf16_ps(a11, xv, v1);
+            a12 = _mm512_dpbf16_ps(a12, xv, v2); a13 = _mm512_dpbf16_ps(a13, xv, v3);
+        }
+        if (rows > 2) {
+            xv = LD(x2 + d);
+            a20 = _mm512_dpbf16_ps(a20, xv, v0); a21 = _mm512_dpbf16_ps(a21, xv, v1);
+            a22 = _mm512_dpbf16_ps(a22, xv, v2); a23 = _mm512_dpbf16_ps(a23, xv, v3);
+        }
+    }
+#undef LD
+    const __m512 acc[3][4] = {{a00, a01, a02, a03}, {a10, a11, a12, a13}, {a20, a21, a22, a23}};
+    for (int i = 0; i < rows; i++)
+        for (int j = 0; j < 4; j++) {
+            float s = _mm512_reduce_add_ps(acc[i][j]);
+            for (int64_t d = kv; d < k; d++)
+                s += bf16_to_f32(xb[i * k + d]) * bf16_to_f32(w[j * k + d]);
+            store(y + i * n + j, s, NULL, bias, j0 + j, accumulate);
+        }
+}
+#endif
+
 /* one output: x_row . w_row over k values */
-static inline float dot(const float *restrict a, const float *restrict b, int64_t k) {
+static inline __attribute__((always_inline)) float dot(const float *restrict a, const void *w,
+                                                       int64_t row, int64_t k, const int dtype) {
     float s = 0.0f;
 #pragma omp simd reduction(+ : s)
-    for (int64_t d = 0; d < k; d++) s += a[d] * b[d];
+    for (int64_t d = 0; d < k; d++) s += a[d] * load_scalar(w, row * k + d, dtype);
     return s;
 }
 
-/* The tiles of weight rows shared out among the threads of the enclosing parallel region (an
- * orphaned `omp for`, so the fused decode layer can call it between its other stages; outside a
- * parallel region one thread does it all). */
-void minicb_linear_rows(const float *restrict x, const float *restrict w,
-                        const float *restrict bias, float *restrict y, int64_t m, int64_t n,
-                        int64_t k, int accumulate)
+/* Every tile of weight rows, shared out among the threads: an orphaned `omp for`, so the fused
+ * decode layer can call it between its other stages (outside a parallel region one thread does
+ * it all). dtype is a constant where this is inlined. */
+static inline __attribute__((always_inline)) void rows_typed(
+    const float *restrict x, const void *restrict w, const int dtype, const float *scale,
+    const float *restrict bias, float *restrict y, int64_t m, int64_t n, int64_t k,
+    int accumulate)
 {
     const int64_t tiles = (n + TILE_ROWS - 1) / TILE_ROWS;
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < tiles; t++) {
         const int64_t j0 = t * TILE_ROWS;
-#if TILE_ROWS == 4
+#if VW
         if (j0 + 4 <= n) {
-            const int64_t kv = k - k % 8;
+            const int64_t kv = k - k % VW;
             for (int64_t i0 = 0; i0 < m; i0 += 3)
-                tile_4x3(x + i0 * k, w + j0 * k, y + i0 * n + j0, n, k, kv,
-                         m - i0 < 3 ? (int)(m - i0) : 3, bias, j0, accumulate);
+                tile_4x3(x + i0 * k, w, dtype, y + i0 * n + j0, n, k, kv,
+                         m - i0 < 3 ? (int)(m - i0) : 3, scale, bias, j0, accumulate);
             continue;
         }
 #endif
         for (int64_t j = j0; j < n && j < j0 + TILE_ROWS; j++)
             for (int64_t i = 0; i < m; i++)
-                store(y + i * n + j, dot(x + i * k, w + j * k, k), bias, j, accumulate);
+                store(y + i * n + j, dot(x + i * k, w, j, k, dtype), scale, bias, j, accumulate);
     }
 }
 
-void minicb_linear_f32(const float *x, const float *w, const float *bias, float *y, int64_t m,
-                       int64_t n, int64_t k)
+void minicb_linear_rows(const float *x, const void *w, const float *scale, int w_dtype,
+                        const float *bias, float *y, int64_t m, int64_t n, int64_t k,
+                        int accumulate, void *x_round)
 {
+    if (w_dtype == MINICB_I8) {
+        rows_typed(x, w, MINICB_I8, scale, bias, y, m, n, k, accumulate);
+        return;
+    }
+    if (w_dtype == MINICB_F32) {
+        rows_typed(x, w, MINICB_F32, NULL, bias, y, m, n, k, accumulate);
+        return;
+    }
+    /* bfloat16 weights: x rounded to bfloat16 once, by one thread, for all (the barrier at the
+     * end of `single` makes it visible to every thread before the product) */
+#if defined(__AVX512BF16__)
+    uint16_t *xb = x_round;
+#pragma omp single
+    for (int64_t i = 0; i < m * k; i++) xb[i] = f32_to_bf16(x[i]);
+    const int64_t tiles = (n + 3) / 4, kv = k - k % 32;
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < tiles; t++) {
+        const int64_t j0 = t * 4;
+        if (j0 + 4 <= n) {
+            for (int64_t i0 = 0; i0 < m; i0 += 3)
+                tile_4x3_dpbf16(xb + i0 * k, (const uint16_t *)w + j0 * k, y + i0 * n + j0, n, k,
+                                kv, m - i0 < 3 ? (int)(m - i0) : 3, bias, j0, accumulate);
+            continue;
+        }
+        for (int64_t j = j0; j < n; j++)
+            for (int64_t i = 0; i < m; i++) {
+                float s = 0.0f;
+                for (int64_t d = 0; d < k; d++)
+                    s += bf16_to_f32(xb[i * k + d]) * bf16_to_f32(((const uint16_t *)w)[j * k + d]);
+                store(y + i * n + j, s, NULL, bias, j, accumulate);
+            }
+    }
+#else
+    float *xr = x_round;
+#pragma omp single
+    for (int64_t i = 0; i < m * k; i++) xr[i] = bf16_to_f32(f32_to_bf16(x[i]));
+    rows_typed(xr, w, MINICB_BF16, NULL, bias, y, m, n, k, accumulate);
+#endif
+}
+
+int minicb_linear(const float *x, const void *w, const float *scale, int32_t w_dtype,
+                  const float *bias, float *y, int64_t m, int64_t n, int64_t k)
+{
+    void *x_round = NULL;
+    if (w_dtype == MINICB_BF16 && (x_round = malloc(sizeof(float) * (size_t)(m * k))) == NULL)
+        return -1;
 #pragma omp parallel
-    minicb_linear_rows(x, w, bias, y, m, n, k, 0);
+    minicb_linear_rows(x, w, scale, w_dtype, bias, y, m, n, k, 0, x_round);
+    free(x_round);
+    return 0;
 }

@@ -17,6 +17,8 @@ from dataclasses import Field, dataclass, field, fields
 from minicb.registry import ATTENTION_BACKENDS, KV_CACHES, SCHEDULERS
 
 DTYPES = ("float32", "float16", "bfloat16")
+# weight-only quantization applied at load (minicb/model/quant.py), named as vLLM's knob names it
+QUANTIZATIONS = ("int8",)
 POLICIES = ("fcfs", "priority", "shortest_prompt_first")
 STEP_ORDERS = ("decode_first", "prefill_first")
 SPECULATIVE_METHODS = ("ngram", "draft_model")
@@ -80,7 +82,12 @@ class EngineConfig:
                           "with a C "
                           "compiler, else torch)", ATTENTION_BACKENDS.choices)
     device: str = knob("cpu", "torch device: cpu or cuda")
-    dtype: str = knob("float32", "weights' and KV cache's dtype", DTYPES)
+    dtype: str = knob("float32", "weights' and KV cache's dtype; auto: bfloat16 on a CPU with "
+                      "AVX-512 BF16 or AMX and on a GPU (float16 for a float16 checkpoint), "
+                      "else float32 (minicb/model/quant.py)", ("auto", *DTYPES))
+    quantization: str | None = knob(
+        None, "weight-only quantization of the decoder's matrices at load: int8 (one scale per "
+        "output channel, CPU; default: none)", QUANTIZATIONS)
     max_num_seqs: int = knob(32, "requests that may be running at once (the batch's slots)")
     max_num_batched_tokens: int = knob(2048, "tokens one step may carry (prompt chunks + decodes)")
     max_model_len: int | None = knob(None, "longest sequence (prompt + output) a request may reach "
@@ -179,8 +186,11 @@ class EngineConfig:
         SCHEDULERS.check(self.scheduler)
         KV_CACHES.check(self.kv_cache)
         ATTENTION_BACKENDS.check(self.attention)
-        _check(self.dtype in DTYPES,
-               f"dtype={self.dtype!r} is not one of {DTYPES}; pick one of those.")
+        _check(self.dtype in ("auto", *DTYPES),
+               f"dtype={self.dtype!r} is not one of {('auto', *DTYPES)}; pick one of those.")
+        _check(self.quantization is None or self.quantization in QUANTIZATIONS,
+               f"quantization={self.quantization!r} is not one of {QUANTIZATIONS} (or None for "
+               "none); pick one of those.")
         _check(self.policy in POLICIES,
                f"policy={self.policy!r} is not one of {POLICIES}; pick one of those.")
         _check(self.step_order in STEP_ORDERS,

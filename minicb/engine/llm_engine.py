@@ -40,11 +40,14 @@ class LLMEngine:
         self.model_path = str(path)
         self.tokenizer = load_tokenizer(path)
         dtype = config.asked("dtype")
+        if dtype == "auto":                   # what the device runs best (as vLLM's "auto")
+            from minicb.model.quant import auto_dtype
+            dtype = auto_dtype(path, config.device)
         if config.device.startswith("cuda"):  # bfloat16 on a GPU without it: float16, stated
             from minicb.kernels.targets import resolve_dtype
             dtype = resolve_dtype(dtype, config.device)
         attention = resolve_backend(config.asked("attention"), config.device, dtype)
-        self.model = load_model(path, config.device, dtype, attention)
+        self.model = load_model(path, config.device, dtype, attention, config.quantization)
         # on a CPU, how many threads each step uses: the cores other programs leave free. It
         # changes how many threads run a step, never which arithmetic: the fused decode layer's
         # row limit is fixed here, once (config.max_fused_decode_rows)

@@ -235,8 +235,14 @@ def paged_attention_cpu(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
     out = torch.empty_like(q)
     plan = meta.torch_plan(k_cache.shape[1], decodes=False)
     if meta.num_decode_rows:
-        kernel(q, k_cache, v_cache, meta.cu_seqlens_q, meta.seq_lens, meta.block_tables, scale,
-               decodes_only=True, out=out)
+        # the kernel's queries are float32 (a bfloat16 cache is widened as it is read); its
+        # prefill rows are left as they were, and written just below
+        wide = q.dtype == torch.float32
+        decoded = kernel(q if wide else q.float(), k_cache, v_cache, meta.cu_seqlens_q,
+                         meta.seq_lens, meta.block_tables, scale, decodes_only=True,
+                         out=out if wide else None)
+        if not wide:
+            out.copy_(decoded)
     attend_prefills_torch(q, k_cache, v_cache, plan, scale, out)
     return out
 
@@ -253,8 +259,8 @@ def _triton_installed() -> bool:
 
 def resolve_backend(attention: str, device: str, dtype: str) -> str:
     """"auto" → "triton" on a GPU where Triton is installed (faster than the torch backend there:
-    benchmarks/gpu.md), "cpu" where the C kernel serves (float32 on a CPU, and it compiles), else
-    "torch". "triton" on a CPU runs only under Triton's interpreter.
+    benchmarks/gpu.md), "cpu" where the C kernel serves (float32 or bfloat16 on a CPU, and it
+    compiles), else "torch". "triton" on a CPU runs only under Triton's interpreter.
 
     An explicit "cpu" that cannot run raises, naming why and the alternative.
     """
@@ -269,11 +275,12 @@ def resolve_backend(attention: str, device: str, dtype: str) -> str:
         return attention
     if attention == "auto" and torch.device(device).type == "cuda":
         return "triton" if _triton_installed() else "torch"
-    fits = torch.device(device).type == "cpu" and dtype == "float32"
+    fits = torch.device(device).type == "cpu" and dtype in ("float32", "bfloat16")
     if attention == "auto" and not fits:
         return "torch"
     if not fits:
-        raise ValueError(f"attention='cpu' runs float32 on a CPU (got dtype={dtype!r} on "
+        raise ValueError(f"attention='cpu' runs float32 or bfloat16 on a CPU (got dtype="
+                         f"{dtype!r} on "
                          f"device={device!r}); use attention='torch' (or 'triton' on a GPU).")
     from minicb.kernels.cpu import available
 

@@ -44,7 +44,9 @@ class SmallBatchLinear(nn.Linear):
         if x.dim() == 2 and x.shape[0] <= self.kernel_rows:
             from minicb.kernels.cpu import linear_cpu
 
-            return linear_cpu(x.contiguous(), self.weight, self.bias)
+            # the kernel takes float32 rows and float32, bfloat16 (or int8) weights
+            bias = None if self.bias is None else self.bias.float()
+            return linear_cpu(x.float().contiguous(), self.weight, bias).to(x.dtype)
         return F.linear(x, self.weight, self.bias)
 
 
@@ -67,17 +69,22 @@ SLOTS = {"input_layernorm.weight": "norm1",
          "self_attn.o_proj.weight": "w_o", "self_attn.o_proj.bias": "b_o",
          "post_attention_layernorm.weight": "norm2",
          "mlp.gate_up_proj.weight": "w_gate_up", "mlp.gate_up_proj.bias": "b_gate_up",
-         "mlp.down_proj.weight": "w_down", "mlp.down_proj.bias": "b_down"}
+         "mlp.down_proj.weight": "w_down", "mlp.down_proj.bias": "b_down",
+         # int8 weights' per-channel scales (minicb.model.quant.Int8Linear)
+         "self_attn.qkv_proj.scale": "s_qkv", "self_attn.o_proj.scale": "s_o",
+         "mlp.gate_up_proj.scale": "s_gate_up", "mlp.down_proj.scale": "s_down"}
 VIEWS = {"self_attn.q_proj": "self_attn.qkv_proj", "self_attn.k_proj": "self_attn.qkv_proj",
          "self_attn.v_proj": "self_attn.qkv_proj", "mlp.gate_proj": "mlp.gate_up_proj",
          "mlp.up_proj": "mlp.gate_up_proj"}
 
 
 def layer_weights(layer: DecoderLayer) -> dict[str, torch.Tensor | None]:
-    """The tensors the fused decode layer reads (after fuse_projections), by their slot names. A
-    tensor of the layer that has no slot (a part this code does not know) is refused, never
-    skipped: the fused layer would compute without it."""
-    from minicb.kernels.cpu import WEIGHTS, check_layer_weights
+    """The tensors the fused decode layer reads (after fuse_projections), by their slot names:
+    the four matrices as they are stored (float32, bfloat16 or int8), the small vectors (norms,
+    biases) as float32, copied once here where the model holds them narrower. A tensor of the
+    layer that has no slot (a part this code does not know) is refused, never skipped: the fused
+    layer would compute without it."""
+    from minicb.kernels.cpu import MATRICES, WEIGHTS, check_layer_weights
 
     attn, mlp = layer.self_attn, layer.mlp
     if attn.qkv_proj is None or mlp.gate_up_proj is None:
@@ -88,7 +95,8 @@ def layer_weights(layer: DecoderLayer) -> dict[str, torch.Tensor | None]:
     for name, tensor in tensors.items():
         module, _, kind = name.rpartition(".")
         if name in SLOTS:
-            weights[SLOTS[name]] = tensor
+            slot = SLOTS[name]
+            weights[slot] = tensor if slot in MATRICES else tensor.float().contiguous()
         elif module in VIEWS:
             fused = f"{VIEWS[module]}.{kind}"
             if (fused not in tensors or tensor.untyped_storage().data_ptr()
@@ -108,10 +116,11 @@ def layer_weights(layer: DecoderLayer) -> dict[str, torch.Tensor | None]:
 
 
 class FusedCpuDecoder:
-    """A model's decode-only steps through the fused C decode layer (float32 weights on a CPU,
-    after fuse_projections). Building it checks every layer's weights (``layer_weights``) and
-    hands the model's other small products (the lm_head's, a mixed step's) to the small-batch
-    kernel (``use_small_batch_linear``)."""
+    """A model's decode-only steps through the fused C decode layer (float32, bfloat16 or int8
+    weights on a CPU, after fuse_projections; a float32, bfloat16 or int8 KV cache). Building it
+    checks every layer's weights (``layer_weights``) and hands the model's other small products
+    (the lm_head's, a mixed step's) to the small-batch kernel (``use_small_batch_linear``). The
+    residual stream stays float32 through the layers, whatever the weights' format."""
 
     def __init__(self, model: LlamaForCausalLM, max_rows: int | None = None):
         """``max_rows``: the most rows a step may have and still be fused (the engine's
@@ -119,7 +128,10 @@ class FusedCpuDecoder:
         """
         self.model = model
         self.max_rows = SmallBatchLinear.kernel_rows if max_rows is None else max_rows
+        from minicb.kernels.cpu import DTYPE_CODES
+
         self.layers = [layer_weights(layer) for layer in model.model.layers]
+        self.w_dtype = DTYPE_CODES[self.layers[0]["w_qkv"].dtype]
         use_small_batch_linear(model)
 
     def takes(self, num_tokens: int, meta: AttentionMetadata) -> bool:
@@ -134,7 +146,7 @@ class FusedCpuDecoder:
         return True
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata,
+                 kv_caches: list[tuple[torch.Tensor, ...]], meta: AttentionMetadata,
                  logits_indices: torch.Tensor) -> torch.Tensor:
         """The model's forward for a step it ``takes``: the same embedding, rotary angles, final
         norm and head, and each layer as one call (kernels/cpu_decode_layer.c)."""
@@ -143,13 +155,14 @@ class FusedCpuDecoder:
         inner = self.model.model
         attn, rows = inner.layers[0].self_attn, input_ids.shape[0]
         with torch.inference_mode():
-            x = inner.embed_tokens(input_ids).contiguous()
-            cos, sin = inner.rotary_emb(positions, x.dtype)
+            x = inner.embed_tokens(input_ids).float().contiguous()
+            cos, sin = inner.rotary_emb(positions, torch.float32)
             step = cpu.decode_step_cpu(x, cos.reshape(rows, -1), sin.reshape(rows, -1),
                                        meta.slot_mapping, meta.seq_lens, meta.block_tables,
                                        attn.num_heads, attn.num_kv_heads, attn.head_dim,
                                        inner.layers[0].mlp.down_proj.in_features,
                                        inner.norm.eps, attn.scale)
-            for weights, (k_cache, v_cache) in zip(self.layers, kv_caches):
-                cpu.decode_layer_cpu(x, weights, k_cache, v_cache, step)
-            return self.model.lm_head(inner.norm(x)[logits_indices]).float()
+            for weights, cache in zip(self.layers, kv_caches):   # (k, v[, k_scale, v_scale])
+                cpu.decode_layer_cpu(x, weights, *cache[:2], step, self.w_dtype, *cache[2:])
+            dtype = inner.embed_tokens.weight.dtype
+            return self.model.lm_head(inner.norm(x.to(dtype))[logits_indices]).float()

@@ -164,7 +164,9 @@ def model_args_from_config(config: dict, source: str = "config.json") -> ModelAr
 
 
 def load_model(path: Path, device: str = "cpu", dtype: str = "float32",
-               attention: str = "torch") -> LlamaForCausalLM:
+               attention: str = "torch", quantization: str | None = None) -> LlamaForCausalLM:
+    """The checkpoint at `path` as minicb's decoder, its projections fused; with
+    `quantization` (minicb/model/quant.py), its decoder matrices quantized at load."""
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"device={device!r} but this torch ({torch.__version__}) sees no CUDA "
                          "GPU; use device='cpu', or install a CUDA build of torch (see the README, "
@@ -214,6 +216,10 @@ def load_model(path: Path, device: str = "cpu", dtype: str = "float32",
     if args.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     model.fuse_projections()
+    if quantization is not None:
+        from minicb.model.quant import quantize_model
+
+        quantize_model(model, quantization)
     return model.eval()
 
 

@@ -96,7 +96,8 @@ def test_auto_picks_the_kernel_where_it_runs():
     ok, why = cpu.available()
     assert ok, f"the CPU kernel should compile on this machine: {why}"
     assert resolve_backend("auto", "cpu", "float32") == "cpu"
-    assert resolve_backend("auto", "cpu", "bfloat16") == "torch"     # the kernel is float32 only
+    assert resolve_backend("auto", "cpu", "bfloat16") == "cpu"       # bfloat16 weights and KV
+    assert resolve_backend("auto", "cpu", "float16") == "torch"      # the kernels read no float16
     assert resolve_backend("torch", "cpu", "float32") == "torch"
     with pytest.raises(ValueError, match="attention='torch'"):
         resolve_backend("cpu", "cpu", "float16")

@@ -175,7 +175,7 @@ def test_the_fused_layer_refuses_weights_it_cannot_read(tiny_llama):
     layer = model.model.layers[0]
     layer.mlp.down_proj.weight = torch.nn.Parameter(layer.mlp.down_proj.weight.double(),
                                                     requires_grad=False)
-    with pytest.raises(ValueError, match="contiguous float32 weights.*w_down is torch.float64"):
+    with pytest.raises(ValueError, match="matrices share one format.*torch.float64"):
         FusedCpuDecoder(model)
     layer.self_attn.qkv_proj = None
     with pytest.raises(ValueError, match="fuse_projections"):

@@ -46,10 +46,12 @@ def test_the_ctypes_struct_matches_the_c_struct_field_by_field():
 
 def test_the_layer_refuses_weights_it_has_no_slot_for_or_lacks():
     import torch
-    from minicb.kernels.cpu import WEIGHTS, check_layer_weights
+    from minicb.kernels.cpu import MATRICES, WEIGHTS, check_layer_weights
 
-    full = {name: torch.zeros(2) for name in WEIGHTS}
+    full = {name: torch.zeros(2) for name in WEIGHTS if name not in MATRICES.values()}
     check_layer_weights(full)
+    with pytest.raises(ValueError, match="only they take one"):
+        check_layer_weights(full | {"s_o": torch.zeros(2)})
     with pytest.raises(ValueError, match="no slot for w_gate"):
         check_layer_weights(full | {"w_gate": torch.zeros(2)})
     with pytest.raises(ValueError, match="needs w_o"):

@@ -1,0 +1,92 @@
+/* The vector width each build of the CPU kernels compiles for, and the number formats they read.
+ *
+ * kernels/isa.py compiles the same sources once per instruction set (generic x86-64, AVX2 + FMA,
+ * AVX-512, AVX-512 with BF16) and loads the widest build the CPU runs. The loops are written once
+ * against the names below (vf: a register of VW floats), so each build gets its own width without
+ * a second copy of a loop. Built for no known vector set, VW is 0 and the callers keep their plain
+ * loops, which the compiler vectorises as it can.
+ *
+ * The formats a weight or a cached key may be stored in (enum minicb_dtype, cpu_kernels.h):
+ *   float32;
+ *   bfloat16: float32's top 16 bits, so widening is a shift and exact;
+ *   int8 with a float32 scale (per output channel of a weight, per token and KV head of the
+ *   cache): the value is q * scale, and the scale is applied once to a finished sum.
+ */
+#ifndef MINICB_CPU_SIMD_H
+#define MINICB_CPU_SIMD_H
+
+#include <stdint.h>
+#include <string.h>
+
+#include "cpu_kernels.h"
+
+/* bfloat16 -> float32: exact (the missing 16 mantissa bits are zero) */
+static inline float bf16_to_f32(uint16_t h) {
+    const uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* float32 -> bfloat16, rounding to nearest even as torch's .to(torch.bfloat16) does. Every build
+ * rounds with this scalar code (never with AVX-512 BF16's conversion, which flushes subnormals),
+ * so all builds start a bfloat16 product from the same numbers. */
+static inline uint16_t f32_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);   /* NaN stays NaN */
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+/* element i of a weight or cache row stored as dtype, as float32 (before any scale) */
+static inline __attribute__((always_inline)) float load_scalar(const void *p, int64_t i,
+                                                               const int dtype) {
+    if (dtype == MINICB_I8) return (float)((const int8_t *)p)[i];
+    if (dtype == MINICB_BF16) return bf16_to_f32(((const uint16_t *)p)[i]);
+    return ((const float *)p)[i];
+}
+
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+#include <immintrin.h>
+#define VW 16
+typedef __m512 vf;
+#define vzero() _mm512_setzero_ps()
+#define vload(p) _mm512_loadu_ps(p)
+#define vfma(a, b, c) _mm512_fmadd_ps(a, b, c)
+#define vsum(a) _mm512_reduce_add_ps(a)
+#define vload_bf16(p) _mm512_castsi512_ps(_mm512_slli_epi32( \
+    _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p))), 16))
+#define vload_i8(p) _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p))))
+#elif defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define VW 8
+typedef __m256 vf;
+#define vzero() _mm256_setzero_ps()
+#define vload(p) _mm256_loadu_ps(p)
+#define vfma(a, b, c) _mm256_fmadd_ps(a, b, c)
+static inline float vsum(__m256 a) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+    return _mm_cvtss_f32(s);
+}
+#define vload_bf16(p) _mm256_castsi256_ps(_mm256_slli_epi32( \
+    _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p))), 16))
+#define vload_i8(p) _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p))))
+#else
+#define VW 0
+#endif
+
+#if VW
+/* VW values of a row stored as dtype, from element i, widened to float32 in a register: the
+ * dequantize happens here, never as a float copy of the whole weight */
+static inline __attribute__((always_inline)) vf vload_typed(const void *p, int64_t i,
+                                                            const int dtype) {
+    if (dtype == MINICB_I8) return vload_i8((const int8_t *)p + i);
+    if (dtype == MINICB_BF16) return vload_bf16((const uint16_t *)p + i);
+    return vload((const float *)p + i);
+}
+#endif
+
+#endif

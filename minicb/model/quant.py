@@ -1,0 +1,152 @@
+"""Weight-only int8: fewer bytes per weight, so fewer bytes per decode step.
+
+A decode step reads every weight once for a handful of rows: its speed is the bytes it reads.
+int8 weights with one float32 scale per output channel read a quarter of float32's bytes (half
+of bfloat16's). ``quantization="int8"`` (vLLM's knob name) quantizes a loaded model's decoder
+matrices (q/k/v, o, gate/up, down) this way; the embedding and the head stay as they are, as in
+vLLM's and torchao's defaults for a tied head.
+
+The arithmetic is torchao's ``Int8WeightOnlyConfig``, so the two can be compared weight for
+weight: per output channel j, ``scale_j = max|W_j| / 127.5`` and ``q = clamp(round(W * (1 /
+scale)), -128, 127)``; the layer computes ``x (q * scale)^T + bias`` with x left in its own
+dtype (weight-only: activations are never quantized).
+
+The dequantize happens inside the product, never as a float copy of the weight per call (which
+is what makes a naive int8 layer slower than float): a few rows go to the C kernel
+(kernels/cpu_linear.c, int8 widened in registers), more rows to torch's
+``_weight_int8pack_mm``, which does the same inside its own loop.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from minicb.config import QUANTIZATIONS
+from minicb.model.fused_cpu import SmallBatchLinear
+from minicb.model.llama import LlamaForCausalLM
+
+
+def auto_dtype(path: Path, device: str) -> str:
+    """dtype="auto", as vLLM's: bfloat16 where the device computes it natively (a CPU with
+    AVX-512 BF16 or AMX: the C kernels' vdpbf16ps and torch's oneDNN; any GPU, which falls back
+    to float16 where it lacks bfloat16), else float32; a float16 checkpoint stays float16 on a
+    GPU. The book's parity tests pin float32 instead: there minicb and transformers agree to
+    about 1e-6, so a greedy token may differ only at a genuine tie."""
+    try:
+        config = json.loads((Path(path) / "config.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        config = {}
+    stored = config.get("dtype") or config.get("torch_dtype")
+    if torch.device(device).type == "cuda":
+        return "float16" if stored == "float16" else "bfloat16"
+    from minicb.kernels import isa
+
+    native = isa.cpu_flags() & {"avx512_bf16", "amx_bf16"}
+    return "bfloat16" if native else "float32"
+
+
+def check_quantization(quantization: str | None) -> None:
+    """None (no quantization) or one of QUANTIZATIONS; anything else names the choices."""
+    if quantization is not None and quantization not in QUANTIZATIONS:
+        raise ValueError(f"quantization={quantization!r} is not one of {QUANTIZATIONS} (or None "
+                         "for none); pick one of those.")
+
+
+def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q int8 [n, k], scale float32 [n]) of a weight [n, k], per output channel, as torchao's
+    Int8WeightOnlyConfig computes them (symmetric, quant range -128..127, scale = amax / 127.5)."""
+    w = weight.detach().float()
+    scale = (w.abs().amax(dim=1) / 127.5).clamp(min=torch.finfo(torch.float32).eps)
+    q = torch.clamp(torch.round(w * (1.0 / scale[:, None])), -128, 127).to(torch.int8)
+    return q, scale
+
+
+def quantize_kv_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q int8 [..., head_dim], scale float32 [...]) of keys or values x [..., head_dim]: one
+    scale per token and KV head, max|x| / 127 (1 for an all-zero head), as the C kernels' KV
+    write (minicb_store_kv) computes it, bit for bit."""
+    x = x.float()
+    amax = x.abs().amax(dim=-1)
+    scale = torch.where(amax > 0, amax / 127.0, torch.ones_like(amax))
+    q = torch.round(x * (1.0 / scale)[..., None]).clamp(-127, 127).to(torch.int8)
+    return q, scale
+
+
+class Int8Linear(nn.Module):
+    """A Linear whose weight is int8 with one float32 scale per output channel. Its tensors are
+    buffers named ``weight``, ``scale`` and ``bias``, so a fused projection's parts can be views
+    of it, as fuse_linears makes them for a float Linear."""
+
+    def __init__(self, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None):
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        self.register_buffer("weight", weight)
+        self.register_buffer("scale", scale)
+        self.register_buffer("bias", bias)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear) -> Int8Linear:
+        q, scale = quantize_int8(linear.weight)
+        bias = None if linear.bias is None else linear.bias.detach().float()
+        return cls(q, scale, bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features)
+        if rows.shape[0] <= SmallBatchLinear.kernel_rows and _c_kernel():
+            from minicb.kernels.cpu import linear_cpu
+
+            out = linear_cpu(rows.float().contiguous(), self.weight, self.bias, self.scale)
+        else:   # torch's int8 product: the weight widened inside its loop, x in its own dtype
+            out = torch.ops.aten._weight_int8pack_mm(rows.contiguous(), self.weight,
+                                                     self.scale.to(rows.dtype))
+            if self.bias is not None:
+                out = out + self.bias.to(out.dtype)
+        return out.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8"
+
+
+def _c_kernel() -> bool:
+    from minicb.kernels.cpu import available
+
+    return available()[0]
+
+
+def _views(fused: Int8Linear, parts: list[nn.Linear]) -> list[Int8Linear]:
+    """Each part of a fused projection as an Int8Linear whose tensors are views of the fused
+    one's (per-channel scales split along the output rows as the weights do)."""
+    views, start = [], 0
+    for part in parts:
+        rows = part.weight.shape[0]
+        bias = None if fused.bias is None else fused.bias[start:start + rows]
+        views.append(Int8Linear(fused.weight[start:start + rows], fused.scale[start:start + rows],
+                                bias))
+        start += rows
+    return views
+
+
+def quantize_model(model: LlamaForCausalLM, quantization: str) -> LlamaForCausalLM:
+    """Quantize every decoder matrix of a loaded model in place (after fuse_projections), and
+    free the float weights. The embedding and the head are left as they are."""
+    check_quantization(quantization)
+    if model.model.embed_tokens.weight.device.type != "cpu":
+        raise ValueError(f"quantization={quantization!r} runs on the CPU (its kernels are C and "
+                         "torch's CPU int8 product); use device='cpu'.")
+    for layer in model.model.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        if attn.qkv_proj is None or mlp.gate_up_proj is None:
+            raise ValueError("quantize_model expects the fused projections: call "
+                             "fuse_projections() first.")
+        attn.qkv_proj = Int8Linear.from_linear(attn.qkv_proj)
+        attn.q_proj, attn.k_proj, attn.v_proj = _views(attn.qkv_proj,
+                                                       [attn.q_proj, attn.k_proj, attn.v_proj])
+        mlp.gate_up_proj = Int8Linear.from_linear(mlp.gate_up_proj)
+        mlp.gate_proj, mlp.up_proj = _views(mlp.gate_up_proj, [mlp.gate_proj, mlp.up_proj])
+        attn.o_proj = Int8Linear.from_linear(attn.o_proj)
+        mlp.down_proj = Int8Linear.from_linear(mlp.down_proj)
+    return model
