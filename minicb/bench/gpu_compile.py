@@ -50,7 +50,7 @@ GROUPS = (1, 2, 4, 8)           # query heads per KV head
 QUERY_LENGTHS = (1, 2, 4, 8, 16, 32, 64, 128)  # max_seqlen_q: a decode step up to long chunks
 KV_HEADS = (1, 8, 32)           # the write kernel holds all KV heads of one token
 BLOCK_SIZE = 16                 # the engine's default; it enters the kernels only as // and %
-KERNELS = ("attention", "merge", "write")
+KERNELS = ("attention", "merge", "write", "fused_moe")
 
 
 # --- the launches: asked of the engine's own tile-choosing functions ---
@@ -76,6 +76,7 @@ def launches_for(limits, quick: bool = False, corners: bool = False) -> list[Lau
     the largest tiles and one of each other kernel, for ``make test``."""
     import torch
 
+    from minicb.kernels.fused_moe import moe_launch
     from minicb.kernels.kv_write import write_launch
     from minicb.kernels.paged_attention import attention_launch
     from minicb.kernels.split_kv import MAX_SPLITS, merge_launch
@@ -119,6 +120,11 @@ def launches_for(limits, quick: bool = False, corners: bool = False) -> list[Lau
                 warps = opts.pop("num_warps")
                 add(Launch(limits.key, "write", asked, dtype,
                            dict(head_dim=head_dim, kv_heads=num_kv_heads), opts, warps, None))
+        # one fused-MoE tile per dtype: its sizes enter as runtime arguments, not constexprs
+        opts = moe_launch(getattr(torch, dtype))
+        warps, stages = opts.pop("num_warps"), opts.pop("num_stages")
+        add(Launch(limits.key, "fused_moe", asked, dtype, dict(rows=opts["BLOCK_M"]), opts,
+                   warps, stages))
     launches = list(found.values())
     if quick:  # one bfloat16 launch of each kernel is enough to prove the dtype compiles
         seen, kept = set(), []

@@ -58,15 +58,16 @@ def _signature(fn, kernel: str, dtype: str, constexprs: dict) -> tuple[dict, dic
     """Each argument's type as the launcher would see it, and the 16-byte alignment hints the
     launcher derives from torch tensors (pointers) and from strides that are multiples of 16."""
     element = _TRITON_TYPES[dtype]
-    float32_ptrs = {"lse_ptr"} | ({"partial_ptr"} if kernel == "merge" else set())
+    float32_ptrs = {"lse_ptr", "weights_ptr"} | ({"partial_ptr"} if kernel == "merge" else set())
     int_ptrs = {"cu_seqlens_q_ptr", "seq_lens_ptr", "block_tables_ptr", "slot_mapping_ptr"}
+    int64_ptrs = {"slot_mapping_ptr", "sorted_pairs_ptr", "block_experts_ptr"}
     signature, attrs = {}, {}
     for index, name in enumerate(fn.arg_names):
         if name in constexprs:
             signature[name] = "constexpr"
         elif name.endswith("_ptr"):
             kind = ("fp32" if name in float32_ptrs else
-                    "i64" if name == "slot_mapping_ptr" else
+                    "i64" if name in int64_ptrs else
                     "i32" if name in int_ptrs else element)
             signature[name] = "*" + kind
             attrs[(index,)] = [["tt.divisibility", 16]]
@@ -85,7 +86,8 @@ def _kernel_fn(kernel: str):
 
     module, name = {"attention": ("paged_attention", "_paged_attention_kernel"),
                     "merge": ("split_kv", "_merge_splits_kernel"),
-                    "write": ("kv_write", "_write_kv_kernel")}[kernel]
+                    "write": ("kv_write", "_write_kv_kernel"),
+                    "fused_moe": ("fused_moe", "_fused_moe_kernel")}[kernel]
     return getattr(importlib.import_module(f"minicb.kernels.{module}"), name)
 
 

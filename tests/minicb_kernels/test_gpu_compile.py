@@ -37,7 +37,8 @@ T4 = TARGETS["sm_75"]
 
 def lean_subset() -> list:
     """Per target: float32's largest prefill tile, the 2-byte dtype's largest (bfloat16;
-    float16 on a T4), the merge and the KV write; the split-KV decode on a T4 and an MI300."""
+    float16 on a T4), the merge, the KV write and the fused MoE; the split-KV decode on a T4
+    and an MI300."""
     picked = []
     for limits in TARGETS.values():
         launches = gpu_compile.launches_for(limits, quick=True)
@@ -51,6 +52,8 @@ def lean_subset() -> list:
         picked.append(max((la for la in launches if la.kernel == "merge"),
                           key=lambda la: la.params["splits"]))
         picked.append(next(la for la in launches if la.kernel == "write"
+                           and la.asked == "bfloat16"))
+        picked.append(next(la for la in launches if la.kernel == "fused_moe"
                            and la.asked == "bfloat16"))
     return picked
 
