@@ -167,8 +167,8 @@ class ModelRunner:
                                     input_ids)
         logits = self.forward(input_ids, positions, meta, logits_indices)
         prompt_logprobs, rows = None, output.seqs
-        if decode is None:          # (in a step of decodes only, every row samples, none asks
-            rows = [s for s in output.seqs if s.needs_logits]       # for prompt logprobs)
+        if decode is None:    # (a step of decodes only samples every row, asks no prompt logprobs)
+            rows = [s for s in output.seqs if s.needs_logits]
             if any(s.prompt_targets for s in output.seqs):
                 logits, prompt_logprobs = self._prompt_logprobs(output.seqs, logits)
         result = self.sample(rows, logits, decode)
