@@ -119,8 +119,11 @@ lint: setup
 	$(BIN)/ruff check minicb kernels tests exercises solutions scripts book
 
 # Grade the student's exercises/ (all chapters, or one: make grade CH=04); V=1 adds tracebacks.
+# MILESTONE=2 grades a milestone of the course track (course/README.md): its chapters, the accuracy
+# gate and the performance bars against solutions/. DIR=path grades another folder.
 grade: setup
-	@$(BIN)/python -m minicb grade exercises $(if $(CH),--chapter $(CH),) $(if $(V),--verbose,)
+	@$(BIN)/python -m minicb grade $(or $(DIR),exercises) $(if $(CH),--chapter $(CH),) \
+	  $(if $(MILESTONE),--milestone $(MILESTONE),) $(if $(V),--verbose,)
 
 # A third-party load tester against minicb serve (benchmarks/serving.md): guidellm in its own
 # environment, the server on 127.0.0.1, completions and chat; results in benchmarks/results/.

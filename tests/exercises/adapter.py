@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import doctest
 import importlib
-import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -19,20 +18,9 @@ from types import ModuleType
 
 import torch
 
+from minicb.tools.chapters import CHAPTERS, load_chapter
+
 ROOT = Path(__file__).resolve().parents[2]
-CHAPTERS = {
-    "00": "ch00_load_test",
-    "01": "ch01_kv_loop",
-    "02": "ch02_static_batch",
-    "03": "ch03_scheduler_step",
-    "04": "ch04_block_allocator",
-    "05": "ch05_decode_kernel",
-    "06": "ch06_serving_metrics",
-    "07": "ch07_prefix_cache",
-    "08": "ch08_speculative",
-    "09": "ch09_routing",
-    "10": "ch10_overlap",
-}
 IMPLEMENTATIONS = ("solutions", "exercises")
 
 # Triton decides at definition time whether a kernel is compiled or interpreted: without CUDA,
@@ -56,18 +44,7 @@ def chapter(number: str) -> ModuleType:
     folder = os.environ.get("MINICB_GRADE_DIR")
     if not folder:
         return importlib.import_module(f"{implementation()}.{CHAPTERS[number]}")
-    name = f"graded_{CHAPTERS[number]}"
-    if name in sys.modules:
-        return sys.modules[name]
-    path = Path(folder) / f"{CHAPTERS[number]}.py"
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing: the graded folder must hold "
-                                f"{CHAPTERS[number]}.py (a copy of exercises/).")
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module       # before running it: dataclasses and Triton look it up
-    spec.loader.exec_module(module)
-    return module
+    return load_chapter(Path(folder), number)
 
 
 def run_docstring_examples(module: ModuleType) -> None:
