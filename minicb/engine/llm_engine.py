@@ -81,6 +81,8 @@ class LLMEngine:
                                                 proposer)
         if uses_cuda_graphs(config):        # after the KV pool, whose addresses the graphs read
             self.runner.use_cuda_graphs(capture=True)
+            if self.model.expert_load is not None:    # the capture's steps routed no request
+                self.model.expert_load.reset()
         self.core = self._make_core(config)
         # the grammar compiler and its cache, built by the first constrained request
         self._structured: StructuredOutputManager | None = None

@@ -10,6 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from minicb.config import DTYPES as DTYPE_NAMES
+from minicb.model.expert_load import attach_expert_load
 from minicb.model.llama import LlamaForCausalLM, ModelArgs, rope_inv_freq
 from minicb.model.moe import (
     FAMILIES,
@@ -220,6 +221,7 @@ def load_model(path: Path, device: str = "cpu", dtype: str = "float32",
         from minicb.model.quant import quantize_model
 
         quantize_model(model, quantization)
+    attach_expert_load(model)     # a mixture of experts counts its tokens per expert
     return model.eval()
 
 

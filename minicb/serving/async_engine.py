@@ -45,6 +45,7 @@ from minicb.engine.llm_engine import LLMEngine
 from minicb.engine.outputs import RequestOutput
 from minicb.kv.prefix import PrefixCacheStats
 from minicb.metrics import RequestMetrics
+from minicb.model.expert_load import expert_load_of
 from minicb.params import SamplingParams
 from minicb.serving.metrics import ServingStats
 from minicb.serving.openai_logprobs import token_texts
@@ -130,7 +131,7 @@ class AsyncLLMEngine:
     def __init__(self, engine: LLMEngine, max_queue_len: int | None = None):
         self.engine = engine
         self.max_queue_len = max_queue_len
-        self.stats = ServingStats()
+        self.stats = ServingStats(expert_load_of(engine))
         self._pending_adds: list[_PendingAdd] = []
         self._pending_aborts: set[str] = set()
         self._streams: dict[str, RequestStream] = {}

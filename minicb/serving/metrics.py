@@ -54,7 +54,10 @@ class Histogram:
 class ServingStats:
     """Updated by the async engine as deltas go out; rendered on every scrape."""
 
-    def __init__(self) -> None:
+    def __init__(self, expert_load=None) -> None:
+        """`expert_load`: a mixture-of-experts model's counts (minicb.model.expert_load), shown
+        beside the rest; None for a dense model."""
+        self.expert_load = expert_load
         self.prompt_tokens = 0
         self.generation_tokens = 0
         self.draft_tokens = 0           # speculative decoding: tokens proposed, then accepted
@@ -133,4 +136,6 @@ class ServingStats:
             [(f'{{reason="{reason}"}}', count) for reason, count in sorted(self.rejected.items())])
         for histogram in (self.ttft, self.tpot, self.e2e):
             lines.extend(histogram.render())
+        if self.expert_load is not None:   # tokens per expert, imbalance, experts touched
+            lines.extend(self.expert_load.prometheus_lines())
         return "\n".join(lines) + "\n"
