@@ -17,6 +17,9 @@ import torch
 from minicb import SamplingParams
 
 NEAR_TIE = 1e-3
+# bfloat16 keeps 8 significant bits: a logit between 8 and 16 is rounded to steps of 0.0625, so
+# two candidates within 0.1 of each other can trade places on rounding alone
+NEAR_TIE_BF16 = 0.1
 TOP_K = 5
 
 
@@ -27,13 +30,16 @@ class Reference:
 
 
 def hf_greedy(model_dir: str, prompts: list[list[int]], max_tokens: list[int],
+              dtype: torch.dtype = torch.float32, prepare=None,
               **load_options) -> list[Reference]:
-    """transformers' generate(do_sample=False) on each prompt alone, with top-5 logprobs;
-    `load_options` go to from_pretrained (experts_implementation="eager", say)."""
+    """transformers' generate(do_sample=False) on each prompt alone, with top-5 logprobs, in
+    `dtype`; `load_options` go to from_pretrained (experts_implementation="eager", say), and
+    `prepare(model)` runs after loading if given (torchao's quantize_, say)."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32,
-                                                 **load_options).eval()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, **load_options).eval()
+    if prepare is not None:
+        prepare(model)
     # ignore_eos means "do not stop at EOS", not "never pick EOS": min_new_tokens would mask EOS
     # out of the logits, so the reference simply has no EOS to stop at
     model.generation_config.eos_token_id = None
@@ -53,7 +59,7 @@ def hf_greedy(model_dir: str, prompts: list[list[int]], max_tokens: list[int],
 
 
 def compare(reference: Reference, token_ids: list[int], logprobs: list[dict[int, float]] | None,
-            label: str) -> str:
+            label: str, near_tie: float = NEAR_TIE) -> str:
     """Return "equal" or "near-tie at i"; raise AssertionError on any other difference."""
     assert len(token_ids) == len(reference.token_ids), \
         f"{label}: {len(token_ids)} tokens, transformers made {len(reference.token_ids)}"
@@ -63,7 +69,7 @@ def compare(reference: Reference, token_ids: list[int], logprobs: list[dict[int,
         ref_top = reference.logprobs[i]
         our_top = logprobs[i] if logprobs else {}
         tie = (ours in ref_top and theirs in our_top
-               and abs(ref_top[ours] - ref_top[theirs]) < NEAR_TIE)
+               and abs(ref_top[ours] - ref_top[theirs]) < near_tie)
         assert tie, (f"{label}: token {i} is {ours}, transformers chose {theirs} "
                      f"(reference logprobs {ref_top}); not a near-tie")
         return f"near-tie at {i}"
@@ -75,10 +81,11 @@ def greedy(max_tokens: int) -> SamplingParams:
     return SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True, logprobs=5)
 
 
-def check_all(references: list[Reference], outputs, label: str = "request") -> list[str]:
+def check_all(references: list[Reference], outputs, label: str = "request",
+              near_tie: float = NEAR_TIE) -> list[str]:
     """`compare` for each request's first sample, in order: one verdict per request."""
-    return [compare(ref, out.outputs[0].token_ids, out.outputs[0].logprobs, f"{label} {i}")
-            for i, (ref, out) in enumerate(zip(references, outputs))]
+    return [compare(ref, out.outputs[0].token_ids, out.outputs[0].logprobs, f"{label} {i}",
+                    near_tie) for i, (ref, out) in enumerate(zip(references, outputs))]
 
 
 def run_with_arrivals(llm, prompts, max_tokens, arrival_steps,
