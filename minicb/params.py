@@ -2,8 +2,10 @@
 
 The ranges live here, once: the engine's front door, `LLM.generate` and the HTTP server all
 refuse a request by constructing its SamplingParams, so each bound has one definition and one
-message naming the field and the fix. The HTTP layer checks only JSON types and shapes, and the
-few caps that only a network-facing server needs (minicb.serving.openai_sampling's HTTP_MAX_*).
+message naming the field and the fix. The HTTP layer checks only JSON types and shapes (and
+publishes these bounds in its JSON Schema by importing them); the few caps that only a
+network-facing server has are named HTTP_MAX_* in minicb.serving.openai_protocol. A test
+(tests/engine/test_hardening.py) fails if a bound is defined twice.
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ class SamplingParams:
         if not _is_int(self.top_k) or self.top_k == 0 or self.top_k < -1:
             raise ValueError(f"top_k must be -1 (off) or an integer >= 1 (got {self.top_k!r}).")
         if self.seed is not None:
-            _check_int("seed", self.seed, 0, 2**63 - 1)
+            _check_int("seed", self.seed, 0, MAX_SEED)
         for name in ("logprobs", "prompt_logprobs"):
             if getattr(self, name) is not None:
                 _check_int(name, getattr(self, name), 0, MAX_LOGPROBS)
@@ -71,9 +73,9 @@ class SamplingParams:
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise ValueError(f"stop must be non-empty strings (got {self.stop!r}).")
         if len(self.stop) > MAX_STOP_STRINGS or sum(len(s) for s in self.stop) > MAX_STOP_CHARS:
-            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings of {MAX_STOP_CHARS} "
-                             f"characters in all (got {len(self.stop)} of "
-                             f"{sum(len(s) for s in self.stop)}).")
+            raise ValueError(f"stop may hold at most {MAX_STOP_STRINGS} strings of "
+                             f"{MAX_STOP_CHARS} characters in all (got {len(self.stop)} of "
+                             f"{sum(len(s) for s in self.stop)}); send fewer or shorter ones.")
         for text in self.stop:
             _check_text("stop", text)
         if len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS or any(
@@ -85,24 +87,27 @@ class SamplingParams:
 
     def _check_processors(self) -> None:
         for name in ("presence_penalty", "frequency_penalty"):
-            _check_number(name, getattr(self, name), -2.0, 2.0, "0 turns it off")
+            _check_number(name, getattr(self, name), -MAX_PENALTY, MAX_PENALTY, "0 turns it off")
         _check_number("repetition_penalty", self.repetition_penalty, MIN_REPETITION_PENALTY,
                       MAX_REPETITION_PENALTY, "1 turns it off; above 1 discourages repeats")
         _check_number("min_p", self.min_p, 0.0, 1.0, "0 turns it off")
         _check_int("min_tokens", self.min_tokens, 0, self.max_tokens,
                    "it cannot exceed max_tokens")
         if self.logit_bias is not None:
-            if not isinstance(self.logit_bias, dict) or len(self.logit_bias) > MAX_LOGIT_BIAS:
-                raise ValueError(f"logit_bias must be a dict of at most {MAX_LOGIT_BIAS} token ids "
-                                 "to biases, e.g. {50256: -100}.")
+            if (not isinstance(self.logit_bias, dict)
+                    or len(self.logit_bias) > MAX_LOGIT_BIAS_TOKENS):
+                raise ValueError(f"logit_bias must be a dict of at most {MAX_LOGIT_BIAS_TOKENS} "
+                                 "token ids to biases, e.g. {50256: -100}.")
             bias = {}
             for token, value in self.logit_bias.items():
-                if isinstance(token, str) and token.isdigit():
-                    token = int(token)            # OpenAI's JSON keys are token id strings
+                if isinstance(token, str) and token.isascii() and token.isdigit() \
+                        and token == str(int(token)):
+                    token = int(token)        # OpenAI's JSON keys are token ids as decimal text
                 if not _is_int(token) or token < 0:
-                    raise ValueError(f"logit_bias keys must be token ids (integers >= 0); got "
-                                     f"{token!r}.")
-                _check_number(f"logit_bias[{token}]", value, -100.0, 100.0,
+                    raise ValueError("logit_bias keys must be token ids: integers >= 0, or their "
+                                     "decimal text without leading zeros; got "
+                                     f"{str(token)[:20]!r}.")
+                _check_number(f"logit_bias[{token}]", value, -MAX_LOGIT_BIAS, MAX_LOGIT_BIAS,
                               "OpenAI's range: -100 bans the token, 100 all but forces it")
                 bias[token] = float(value)
             self.logit_bias = bias or None
@@ -137,19 +142,26 @@ class SamplingParams:
         return self.temperature < GREEDY_BELOW
 
 
-# Bounds of SamplingParams: beyond them a request is refused, naming the field.
-MAX_N = 128
+# Bounds of SamplingParams: beyond them a request is refused, naming the field. Each is defined
+# here alone; the HTTP server's JSON Schema publishes these same names.
+MAX_N = 128                       # samples of one request (the HTTP server allows fewer)
 MAX_TEMPERATURE = 100.0
+MAX_SEED = 2**63 - 1              # a torch.Generator's seed
 MAX_LOGPROBS = 20                 # as OpenAI's and vLLM's default
-MAX_STOP_STRINGS = 32
-MAX_STOP_CHARS = 4096
+MAX_STOP_STRINGS = 32             # stop strings of one request ...
+MAX_STOP_CHARS = 4096             # ... and their characters, all of them together
 MAX_STOP_TOKEN_IDS = 1024
+MAX_PENALTY = 2.0                 # presence_penalty and frequency_penalty in [-2, 2] (OpenAI's)
 MAX_REPETITION_PENALTY = 100.0
 # vLLM takes any repetition_penalty above 0; a value this small already multiplies every seen
 # token's logit by 100, and one below float32's smallest number (1.4e-45) becomes 0, which turns
 # a grammar mask's -inf into NaN (0 * -inf) and lets a masked token through
 MIN_REPETITION_PENALTY = 0.01
-MAX_LOGIT_BIAS = 1024
+MAX_LOGIT_BIAS_TOKENS = 1024      # entries of logit_bias ...
+MAX_LOGIT_BIAS = 100.0            # ... each a bias in [-100, 100]: -100 bans, 100 all but forces
+# characters a string prompt may have (the engine's front door, minicb.engine.inputs): far more
+# than any context here, and small enough that tokenising it never stalls the engine
+MAX_PROMPT_CHARS = 1_000_000
 GREEDY_BELOW = 1e-5               # temperatures below this sample greedily
 
 

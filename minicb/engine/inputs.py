@@ -14,13 +14,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from minicb.params import SamplingParams, _check_text
+from minicb.params import MAX_PROMPT_CHARS, SamplingParams, _check_text
 from minicb.runner.structured_outputs import StructuredOutputManager
 
 Prompt = str | Sequence[int]
-# characters a string prompt may have: far more than any context here, and small enough that
-# tokenising it never stalls the engine
-MAX_PROMPT_CHARS = 1_000_000
 TENSOR_HINT = " (call .tolist() on a tensor)"
 
 
@@ -93,7 +90,7 @@ class InputProcessor:
                              f"{self.vocab_size}); use the model's token ids.")
         if params.structured_outputs is not None:
             if self.structured_outputs is None:
-                raise ValueError("this engine takes no structured_outputs; leave it out.")
+                raise ValueError("structured_outputs are not taken by this engine; leave it out.")
             # compiled now (and cached): a constraint that cannot compile is refused before the
             # request queues
             self.structured_outputs(tokenizer).compile(params.structured_outputs)

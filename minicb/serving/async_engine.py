@@ -13,10 +13,16 @@ applied between two steps, never during one.
 
 Tokenizers. A Hugging Face fast tokenizer must not be used from two threads at once: one call
 that changes a setting (truncation, padding) while another encodes or decodes fails with
-"Already borrowed". Prompts are tokenised off the step (a long prompt must not stall everyone's
-tokens) on ONE thread of their own, with the async engine's own copy of the tokenizer; the
-engine's tokenizer is used only inside the step call (detokenising, stop strings). No tokenizer
-object is ever used by two threads.
+"Already borrowed". So there are two tokenizer objects, each with one owner:
+  - the front end's copy (made here) is called only on the tokenizer thread, a one-thread
+    executor: it tokenises prompts off the step (a long prompt must not stall everyone's
+    tokens), renders chat templates (render_chat), decodes an echoed token-id prompt (decode),
+    and builds the token-text table for log-probabilities (token_texts). The event loop never
+    calls it; it reads only plain attributes (whether there is a chat template).
+  - the engine's own is called only inside the step call (detokenising, stop strings), which
+    runs one at a time.
+No tokenizer object is ever called by two threads (tests/serving/test_tokenizer_threads.py
+records the threads that call each one, through the HTTP server).
 
     engine = AsyncLLMEngine(LLMEngine(EngineConfig(model=path)))
     async for delta in engine.generate("def fib(n):", SamplingParams(max_tokens=16)):
@@ -32,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import functools
 import itertools
 import time
 from collections import deque
@@ -163,9 +170,13 @@ class AsyncLLMEngine:
         return self.engine.config
 
     @property
-    def tokenizer(self):
-        """The front end's tokenizer (not the one the steps use): for chat templates."""
-        return self._tokenizer
+    def has_tokenizer(self) -> bool:
+        return self._tokenizer is not None
+
+    @property
+    def has_chat_template(self) -> bool:
+        """Whether the tokenizer has a chat template (a plain attribute: no tokenizer call)."""
+        return bool(getattr(self._tokenizer, "chat_template", None))
 
     @property
     def model_path(self) -> str:
@@ -175,12 +186,31 @@ class AsyncLLMEngine:
     def vocab_size(self) -> int:
         return self.engine.vocab_size
 
+    async def _on_tokenizer_thread(self, function, *args):
+        """function(*args) on the front end's one tokenizer thread: the only thread that calls
+        the front end's tokenizer."""
+        return await asyncio.get_running_loop().run_in_executor(self._tokenize_thread,
+                                                                 function, *args)
+
     async def token_texts(self) -> list[str]:
         """Each token id's text, for log-probabilities: decoded once, on the tokenizer's thread."""
         if self._token_texts is None:
-            self._token_texts = await asyncio.get_running_loop().run_in_executor(
-                self._tokenize_thread, token_texts, self._tokenizer, self.vocab_size)
+            self._token_texts = await self._on_tokenizer_thread(token_texts, self._tokenizer,
+                                                                self.vocab_size)
         return self._token_texts
+
+    async def render_chat(self, messages: list[dict]) -> str:
+        """The chat template applied to `messages` (with the assistant's turn opened), on the
+        tokenizer's thread. Whatever the template raises (it is the checkpoint's own Jinja
+        code) comes through."""
+        return await self._on_tokenizer_thread(functools.partial(
+            self._tokenizer.apply_chat_template, messages, tokenize=False,
+            add_generation_prompt=True))
+
+    async def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
+        """Token ids as text (an echoed token-id prompt), on the tokenizer's thread."""
+        return await self._on_tokenizer_thread(functools.partial(
+            self._tokenizer.decode, token_ids, skip_special_tokens=skip_special_tokens))
 
     def kv_usage(self) -> tuple[int, int, PrefixCacheStats]:
         """KV blocks in use, blocks free, and the prefix cache's counters."""
@@ -226,9 +256,8 @@ class AsyncLLMEngine:
         # (it holds its place in the queue meanwhile)
         self._validating += params.n
         try:
-            processed = await asyncio.get_running_loop().run_in_executor(
-                self._tokenize_thread, self.engine.processor.process, prompt, params,
-                self._tokenizer, require_fit)
+            processed = await self._on_tokenizer_thread(
+                self.engine.processor.process, prompt, params, self._tokenizer, require_fit)
         finally:
             self._validating -= params.n
         if request_id in self._streams:

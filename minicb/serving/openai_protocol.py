@@ -8,6 +8,7 @@ error in OpenAI's shape naming the field at fault and the fix:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import re
@@ -15,20 +16,38 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from minicb.params import MAX_TEMPERATURE, SamplingParams
+from minicb.params import (
+    MAX_STOP_CHARS,
+    MAX_STOP_STRINGS,
+    MAX_STOP_TOKEN_IDS,
+    MAX_TEMPERATURE,
+    SamplingParams,
+)
 from minicb.serving.errors import APIError
-from minicb.serving.openai_sampling import extra_schemas, sampling_extras
+from minicb.serving.openai_sampling import extra_schemas, request_sources, sampling_extras
 
 log = logging.getLogger("minicb.serving")
 
 
-def param_named_in(message: str) -> str | None:
-    """The field an engine error is about: its messages start with the field's name."""
-    match = re.match(r"(\w+)", message)
-    if match and match.group(1) in (*_SAMPLING_FIELDS, *_EXTRA_FIELDS, "stop", "stop_token_ids",
-                                    "ignore_eos", "logprobs", "prompt_logprobs"):
-        return "logprobs" if match.group(1) == "prompt_logprobs" else match.group(1)
-    return "prompt" if "prompt" in message or "token ids" in message else None
+_PARAMS_FIELDS = {f.name for f in dataclasses.fields(SamplingParams)}
+
+
+def engine_error(error: ValueError, sources: dict[str, str] | None = None,
+                 code: str | None = None) -> APIError:
+    """A ValueError from SamplingParams or the engine's front door as a 400 naming the request's
+    field: their messages start with the field's name, which `sources` (request_sources) maps
+    back to the name the client sent where the two differ (a chat's top_logprobs is
+    SamplingParams.logprobs)."""
+    message = str(error)
+    match = re.match(r"\w+", message)
+    field = match.group(0) if match else ""
+    if field in _PARAMS_FIELDS:
+        param = (sources or {}).get(field, field)
+        if param != field and message[len(field):len(field) + 1] == " ":
+            message = param + message[len(field):]
+    else:
+        param = "prompt" if "prompt" in message or "token ids" in message else None
+    return APIError(message, param=param, code=code)
 
 
 @dataclass
@@ -48,16 +67,25 @@ class ParsedRequest:
     # max_tokens=0 (completions): the engine computes one token, which is dropped, so the answer
     # is the prompt alone (with echo, its log-probabilities: how evaluation harnesses score text)
     generate: bool = True
-    # the field that asked for a structured output, to name it if the constraint cannot compile
-    constraint_field: str | None = None
+    # SamplingParams' field -> the request's, where they differ (to name the field in an error)
+    sources: dict[str, str] = dataclasses.field(default_factory=dict)
+    # a chat's messages, rendered into `prompt` by the chat template
+    messages: list[dict] | None = None
 
 
-# the most samples (`n`) one request may ask for: each is a sequence in the batch, holding a slot
-# and KV blocks of its own once it has diverged from the shared prompt
-MAX_N = 16
+# Caps only the HTTP server has (every other bound is SamplingParams', in minicb.params):
+# the most samples (`n`) one request over the network may ask for (the engine allows MAX_N): each
+# is a sequence in the batch, holding a slot and KV blocks of its own once it has diverged from
+# the shared prompt, so one client could otherwise fill the batch alone
+HTTP_MAX_N = 16
 # the largest seed: JSON numbers above 2**53 lose precision in many clients (JavaScript's, or any
 # that reads numbers as doubles), so a bigger seed might not be the one the client meant
-MAX_SEED = 2**53 - 1
+HTTP_MAX_SEED = 2**53 - 1
+# each string of a `stop` list: the JSON Schema cannot bound the list's characters in all (the
+# engine's MAX_STOP_CHARS), so it bounds each string to an even share of them
+HTTP_MAX_STOP_ITEM_CHARS = MAX_STOP_CHARS // MAX_STOP_STRINGS
+# `priority` is a 32-bit integer, as in vLLM's protocol
+HTTP_MAX_PRIORITY = 2**31 - 1
 CHAT_ROLES = ("system", "user", "assistant")
 
 # (JSON field, allowed Python types, what to call it in an error)
@@ -93,21 +121,20 @@ def _is_token_ids(value) -> bool:
         isinstance(t, int) and not isinstance(t, bool) for t in value)
 
 
-def _sampling(body: dict, max_model_len: int, default_max_tokens: int, chat: bool,
-              vocab_size: int) -> tuple[SamplingParams, bool, str | None]:
+def _sampling(body: dict, max_model_len: int, default_max_tokens: int, chat: bool
+              ) -> tuple[SamplingParams, bool, dict[str, str]]:
+    """SamplingParams from the body's fields, their JSON types checked here and their ranges by
+    SamplingParams itself; also whether max_tokens was given, and request_sources."""
     values = {name: _field(body, name, *spec) for name, spec in _SAMPLING_FIELDS.items()}
     n = 1 if values["n"] is None else values["n"]
-    if values["seed"] is not None and not 0 <= values["seed"] <= MAX_SEED:
-        raise APIError(f"'seed' must be an integer from 0 to {MAX_SEED} (2**53 - 1, the largest "
-                       f"integer every JSON client reads exactly); got {values['seed']}.",
+    if values["seed"] is not None and values["seed"] > HTTP_MAX_SEED:
+        raise APIError(f"'seed' must be an integer from 0 to {HTTP_MAX_SEED} (2**53 - 1, the "
+                       f"largest integer every JSON client reads exactly); got {values['seed']}.",
                        param="seed")
-    if n < 1:
-        raise APIError(f"'n' must be at least 1 (got {n}): it is how many completions to generate.",
-                       param="n")
-    if n > MAX_N:
-        raise APIError(f"'n' must be at most {MAX_N} (got {n}); ask for at most {MAX_N} samples "
-                       f"per request, "
-                       "or send several requests (with different seeds) for more.", param="n")
+    if n > HTTP_MAX_N:
+        raise APIError(f"'n' must be at most {HTTP_MAX_N} (got {n}); ask for at most {HTTP_MAX_N} "
+                       "samples per request, or send several requests (with different seeds) "
+                       "for more.", param="n")
     # max_completion_tokens is OpenAI's newer name for max_tokens (SGLang's router sends it)
     # completions allow 0: the prompt alone comes back (with echo, its log-probabilities)
     least = 1 if chat else 0
@@ -124,20 +151,13 @@ def _sampling(body: dict, max_model_len: int, default_max_tokens: int, chat: boo
                                  and all(isinstance(s, str) for s in stop)):
         raise APIError(f"'stop' must be a string or a list of strings (got {stop!r}).",
                        param="stop")
-    if isinstance(stop, list) and (len(stop) > MAX_STOP_LIST
-                                   or any(len(s) > MAX_STOP_ITEM_CHARS for s in stop)):
-        raise APIError(f"'stop' may list at most {MAX_STOP_LIST} strings of at most "
-                       f"{MAX_STOP_ITEM_CHARS} characters each (got {len(stop)}, the longest "
-                       f"{max(map(len, stop))}); send fewer or shorter stop strings.", param="stop")
-    if isinstance(stop, str) and len(stop) > MAX_STOP_CHARS:
-        raise APIError(f"'stop' may be at most {MAX_STOP_CHARS} characters (got {len(stop)}).",
-                       param="stop")
+    if isinstance(stop, list) and any(len(s) > HTTP_MAX_STOP_ITEM_CHARS for s in stop):
+        raise APIError(f"each string of a 'stop' list may have at most {HTTP_MAX_STOP_ITEM_CHARS} "
+                       f"characters (the longest has {max(map(len, stop))}); send shorter stop "
+                       "strings, or one long one as a string.", param="stop")
     max_tokens = default_max_tokens if max_tokens is None else max_tokens
-    extras, constraint_field = sampling_extras(body, chat, vocab_size)
-    if extras.get("min_tokens", 0) > max_tokens:
-        raise APIError(f"'min_tokens' ({extras['min_tokens']}) exceeds max_tokens ({max_tokens}); "
-                       "ask for at most as many tokens as the output may have.",
-                       param="min_tokens")
+    extras, constraint_field = sampling_extras(body, chat)
+    sources = request_sources(chat, body, constraint_field)
     stop_token_ids = _integers(body.get("stop_token_ids"))
     if stop_token_ids is not None and not (stop_token_ids == [] or _is_token_ids(stop_token_ids)):
         raise APIError(f"'stop_token_ids' must be a list of integers (got {stop_token_ids!r}).",
@@ -153,9 +173,9 @@ def _sampling(body: dict, max_model_len: int, default_max_tokens: int, chat: boo
             skip_special_tokens=_field(body, "skip_special_tokens", (bool,), "true or false",
                                        True), **extras)
     except ValueError as error:
-        raise APIError(str(error), param=param_named_in(str(error))) from None
-    return params, values["max_tokens"] is not None or values["max_completion_tokens"] is not None,\
-        constraint_field
+        raise engine_error(error, sources) from None
+    given = values["max_tokens"] is not None or values["max_completion_tokens"] is not None
+    return params, given, sources
 
 
 def _check_model(body: dict, model_name: str) -> None:
@@ -253,15 +273,14 @@ def _options(body: dict, prompt, params: SamplingParams, require_fit: bool) -> P
     include_usage = _field(options, "include_usage", (bool,), "true or false", False)
     continuous = _field(options, "continuous_usage_stats", (bool,), "true or false", False)
     priority = _field(body, "priority", *_INT, 0)
-    if not -2**31 <= priority < 2**31:
+    if not -HTTP_MAX_PRIORITY - 1 <= priority <= HTTP_MAX_PRIORITY:
         raise APIError(f"'priority' must be a 32-bit integer (got {priority}).", param="priority")
     return ParsedRequest(prompt, params, stream, include_usage,
                          _field(body, "return_token_ids", (bool,), "true or false", False),
                          require_fit, priority, continuous)
 
 
-def parse_completion(body: dict, model_name: str, max_model_len: int,
-                     vocab_size: int) -> ParsedRequest:
+def parse_completion(body: dict, model_name: str, max_model_len: int) -> ParsedRequest:
     """POST /v1/completions: prompt as a string or token ids (or a list holding one of those)."""
     _check_model(body, model_name)
     _check_fields(body, chat=False)
@@ -277,12 +296,12 @@ def parse_completion(body: dict, model_name: str, max_model_len: int,
     if prompt == "":
         raise APIError("'prompt' is empty; send at least one character (or token id).",
                        param="prompt")
-    params, require_fit, constraint_field = _sampling(body, max_model_len, 16,  # OpenAI's default
-                                                      chat=False, vocab_size=vocab_size)
+    params, require_fit, sources = _sampling(body, max_model_len, 16,  # OpenAI's default
+                                             chat=False)
     parsed = _options(body, prompt, params, require_fit)
     parsed.echo = _field(body, "echo", (bool,), "true or false", False)
     parsed.generate = body.get("max_tokens") != 0 and body.get("max_completion_tokens") != 0
-    parsed.constraint_field = constraint_field
+    parsed.sources = sources
     return parsed
 
 
@@ -297,12 +316,14 @@ def _text_content(content: str | list) -> str:
     return "".join(part["text"] for part in content)
 
 
-def parse_chat(body: dict, model_name: str, max_model_len: int, tokenizer,
-               vocab_size: int) -> ParsedRequest:
-    """POST /v1/chat/completions: messages rendered through the tokenizer's chat template."""
+def parse_chat(body: dict, model_name: str, max_model_len: int,
+               has_chat_template: bool) -> ParsedRequest:
+    """POST /v1/chat/completions: the messages (as text) in `messages`, for the server to render
+    through the chat template on the tokenizer's own thread (AsyncLLMEngine.render_chat) into
+    `prompt`."""
     _check_model(body, model_name)
     _check_fields(body, chat=True)
-    if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+    if not has_chat_template:
         raise APIError("this model's tokenizer has no chat template, so chat messages cannot be "
                        "turned into "
                        "a prompt; use POST /v1/completions, or serve a checkpoint whose "
@@ -319,17 +340,12 @@ def parse_chat(body: dict, model_name: str, max_model_len: int, tokenizer,
         if message["role"] not in CHAT_ROLES:
             raise APIError(f"a message's role must be one of {', '.join(CHAT_ROLES)} (got "
                            f"{message['role'][:40]!r}).", param="messages")
-    messages = [{"role": m["role"], "content": _text_content(m["content"])} for m in messages]
-    try:
-        prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    except Exception as error:   # the template is the checkpoint's own Jinja code
-        raise APIError(f"the chat template failed on these messages: {error}",
-                       param="messages") from None
     # no max_tokens: as OpenAI, generate until a stop or the context is full
-    params, require_fit, constraint_field = _sampling(body, max_model_len, max_model_len,
-                                                      chat=True, vocab_size=vocab_size)
-    parsed = _options(body, prompt, params, require_fit)
-    parsed.constraint_field = constraint_field
+    params, require_fit, sources = _sampling(body, max_model_len, max_model_len, chat=True)
+    parsed = _options(body, "", params, require_fit)
+    parsed.messages = [{"role": m["role"], "content": _text_content(m["content"])}
+                       for m in messages]
+    parsed.sources = sources
     return parsed
 
 
@@ -378,10 +394,8 @@ def response(chat: bool, request_id: str, model: str, choices: list[dict], usage
 # above enforces exactly these bounds. The rules a schema here cannot state: the context (prompt
 # tokens plus max_tokens must fit max_model_len: a 400 whose code is "context_length_exceeded"),
 # min_tokens <= max_tokens, top_logprobs only with logprobs: true, and a constraint (JSON schema,
-# regex, grammar) the grammar library can compile (minicb.serving.openai_sampling).
-MAX_STOP_LIST = 32                  # stop strings in a list ...
-MAX_STOP_ITEM_CHARS = 128           # ... of at most this many characters each
-MAX_STOP_CHARS = 4096               # one stop string
+# regex, grammar) the grammar library can compile (minicb.serving.openai_sampling). Every bound is
+# imported: SamplingParams' from minicb.params, the HTTP_MAX_* caps from above.
 
 
 def _nullable(schema: dict) -> dict:
@@ -406,13 +420,13 @@ def request_schemas(max_model_len: int, vocab_size: int, priority: bool) -> tupl
         "temperature": {"type": "number", "minimum": 0, "maximum": MAX_TEMPERATURE},
         "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
         "top_k": {"anyOf": [_const(-1), {"type": "integer", "minimum": 1}]},
-        "seed": {"type": "integer", "minimum": 0, "maximum": MAX_SEED},
-        "n": {"type": "integer", "minimum": 1, "maximum": MAX_N},
+        "seed": {"type": "integer", "minimum": 0, "maximum": HTTP_MAX_SEED},
+        "n": {"type": "integer", "minimum": 1, "maximum": HTTP_MAX_N},
         "stop": {"anyOf": [{"type": "string", "minLength": 1, "maxLength": MAX_STOP_CHARS},
-                           {"type": "array", "maxItems": MAX_STOP_LIST, "items": {
+                           {"type": "array", "maxItems": MAX_STOP_STRINGS, "items": {
                                "type": "string", "minLength": 1,
-                               "maxLength": MAX_STOP_ITEM_CHARS}}]},
-        "stop_token_ids": {"type": "array", "maxItems": 1024,
+                               "maxLength": HTTP_MAX_STOP_ITEM_CHARS}}]},
+        "stop_token_ids": {"type": "array", "maxItems": MAX_STOP_TOKEN_IDS,
                            "items": {"type": "integer", "minimum": 0}},
         "stream": boolean,
         "stream_options": {"type": "object", "additionalProperties": False,
@@ -420,7 +434,8 @@ def request_schemas(max_model_len: int, vocab_size: int, priority: bool) -> tupl
                                           "continuous_usage_stats": _nullable(boolean)}},
         "ignore_eos": boolean, "skip_special_tokens": boolean, "return_token_ids": boolean,
         "user": {"type": "string"},
-        "priority": ({"type": "integer", "minimum": -2**31, "maximum": 2**31 - 1} if priority
+        "priority": ({"type": "integer", "minimum": -HTTP_MAX_PRIORITY - 1,
+                      "maximum": HTTP_MAX_PRIORITY} if priority
                      else _const(0)),
         **{name: boolean for name in sorted(_ANY_BOOLEAN)},
         # accepted only at the value that asks for nothing

@@ -1,8 +1,9 @@
 """What a request may ask of the sampler beyond temperature and top-p, in OpenAI's and vLLM's
 names: log-probabilities, penalties, logit bias, min_p, min_tokens and structured outputs.
 
-Each field is read into the engine's own SamplingParams (vLLM's names), with the bounds OpenAI
-documents, and published as JSON Schema with the same bounds: what the schema allows is served.
+Each field's JSON type is checked here and its value handed to the engine's own SamplingParams
+(vLLM's names), which holds every range (minicb.params: OpenAI's where OpenAI documents one).
+The JSON Schema below publishes those same bounds, imported: what the schema allows is served.
 
     completions  logprobs: int (top-k per token), echo + logprobs: the prompt's too
     chat         logprobs: true, top_logprobs: int
@@ -26,81 +27,84 @@ import json
 from minicb.params import (
     MAX_CHOICES,
     MAX_CONSTRAINT_CHARS,
+    MAX_LOGIT_BIAS,
+    MAX_LOGIT_BIAS_TOKENS,
     MAX_LOGPROBS,
+    MAX_PENALTY,
     MAX_REPETITION_PENALTY,
     MIN_REPETITION_PENALTY,
     StructuredOutputsParams,
 )
-from minicb.params import MAX_LOGIT_BIAS as MAX_LOGIT_BIAS_ENTRIES
 from minicb.serving.errors import APIError
 
-# OpenAI's documented ranges
-MAX_PENALTY = 2.0                  # presence_penalty and frequency_penalty in [-2, 2]
-MAX_LOGIT_BIAS = 100.0             # each bias in [-100, 100]: -100 bans a token, 100 forces it
 # vLLM's structured_outputs fields this server reads: one constraint, and a whitespace switch
 EXTENSION_FIELDS = ("json", "regex", "choice", "grammar", "json_object", "disable_any_whitespace")
 
 
-def _number(body: dict, name: str, low: float, high: float) -> float | None:
+def _number(body: dict, name: str) -> float | None:
+    """A JSON number (its range is SamplingParams')."""
     value = body.get(name)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
-        raise APIError(f"'{name}' must be a number from {low:g} to {high:g} (got "
-                       f"{json.dumps(value)[:40]}).", param=name)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise APIError(f"'{name}' must be a number (got {json.dumps(value)[:40]}).", param=name)
     return float(value)
 
 
-def _logit_bias(body: dict, vocab_size: int) -> dict[int, float] | None:
+def _integer(body: dict, name: str, what: str) -> int | None:
+    """A JSON integer (4.0 is one to JSON Schema, so to this server too)."""
+    value = body.get(name)
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+        raise APIError(f"'{name}' must be an integer (got {json.dumps(value)[:20]}): {what}.",
+                       param=name)
+    return value
+
+
+def _logit_bias(body: dict) -> dict | None:
+    """The object as it came: its keys (token ids as decimal text) and biases are SamplingParams'
+    to check, the vocabulary the engine's front door's."""
     bias = body.get("logit_bias")
     if bias is None or bias == {}:
         return None
-    fix = ("'logit_bias' maps token ids (as strings: {\"50256\": -100}) to a bias from "
-           f"{-MAX_LOGIT_BIAS:g} to {MAX_LOGIT_BIAS:g}")
-    if not isinstance(bias, dict) or len(bias) > MAX_LOGIT_BIAS_ENTRIES:
-        raise APIError(f"{fix}, at most {MAX_LOGIT_BIAS_ENTRIES} of them.", param="logit_bias")
-    result = {}
-    for key, value in bias.items():
-        if not (key.isascii() and key.isdigit() and key == str(int(key))
-                and int(key) < vocab_size):
-            raise APIError(f"{fix}; {key[:20]!r} is not a token id of this model (0 to "
-                           f"{vocab_size - 1}).", param="logit_bias")
-        if isinstance(value, bool) or not isinstance(value, (int, float)) \
-                or not -MAX_LOGIT_BIAS <= value <= MAX_LOGIT_BIAS:
-            raise APIError(f"{fix}; token {key} has {json.dumps(value)[:20]}.",
-                           param="logit_bias")
-        result[int(key)] = float(value)
-    return result
+    if not isinstance(bias, dict):
+        raise APIError("'logit_bias' must be an object mapping token ids (as strings: {\"50256\": "
+                       f"-100}}) to biases (got {json.dumps(bias)[:40]}).", param="logit_bias")
+    return bias
 
 
 def _logprobs(body: dict, chat: bool) -> tuple[int | None, int | None]:
-    """(logprobs per output token, logprobs per prompt token) for SamplingParams."""
+    """(logprobs per output token, logprobs per prompt token) for SamplingParams, which checks
+    the count; a chat's top_logprobs becomes SamplingParams.logprobs, a completion's logprobs
+    with echo also its prompt_logprobs (request_sources names them back)."""
     value = body.get("logprobs")
     if chat:
         if value is not None and not isinstance(value, bool):
             raise APIError(f"'logprobs' must be true or false in a chat request (got "
                            f"{json.dumps(value)[:20]}); the count goes in 'top_logprobs'.",
                            param="logprobs")
-        top = body.get("top_logprobs")
-        if isinstance(top, float) and top.is_integer():
-            top = int(top)
-        if top is not None and (isinstance(top, bool) or not isinstance(top, int)
-                                or not 0 <= top <= MAX_LOGPROBS):
-            raise APIError(f"'top_logprobs' must be an integer from 0 to {MAX_LOGPROBS} (got "
-                           f"{json.dumps(top)[:20]}).", param="top_logprobs")
+        top = _integer(body, "top_logprobs", "how many most likely tokens to return")
         if top and not value:
             raise APIError("'top_logprobs' needs 'logprobs': true (OpenAI's rule); send both, "
                            "or leave top_logprobs out.", param="top_logprobs")
         return (top or 0) if value else None, None
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    if value is None or value is False:
+    if value is False:
         return None, None
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_LOGPROBS:
-        raise APIError(f"'logprobs' must be an integer from 0 to {MAX_LOGPROBS} in a completions "
-                       f"request (got {json.dumps(value)[:20]}): how many most likely tokens to "
-                       "return beside each chosen one.", param="logprobs")
-    return value, value if body.get("echo") is True else None
+    value = _integer(body, "logprobs", "how many most likely tokens to return beside each "
+                     "chosen one, in a completions request")
+    return value, value if value is not None and body.get("echo") is True else None
+
+
+def request_sources(chat: bool, body: dict, constraint_field: str | None) -> dict[str, str]:
+    """SamplingParams' field -> the request's field it was read from, where the names differ:
+    an error SamplingParams raises is a 400 naming the field the client sent."""
+    sources = {"logprobs": "top_logprobs"} if chat else {"prompt_logprobs": "logprobs"}
+    if body.get("max_tokens") is None and body.get("max_completion_tokens") is not None:
+        sources["max_tokens"] = "max_completion_tokens"
+    if constraint_field is not None:
+        sources["structured_outputs"] = constraint_field
+    return sources
 
 
 def _constraint(body: dict) -> tuple[StructuredOutputsParams | None, str | None]:
@@ -157,27 +161,18 @@ def _constraint(body: dict) -> tuple[StructuredOutputsParams | None, str | None]
         raise APIError(str(error), param=field) from None
 
 
-def sampling_extras(body: dict, chat: bool, vocab_size: int) -> tuple[dict, str | None]:
+def sampling_extras(body: dict, chat: bool) -> tuple[dict, str | None]:
     """SamplingParams keyword arguments for the fields above (only those given), and which field
     asked for a structured output (to name it if the constraint fails to compile)."""
     logprobs, prompt_logprobs = _logprobs(body, chat)
     structured, constraint_field = _constraint(body)
-    min_tokens = body.get("min_tokens")
-    if isinstance(min_tokens, float) and min_tokens.is_integer():
-        min_tokens = int(min_tokens)
-    if min_tokens is not None and (isinstance(min_tokens, bool) or not isinstance(min_tokens, int)
-                                   or min_tokens < 0):
-        raise APIError(f"'min_tokens' must be an integer >= 0 (got "
-                       f"{json.dumps(min_tokens)[:20]}): how many tokens to generate before EOS "
-                       "or a stop token id may end the output.", param="min_tokens")
     values = {
         "logprobs": logprobs, "prompt_logprobs": prompt_logprobs,
-        "presence_penalty": _number(body, "presence_penalty", -MAX_PENALTY, MAX_PENALTY),
-        "frequency_penalty": _number(body, "frequency_penalty", -MAX_PENALTY, MAX_PENALTY),
-        "repetition_penalty": _number(body, "repetition_penalty", MIN_REPETITION_PENALTY,
-                                      MAX_REPETITION_PENALTY),
-        "min_p": _number(body, "min_p", 0.0, 1.0),
-        "logit_bias": _logit_bias(body, vocab_size), "min_tokens": min_tokens or None,
+        **{name: _number(body, name) for name in ("presence_penalty", "frequency_penalty",
+                                                  "repetition_penalty", "min_p")},
+        "logit_bias": _logit_bias(body),
+        "min_tokens": _integer(body, "min_tokens", "how many tokens to generate before EOS or a "
+                               "stop token id may end the output"),
         "structured_outputs": structured}
     return {name: value for name, value in values.items() if value is not None}, constraint_field
 
@@ -238,7 +233,7 @@ def extra_schemas(vocab_size: int, chat: bool) -> dict:
                                "maximum": MAX_REPETITION_PENALTY},
         "min_p": {**number, "minimum": 0, "maximum": 1},
         "min_tokens": {"type": "integer", "minimum": 0},
-        "logit_bias": {"type": "object", "maxProperties": MAX_LOGIT_BIAS_ENTRIES,
+        "logit_bias": {"type": "object", "maxProperties": MAX_LOGIT_BIAS_TOKENS,
                        "propertyNames": {"pattern": _digits_below(vocab_size)},
                        "additionalProperties": {**number, "minimum": -MAX_LOGIT_BIAS,
                                                 "maximum": MAX_LOGIT_BIAS}},

@@ -6,7 +6,7 @@
 Endpoints: POST /v1/completions, POST /v1/chat/completions (where the tokenizer has a chat
 template), GET /v1/models, GET /health, GET /metrics (Prometheus text: requests, tokens, KV
 blocks, prefix-cache queries, hits and evictions, latency histograms). Tokens stream as
-server-sent events when the request says `"stream": true`. `"n": k` (up to MAX_N) returns k
+server-sent events when the request says `"stream": true`. `"n": k` (up to HTTP_MAX_N) returns k
 samples as choices 0..k-1 (streamed chunks carry their choice's index); they share the prompt's
 KV blocks, sample i uses seed + i when a seed is given, and usage counts the prompt once and the
 completion tokens of every choice. Log-probabilities (the prompt's too, with echo), penalties,
@@ -56,9 +56,9 @@ from minicb.serving.openai_logprobs import ChoiceLogprobs
 from minicb.serving.openai_protocol import (
     ParsedRequest,
     choice,
+    engine_error,
     new_id,
     openapi_body,
-    param_named_in,
     parse_chat,
     parse_completion,
     request_schemas,
@@ -67,7 +67,7 @@ from minicb.serving.openai_protocol import (
 )
 
 # Bounds of the HTTP side, each a flag of `python -m minicb serve`
-MAX_BODY_BYTES = 8 * 2**20          # a request body (the longest prompt is a million characters)
+HTTP_MAX_BODY_BYTES = 8 * 2**20     # a request body (the longest prompt is a million characters)
 TIMEOUT_KEEP_ALIVE = 5              # seconds an idle kept-alive connection stays open
 LIMIT_CONCURRENCY = 1024            # connections at once; more get 503 at the door
 BODY_TIMEOUT = 30                   # seconds a request's body may take to arrive
@@ -109,7 +109,7 @@ class DeadlineH11Protocol(H11Protocol):
 
 def build_app(model: str | None = None, *, engine: AsyncLLMEngine | None = None,
               served_model_name: str | None = None, max_queue_len: int | None = 1024,
-              max_body_bytes: int = MAX_BODY_BYTES, **knobs) -> FastAPI:
+              max_body_bytes: int = HTTP_MAX_BODY_BYTES, **knobs) -> FastAPI:
     """The FastAPI app. Pass engine knobs (scheduler=..., max_num_seqs=...) or a ready engine."""
     if engine is None:
         engine = AsyncLLMEngine(LLMEngine(EngineConfig(model=model, **knobs)), max_queue_len)
@@ -137,7 +137,7 @@ def build_app(model: str | None = None, *, engine: AsyncLLMEngine | None = None,
     # unforeseen
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
-        what = {404: f"no route {request.url.path}; see POST /v1/completions, POST "
+        what = {404: f"no route {request.url.path[:200]}; see POST /v1/completions, POST "
                 f"/v1/chat/completions, "
                      "GET /v1/models, GET /health, GET /metrics",
                 405: f"{request.method} is not allowed on {request.url.path}"}.get(
@@ -217,14 +217,18 @@ def build_app(model: str | None = None, *, engine: AsyncLLMEngine | None = None,
 
     @app.post("/v1/completions", openapi_extra=documented(completion_schema))
     async def completions(request: Request):
-        parsed = parse_completion(await _json_body(request), model_name, max_model_len,
-                                  engine.vocab_size)
+        parsed = parse_completion(await _json_body(request), model_name, max_model_len)
         return await _serve(engine, request, parsed, model_name, chat=False)
 
     @app.post("/v1/chat/completions", openapi_extra=documented(chat_schema))
     async def chat_completions(request: Request):
-        parsed = parse_chat(await _json_body(request), model_name, max_model_len, engine.tokenizer,
-                            engine.vocab_size)
+        parsed = parse_chat(await _json_body(request), model_name, max_model_len,
+                            engine.has_chat_template)
+        try:
+            parsed.prompt = await engine.render_chat(parsed.messages)
+        except Exception as error:   # the template is the checkpoint's own Jinja code
+            raise APIError(f"the chat template failed on these messages: {error}",
+                           param="messages") from None
         return await _serve(engine, request, parsed, model_name, chat=True)
 
     return app
@@ -282,15 +286,12 @@ async def _serve(engine: AsyncLLMEngine, request: Request, parsed: ParsedRequest
                                           require_fit=parsed.require_fit)
     except ValueError as error:
         code = "context_length_exceeded" if "max_model_len" in str(error) else None
-        param = param_named_in(str(error))
-        if param == "structured_outputs":      # name the field the client used
-            param = parsed.constraint_field or param
-        raise APIError(str(error), param=param, code=code) from None
+        raise engine_error(error, parsed.sources, code) from None
     except QueueFullError as error:
         raise APIError(str(error), status=503, error_type="server_overloaded", code="overloaded",
                        headers={"Retry-After": str(math.ceil(error.retry_after))}) from None
     response_id = new_id("chatcmpl" if chat else "cmpl")
-    echoed = _echoed(engine, parsed)
+    echoed = await _echoed(engine, parsed)
     k = parsed.params.logprobs
     texts = None if k is None else await engine.token_texts()
     logprobs = [None if k is None else ChoiceLogprobs(chat, k, texts) for _ in range(stream.n)]
@@ -340,18 +341,17 @@ def _prompt_logprobs(parsed: ParsedRequest, delta: StreamDelta | None) -> tuple:
     return delta.prompt_token_ids, delta.prompt_logprobs
 
 
-def _echoed(engine: AsyncLLMEngine, parsed: ParsedRequest) -> str:
+async def _echoed(engine: AsyncLLMEngine, parsed: ParsedRequest) -> str:
     """The prompt's text, put in front of each choice's text when the request says echo."""
     if not parsed.echo:
         return ""
     if isinstance(parsed.prompt, str):
         return parsed.prompt
-    if engine.tokenizer is None:
+    if not engine.has_tokenizer:
         raise APIError("'echo' of a token-id prompt needs the model's tokenizer, and this "
                        "checkpoint has none; send the prompt as text, or leave echo out.",
                        param="echo")
-    return engine.tokenizer.decode(parsed.prompt,
-                                   skip_special_tokens=parsed.params.skip_special_tokens)
+    return await engine.decode(parsed.prompt, parsed.params.skip_special_tokens)
 
 
 def _sse(data: dict | str) -> str:
@@ -480,8 +480,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--max-queue-len", type=int, default=1024,
                         help="waiting requests beyond this get 503 with Retry-After (at least 1)")
-    parser.add_argument("--max-body-bytes", type=int, default=MAX_BODY_BYTES,
-                        help=f"larger request bodies get 413 (default {MAX_BODY_BYTES})")
+    parser.add_argument("--max-body-bytes", type=int, default=HTTP_MAX_BODY_BYTES,
+                        help=f"larger request bodies get 413 (default {HTTP_MAX_BODY_BYTES})")
     parser.add_argument("--timeout-keep-alive", type=int, default=TIMEOUT_KEEP_ALIVE,
                         help="seconds an idle connection, or one still sending its request's "
                              "headers, "

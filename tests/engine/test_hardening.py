@@ -7,13 +7,18 @@ any failing call the LLM's KV pool is whole again and it serves the next call.
 
 from __future__ import annotations
 
+import ast
 import json
+import re
 import shutil
+from collections import defaultdict
 from pathlib import Path
 
 import pytest
 import torch
 
+import minicb
+import minicb.params
 from minicb import LLM, SamplingParams
 from minicb.runner.sampler import Sampler
 
@@ -42,10 +47,61 @@ def assert_whole(llm: LLM) -> None:
                                           ("max_tokens", 0), ("ignore_eos", "false"), ("stop", 123),
                                           ("stop", ["a\ud800b"]), ("stop", ["x"] * 1000),
                                           ("stop_token_ids", "abc"), ("stop_token_ids", [True]),
-                                          ("stop_token_ids", [-3]),])
+                                          ("stop_token_ids", [-3]), ("logit_bias", {"05": 1.0}),
+                                          ("logit_bias", {"\uff15": 1.0}),
+                                          ("logit_bias", {5: 101}), ("presence_penalty", 2.5),
+                                          ("min_tokens", 17)])
 def test_bad_sampling_params_are_refused_naming_the_field(field, value):
     with pytest.raises(ValueError, match=field):
         SamplingParams(**{field: value})
+
+
+PACKAGE = Path(minicb.__file__).parent
+BOUND = re.compile(r"^(HTTP_)?(MAX|MIN)_[A-Z0-9_]+$")
+
+
+def _bounds_defined() -> dict[str, list[str]]:
+    """Every module-level assignment of a MAX_* / MIN_* / HTTP_MAX_* name in the package, and
+    every renaming import of one (`import MAX_X as MAX_Y`): name -> where."""
+    where = defaultdict(list)
+    for path in sorted(PACKAGE.rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in tree.body:
+            targets = (node.targets if isinstance(node, ast.Assign)
+                       else [node.target] if isinstance(node, ast.AnnAssign) else [])
+            for target in targets:
+                if isinstance(target, ast.Name) and BOUND.match(target.id):
+                    where[target.id].append(str(path.relative_to(PACKAGE)))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                for alias in node.names:
+                    if alias.asname and BOUND.match(alias.name):
+                        where[alias.asname].append(f"{path.relative_to(PACKAGE)} (renamed)")
+    return where
+
+
+def test_every_bound_is_defined_once():
+    """A request's ranges live in minicb.params alone; caps only the HTTP server has are named
+    HTTP_MAX_* and live in minicb.serving; the HTTP modules write no bound of params as a
+    literal (they import it)."""
+    where = _bounds_defined()
+    assert "MAX_N" in where and "HTTP_MAX_N" in where         # the scan sees the real ones
+    twice = {name: places for name, places in where.items() if len(places) > 1}
+    assert not twice, f"bounds defined in more than one place: {twice}"
+    for name, (place,) in where.items():
+        if place.startswith("serving/"):
+            assert name.startswith("HTTP_MAX_"), f"{name} in {place}: name an HTTP cap HTTP_MAX_*"
+        elif name.startswith("HTTP_"):
+            raise AssertionError(f"{name} in {place}: HTTP caps belong to minicb.serving")
+    values = {value for name, value in vars(minicb.params).items()
+              if BOUND.match(name) and isinstance(value, (int, float)) and abs(value) > 2}
+    for module in ("openai_protocol.py", "openai_sampling.py"):
+        tree = ast.parse((PACKAGE / "serving" / module).read_text())
+        sliced = {id(n) for s in ast.walk(tree) if isinstance(s, ast.Slice) for n in ast.walk(s)}
+        literals = [(node.lineno, node.value) for node in ast.walk(tree)
+                    if isinstance(node, ast.Constant) and type(node.value) in (int, float)
+                    and node.value in values and id(node) not in sliced]
+        assert not literals, f"serving/{module} repeats params' bounds as literals: {literals}"
 
 
 def test_limits_of_sampling_behave_as_their_limits():

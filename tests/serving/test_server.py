@@ -20,7 +20,7 @@ from serving_common import SIMPLE_CHAT_TEMPLATE, checkpoint_copy, run
 import minicb.serving.server
 from minicb import LLM, SamplingParams, default_model_path
 from minicb.config import POLICY_KNOBS, EngineConfig
-from minicb.serving.openai_protocol import MAX_N
+from minicb.serving.openai_protocol import HTTP_MAX_N
 from minicb.serving.server import ServerThread, build_app, build_parser
 
 MAX_MODEL_LEN = 256
@@ -376,7 +376,7 @@ BAD_REQUESTS = [
     ({"model": "tiny", "prompt": "hi", "stream_options": {"include_usage": "yes"}},
      "include_usage"),
     ({"model": "tiny", "prompt": "hi", "n": 0}, "n"),
-    ({"model": "tiny", "prompt": "hi", "n": MAX_N + 1}, "n"),
+    ({"model": "tiny", "prompt": "hi", "n": HTTP_MAX_N + 1}, "n"),
     ({"model": "tiny", "prompt": "hi", "n": 2.5}, "n"),
     ({"model": "tiny", "prompt": "hi", "priority": "high"}, "priority"),
     ({"model": "tiny", "prompt": "hi", "priority": 1.5}, "priority"),
@@ -401,7 +401,7 @@ def test_too_many_samples_get_400_naming_the_limit_and_the_fix(server):
     assert response.status_code == 400
     error = response.json()["error"]
     assert error["param"] == "n"
-    assert f"at most {MAX_N}" in error["message"] and "1000" in error["message"]
+    assert f"at most {HTTP_MAX_N}" in error["message"] and "1000" in error["message"]
     assert "several requests" in error["message"]
     assert not engine_of(server).engine.requests        # nothing was queued
 
@@ -884,6 +884,29 @@ def test_unknown_fields_are_ignored_and_named_in_one_log_line(server, caplog):
     assert len(lines) == 1 and "lora_path" in lines[0] and "no_such_field" in lines[0]
 
 
+@pytest.mark.parametrize("endpoint, fields, param, words", [
+    ("chat/completions", {"logprobs": True, "top_logprobs": 21}, "top_logprobs",
+     "top_logprobs must be an integer from 0 to 20"),
+    ("completions", {"echo": True, "logprobs": 21}, "logprobs", "logprobs must be"),
+    ("completions", {"max_completion_tokens": 4, "min_tokens": 5}, "min_tokens",
+     "cannot exceed max_tokens"),
+    ("completions", {"logit_bias": {"99999": 1}}, "logit_bias", "outside the vocabulary"),
+    ("chat/completions", {"response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "object", "properties": {"a": {"type": "nonsense"}}}}}},
+     "response_format", "cannot be compiled")])
+def test_a_range_samplingparams_refuses_is_a_400_naming_the_clients_field(server, endpoint,
+                                                                          fields, param, words):
+    """The ranges live in SamplingParams alone: its refusal reaches the client as a 400 whose
+    param is the field the client sent (a chat's top_logprobs is SamplingParams.logprobs)."""
+    body = {"model": "tiny", "max_tokens": 2} | (
+        {"messages": [{"role": "user", "content": "hi"}]} if endpoint.startswith("chat")
+        else {"prompt": "hi"}) | fields
+    response = httpx.post(f"{server.url}/v1/{endpoint}", json=body, timeout=60)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == param and words in error["message"], error
+
+
 @pytest.mark.parametrize("field, value, words", [
     ("return_hidden_states", True, "text and token ids only"),
     ("tools", [{"type": "function", "function": {"name": "f"}}], "not trained to call tools"),
@@ -899,7 +922,7 @@ def test_a_chat_feature_this_server_cannot_honour_is_refused_naming_it(server, f
     assert error["param"] == field and words in error["message"]
 
 
-def test_echo_puts_the_prompt_in_front_streamed_or_not(server):
+def test_echo_puts_the_prompt_in_front_streamed_or_not(server, reference):
     body = {"model": "tiny", "prompt": "def add(a, b):", "max_tokens": 5, "temperature": 0}
     plain = _answer(httpx.post(server.url + "/v1/completions", json=body, timeout=60), False)
     echoed = _answer(httpx.post(server.url + "/v1/completions", json=body | {"echo": True},
@@ -910,12 +933,13 @@ def test_echo_puts_the_prompt_in_front_streamed_or_not(server):
     assert "".join(c.choices[0].text for c in chunks if c.choices) == echoed
     ids = httpx.post(server.url + "/v1/completions", timeout=60,
                      json=body | {"prompt": [5, 6, 7], "echo": True}).json()["choices"][0]["text"]
-    prompt_text = engine_of(server).tokenizer.decode([5, 6, 7], skip_special_tokens=True)
+    prompt_text = reference.llm_engine.tokenizer.decode([5, 6, 7], skip_special_tokens=True)
     assert ids.startswith(prompt_text)
 
 
-def test_skip_special_tokens_false_keeps_them_in_the_text_echoed_generated_and_streamed(server):
-    tokenizer = engine_of(server).tokenizer
+def test_skip_special_tokens_false_keeps_them_in_the_text_echoed_generated_and_streamed(
+        server, reference):
+    tokenizer = reference.llm_engine.tokenizer
     eos = tokenizer.eos_token_id
     body = {"model": "tiny", "prompt": [5, eos, 6], "max_tokens": 8, "temperature": 0,
             "ignore_eos": True, "echo": True, "return_token_ids": True}

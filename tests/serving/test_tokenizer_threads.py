@@ -7,22 +7,28 @@ the engine's step would end every open stream. The async engine tokenises prompt
 with a tokenizer of its own and detokenises only inside the step call.
 
 `Borrowed` makes the hazard deterministic: it raises the same error whenever a second thread
-enters it while another is inside (each call holds it for a moment, so overlaps happen).
+enters it while another is inside (each call holds it for a moment, so overlaps happen), and it
+records every thread that calls it: through the HTTP server too (chat templates, echoed token-id
+prompts, log-probabilities' token texts), each tokenizer object is called by one thread.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import httpx
 import pytest
-from serving_common import run, text_checkpoint
+from serving_common import SIMPLE_CHAT_TEMPLATE, run, text_checkpoint
 
 from minicb import LLM, EngineConfig, LLMEngine, SamplingParams
 from minicb.serving.async_engine import AsyncLLMEngine
+from minicb.serving.server import ServerThread, build_app
 
 
 class Borrowed:
@@ -44,16 +50,13 @@ class Borrowed:
         finally:
             self._inside -= 1
 
-    def encode(self, *args, **kwargs):
-        return self._use("encode", *args, **kwargs)
-
-    def decode(self, *args, **kwargs):
-        return self._use("decode", *args, **kwargs)
-
     def __getattr__(self, name):
+        """Every method call goes through _use (recorded, and refused if another thread is
+        inside); plain attributes are read as they are."""
         if name.startswith("_"):
             raise AttributeError(name)
-        return getattr(self._tokenizer, name)
+        value = getattr(self._tokenizer, name)
+        return functools.partial(self._use, name) if callable(value) else value
 
 
 @pytest.fixture(scope="module")
@@ -133,3 +136,37 @@ def test_one_tokenizer_shared_by_two_threads_is_the_error_guarded_against(trunca
             errors.append(str(error))
     thread.join()
     assert errors and "Already borrowed" in errors[0]
+
+
+def test_through_the_server_each_tokenizer_is_called_by_one_thread(truncating_checkpoint):
+    """Chats (the template rendered), echoed token-id prompts (decoded), log-probabilities (the
+    token-text table) and stop strings, all at once: the front end's tokenizer is called on one
+    thread, never the event loop's, and the engine's only where the steps run."""
+    path = Path(truncating_checkpoint)
+    config = json.loads((path / "tokenizer_config.json").read_text())
+    (path / "tokenizer_config.json").write_text(json.dumps(config | {
+        "chat_template": SIMPLE_CHAT_TEMPLATE}))
+    engine = LLMEngine(EngineConfig(model=str(path), max_model_len=256, max_num_seqs=8))
+    async_engine = AsyncLLMEngine(engine)
+    engine.tokenizer = steps = Borrowed(engine.tokenizer)
+    async_engine._tokenizer = front = Borrowed(async_engine._tokenizer)
+    base = {"model": "m", "max_tokens": 8, "temperature": 0, "ignore_eos": True}
+    bodies = [("chat/completions", base | {"messages": [{"role": "user", "content": PROMPTS[i]}],
+                                           "stop": STOPS[i]}) for i in range(3)]
+    bodies += [("completions", base | {"prompt": [5, 6, 7 + i], "echo": True, "logprobs": 2})
+               for i in range(3)]
+    with ServerThread(build_app(engine=async_engine, served_model_name="m")) as server:
+        loop_thread = server.thread.ident
+
+        def post(item):
+            endpoint, body = item
+            return httpx.post(f"{server.url}/v1/{endpoint}", json=body, timeout=60)
+
+        with ThreadPoolExecutor(len(bodies)) as pool:
+            answers = list(pool.map(post, bodies))
+    assert [a.status_code for a in answers] == [200] * len(bodies), [a.text for a in answers]
+    echoed = answers[3].json()["choices"][0]
+    assert echoed["text"].startswith(front._tokenizer.decode([5, 6, 7]))
+    assert echoed["logprobs"]["tokens"]
+    assert len(front.threads) == 1 and loop_thread not in front.threads, front.threads
+    assert steps.threads and not steps.threads & front.threads
