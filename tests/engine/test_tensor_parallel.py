@@ -12,7 +12,6 @@ scheduler × KV layout once.
 
 from __future__ import annotations
 
-import asyncio
 import gc
 import json
 import os
@@ -22,14 +21,17 @@ import subprocess
 import sys
 import textwrap
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import openai
 import pytest
 from reference import Reference, compare
 
-from minicb import LLM, LLMEngine, SamplingParams
+from minicb import LLM, SamplingParams
 from minicb.engine.tp_executor import TensorParallelError
 from minicb.serving.async_engine import AsyncLLMEngine
+from minicb.serving.server import ServerThread, build_app
 
 # the two runs sum each row-parallel product in two halves instead of one: float32 rounding
 LOGPROB_TOLERANCE = 1e-4
@@ -156,41 +158,51 @@ def test_features_on_two_ranks(tiny_llama):
     assert_same(one, two)
 
 
-def test_speculative_decoding_and_a_killed_worker(tiny_qwen2):
-    """ngram speculation on two ranks gives the unsplit engine's tokens; then a worker is killed
-    in the middle of a run: the step raises an error naming it, every later step too (no hang),
-    the async engine ends its requests with that error, and the other processes are gone."""
+def test_speculative_decoding_serving_and_a_killed_worker(tiny_qwen2):
+    """ngram speculation on two ranks gives the unsplit engine's tokens; the server answers the
+    openai client from the two ranks with no error and every KV block back; then a worker is
+    killed mid-run: the step raises an error naming it, and so does every later step at once (no
+    hang), LLM.generate, and the server (500, the cause in the message)."""
     requests = [(prompt * 3, tokens) for prompt, tokens in workload(seed=2)]
     knobs = dict(speculative_method="ngram", num_speculative_tokens=3)
     one = drive(LLM(tiny_qwen2, **COMMON, **knobs), requests)
     split = LLM(tiny_qwen2, tensor_parallel_size=2, **COMMON, **knobs)
+    engine = split.llm_engine
+    worker = engine.runner.workers.processes[0]
     try:
         assert_same(one, drive(split, requests))
-        assert_blocks_back(split)
-        engine = split.llm_engine
-        worker = engine.runner.workers.processes[0]
-        engine.add_request("doomed", [5, 6, 7], greedy(0, 50))
-        engine.step()
-        os.kill(worker.pid, signal.SIGKILL)
-        started = time.monotonic()
+        with ServerThread(build_app(engine=AsyncLLMEngine(engine), served_model_name="m")) as s:
+            client = openai.OpenAI(base_url=s.url + "/v1", api_key="none", max_retries=0)
+
+            def complete(prompt: list[int]):
+                return client.completions.create(model="m", prompt=prompt, max_tokens=6,
+                                                 temperature=0)
+
+            with ThreadPoolExecutor(4) as pool:
+                answers = list(pool.map(complete, [p for p, _ in requests]))
+                assert [a.usage.completion_tokens for a in answers] == [6] * len(requests)
+                assert_blocks_back(split)
+                doomed = pool.submit(client.completions.create, model="m", prompt=[5, 6, 7],
+                                     max_tokens=100)
+                while engine.num_running == 0:      # until it decodes
+                    time.sleep(0.01)
+                os.kill(worker.pid, signal.SIGKILL)
+                started = time.monotonic()
+                with pytest.raises(openai.InternalServerError, match="killed by SIGKILL"):
+                    doomed.result(timeout=60)
+            with pytest.raises(openai.InternalServerError, match="killed by SIGKILL"):
+                complete([5, 6])                    # a new request: refused at once
+        engine.add_request("late", [5, 6], greedy(0, 4))
         with pytest.raises(TensorParallelError, match=r"rank 1 \(pid \d+\) was killed by SIGKILL"):
-            for _ in range(50):
-                engine.step()
+            engine.step()
+        engine.abort("late")
+        engine.step()                       # an abort needs no rank: it is applied and reported
         with pytest.raises(TensorParallelError, match="the engine has stopped"):
             split.generate([[5, 6]], greedy(0, 4), use_tqdm=False)
-        assert time.monotonic() - started < 30, "the failure took a collective's timeout"
-        deltas = asyncio.run(_serve_one(engine))
-        assert deltas[-1].finish_reason == "error" and "SIGKILL" in deltas[-1].error
+        assert time.monotonic() - started < 30, "the failure waited for a collective's timeout"
     finally:
-        split.llm_engine.runner.shutdown()
+        engine.runner.shutdown()
     assert not worker.is_alive()
-
-
-async def _serve_one(engine: LLMEngine) -> list:
-    server = AsyncLLMEngine(engine)
-    deltas = [delta async for delta in server.generate([9, 10], greedy(0, 4))]
-    await server.shutdown()
-    return deltas
 
 
 def test_a_split_the_heads_cannot_take_names_the_sizes_that_work(tiny_llama):
