@@ -178,6 +178,10 @@ def load_model(path: Path, device: str = "cpu", dtype: str = "float32",
     except (OSError, json.JSONDecodeError) as error:
         raise ValueError(f"cannot read {config_file}: {error}") from None
     args = model_args_from_config(config, str(config_file))
+    if quantization is not None and args.moe is not None:
+        raise ValueError(f"quantization={quantization!r} is not supported for a mixture of experts "
+                         f"({config_file}): its experts' weights stay float; pass "
+                         "quantization=None.")
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise ValueError(f"no *.safetensors weights in {path}; minicb loads safetensors "

@@ -123,6 +123,8 @@ def test_loader_refuses_what_it_cannot_compute(tiny_mixtral, tmp_path):
         model_args_from_config({**config, "num_experts_per_tok": 9})
     with pytest.raises(ValueError, match="router_z_loss"):    # a field no family here reads
         model_args_from_config({**config, "router_z_loss": 0.1})
+    with pytest.raises(ValueError, match="not supported for a mixture of experts"):
+        load_model(Path(tiny_mixtral), attention="torch", quantization="int8")
     broken = tmp_path / "broken"
     shutil.copytree(tiny_mixtral, broken)
     from safetensors.torch import load_file, save_file
