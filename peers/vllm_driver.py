@@ -1,6 +1,7 @@
 """Runs one offline workload through vLLM; executed by `.venv-vllm`'s python, never imported.
 
-    scripts/vllm_python minicb/bench/vllm_driver.py REQUEST.json RESULT.json
+    peers/vllm_python peers/vllm_driver.py REQUEST.json RESULT.json
+    peers/vllm_python peers/vllm_driver.py --version
 
 It imports nothing from minicb (vLLM's environment does not have it). REQUEST.json holds the
 checkpoint directory, the prompts as token ids, each request's output length and the engine
@@ -153,6 +154,11 @@ def serve(llm, prompts: list, lengths: list, max_concurrency: int | None = None)
 
 
 def main(argv: list[str]) -> int:
+    if argv == ["--version"]:       # what minicb records beside a vLLM server's results
+        import vllm
+
+        print(vllm.__version__)
+        return 0
     if len(argv) != 2:
         print(__doc__, file=sys.stderr)
         return 2

@@ -26,7 +26,6 @@ import argparse
 import datetime
 import json
 import os
-import sys
 import time
 import warnings
 from pathlib import Path
@@ -307,6 +306,3 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(rows)} launches, {len(bad)} defects, {data['compile_seconds']} s -> {args.out}")
     return 1 if bad else 0
 
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -251,6 +251,3 @@ def main(argv: list[str] | None = None) -> int:
     print(f"wrote {json_path} and {png_path}")
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

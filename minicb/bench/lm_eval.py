@@ -8,13 +8,15 @@ log-probabilities: echo, logprobs=1) and through its own `hf` model on the same 
     python -m minicb bench lm-eval    # with .venv-lmeval already built
 
 lm-eval lives in its own environment (.venv-lmeval: it pins its own packages), driven here as a
-command; the two tasks are the project's own (benchmarks/lm_eval_tasks: local JSONL files,
+command; nothing of minicb runs there. What it reads lives outside the package with the other
+peers' files: the two tasks are the project's own (peers/lm_eval_tasks: local JSONL files,
 nothing downloaded), multiple choice and generation over the Python standard library's idioms.
 """
 
 from __future__ import annotations
 
 import glob
+import importlib.metadata
 import json
 import os
 import subprocess
@@ -33,7 +35,7 @@ from minicb.serving.cluster import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 LMEVAL_VENV = ROOT / ".venv-lmeval"
-TASKS_DIR = ROOT / "benchmarks" / "lm_eval_tasks"
+TASKS_DIR = ROOT / "peers" / "lm_eval_tasks"
 MULTIPLE_CHOICE, GENERATION = "minicb_stdlib_mc", "minicb_stdlib_gen"
 # per-item log-likelihood, float32 on a CPU: the engine's packed steps and transformers' forward
 # sum in different orders (seen: under 1e-5 on a continuation of a few tokens)
@@ -44,6 +46,14 @@ SETUP_HINT = "build lm-eval's environment and run it with `make lm-eval` (a few 
 def lm_eval_executable() -> Path | None:
     path = LMEVAL_VENV / "bin" / "lm_eval"
     return path if path.exists() else None
+
+
+def installed_version(venv: Path, distribution: str) -> str:
+    """`distribution`'s version in the environment `venv`, read from its metadata files here
+    (nothing runs in that environment)."""
+    sites = [str(site) for site in venv.glob("lib/python3*/site-packages")]
+    found = next(iter(importlib.metadata.distributions(name=distribution, path=sites)), None)
+    return found.version if found is not None else "unknown"
 
 
 def run_lm_eval(model_type: str, model_args: str, out_dir: Path) -> None:
@@ -116,9 +126,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--out", default="benchmarks/results", help="where lm-eval.json goes")
     args = parser.parse_args(argv)
     model = args.model or default_model_path()
-    version = subprocess.run([str(LMEVAL_VENV / "bin" / "python"), "-c",
-                              "import importlib.metadata as m; print(m.version('lm_eval'))"],
-                             capture_output=True, text=True).stdout.strip()
+    version = installed_version(LMEVAL_VENV, "lm_eval")
     with tempfile.TemporaryDirectory() as work:
         result = run_comparison(model, Path(work))
     payload = {"lm_eval": version, "tolerance": TOLERANCE, "model": Path(model).name, **result}

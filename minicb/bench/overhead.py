@@ -16,20 +16,24 @@ system calls), so the host's part is measured with the forward's clock alone. Ea
 is measured `--repeats` times, the order of the sizes alternating between repeats, with the
 load average beside each point.
 
-`--baseline DIR` measures, beside this engine, the engine of an earlier checkout in DIR (say
-`git worktree add DIR <commit>`), each point right after the same point of this one: the
-before/after of a change on one machine, under the same load.
+`--baseline COMMIT` measures an earlier commit beside this tree, each by its own benchmark:
+`git archive COMMIT` is unpacked into a scratch directory and that tree's `python -m minicb bench
+overhead` runs there, in a fresh process, one repeat at a time, alternated with this tree's (in
+a fresh process too: a process that built earlier points' engines steps slower). Each tree
+measures itself as its code then did, so this file never carries an earlier engine's API.
 """
 
 from __future__ import annotations
 
 import argparse
-import inspect
+import io
 import json
 import os
 import statistics
 import subprocess
 import sys
+import tarfile
+import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -37,16 +41,22 @@ from pathlib import Path
 import torch
 
 from minicb.bench.common import display_path, resolve_model
+from minicb.bench.harness import (
+    add_flags,
+    bench_parser,
+    format_table,
+    spread,
+    turn_order,
+    write_results,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
 
 # the host's part of a decode step this engine aims for on the project's 2-core CPU, in µs
 TARGET_HOST_US = {1: 60.0, 256: 1000.0}
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    # the harness is imported here, not at the top: --baseline runs this file's host_step in
-    # an earlier checkout, which may have no harness
-    from minicb.bench.harness import add_flags, bench_parser
-
     p = bench_parser("overhead", __doc__)
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 64, 256])
     p.add_argument("--context", type=int, default=128, help="prompt tokens of every request")
@@ -54,8 +64,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     add_flags(p, "repeats", "random_model", "out_dir", random_model="llama-tiny",
               model=dict(help="a checkpoint instead of the random one"))
     p.add_argument("--stem", default="overhead", help="the result files' name")
-    p.add_argument("--baseline", default=None, metavar="DIR",
-                   help="also measure the engine of the checkout in DIR, alternating")
+    p.add_argument("--baseline", default=None, metavar="COMMIT",
+                   help="also measure COMMIT by its own benchmark, alternating with this tree")
     return p.parse_args(argv)
 
 
@@ -95,24 +105,18 @@ def host_step(model_path: str, batch: int, context: int, steps: int) -> dict:
               max_num_batched_tokens=budget, max_model_len=context + max_tokens, cpu_threads=1)
     engine = llm.llm_engine
     vocab = engine.vocab_size
-    # as LLM.generate adds them: reported once, finished (an earlier engine without the
-    # choice builds an output for every request every step)
-    final_only = ({"stream": False} if "stream" in inspect.signature(engine.add_request).parameters
-                  else {})
     for index in range(batch):
         prompt = [(7 * index + 3 * j) % (vocab - 3) + 3 for j in range(context)]
         engine.add_request(str(index), prompt,
                            SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True),
-                           **final_only)
+                           stream=False)      # as LLM.generate adds them: reported once, finished
     while any(r.is_prefilling for r in engine.scheduler.waiting + engine.scheduler.running):
         engine.step()
     for _ in range(3):          # warm-up decode steps
         engine.step()
     clock = PhaseClock()
-    # the forward: the runner's, which picks the fused CPU decode layer or the model (an earlier
-    # engine called the model itself)
-    forward = engine.runner if hasattr(engine.runner, "forward") else engine.runner.model
-    clock.wrap(forward, "forward", "forward")
+    # the forward: the runner's, which picks the fused CPU decode layer or the model
+    clock.wrap(engine.runner, "forward", "forward")
     step_s, forward_s, host_s, wall_s = [], [], [], []
     for _ in range(steps):
         forward_before = clock.seconds["forward"]
@@ -125,14 +129,9 @@ def host_step(model_path: str, batch: int, context: int, steps: int) -> dict:
         forward_s.append(forward)
         host_s.append(step - forward)
     # the second run: every phase clocked, for where the time goes
-    for owner, method, phase in [(engine.scheduler, "schedule", "schedule"),
-                                 (engine.scheduler, "update", "update"),
-                                 (engine.runner, "prepare", "prepare"),
-                                 (engine.runner, "sample", "sample"),  # (an earlier engine: none)
-                                 # the steady greedy decode's sampling (an earlier engine: none)
-                                 (engine.runner, "_argmax_rows", "sample")]:
-        if hasattr(owner, method):
-            clock.wrap(owner, method, phase)
+    for owner, method in [(engine.scheduler, "schedule"), (engine.scheduler, "update"),
+                          (engine.runner, "prepare"), (engine.runner, "sample")]:
+        clock.wrap(owner, method, method)
     clock.seconds.clear()
     clocked_s = []
     for _ in range(steps):
@@ -151,8 +150,6 @@ def host_step(model_path: str, batch: int, context: int, steps: int) -> dict:
 
 def summarize(points: list[dict], batch_sizes: list[int]) -> list[dict]:
     """Per batch size: the host's part over the repeats (median, spread) against its target."""
-    from minicb.bench.harness import spread
-
     rows = []
     for batch in batch_sizes:
         mine = [p for p in points if p["batch"] == batch]
@@ -171,37 +168,75 @@ def summarize(points: list[dict], batch_sizes: list[int]) -> list[dict]:
     return rows
 
 
-def baseline_step(directory: str, model_path: str, batch: int, context: int, steps: int) -> dict:
-    """host_step run on the engine in `directory`: this file's code, in a fresh process started
-    there, so that its `minicb` is the one found there."""
-    directory = str(Path(directory).resolve())
-    done = subprocess.run([sys.executable, "-c", f"exec(open({__file__!r}).read())", model_path,
-                           str(batch), str(context), str(steps)], cwd=directory,
-                          env={**os.environ, "PYTHONPATH": directory}, capture_output=True,
-                          text=True, check=True)
-    return json.loads(done.stdout.strip().splitlines()[-1])
+def unpack(commit: str, into: Path) -> Path:
+    """`commit`'s tree (git archive) unpacked in `into`, its kernels/ reached as minicb.kernels
+    as an install would place them."""
+    archive = subprocess.run(["git", "archive", "--format=tar", commit], cwd=ROOT,
+                             capture_output=True)
+    if archive.returncode != 0:
+        raise ValueError(f"--baseline {commit}: git archive failed "
+                         f"({archive.stderr.decode().strip()}); name a commit of {ROOT}.")
+    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+        tar.extractall(into, filter="data")
+    if (into / "kernels").is_dir() and not (into / "minicb" / "kernels").exists():
+        (into / "minicb" / "kernels").symlink_to(into / "kernels", target_is_directory=True)
+    return into
+
+
+def own_run(tree: Path, args: argparse.Namespace, model_path: str, batch_sizes: list[int],
+            scratch: Path) -> dict:
+    """One repeat of every batch size, measured by `tree`'s own `bench overhead` in a fresh
+    process (its `minicb` the one in `tree`); the record it wrote."""
+    out = Path(tempfile.mkdtemp(dir=scratch))
+    command = [sys.executable, "-m", "minicb", "bench", "overhead", "--model", model_path,
+               "--batch-sizes", *map(str, batch_sizes), "--context", str(args.context),
+               "--steps", str(args.steps), "--repeats", "1", "--out-dir", str(out)]
+    done = subprocess.run(command, cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)},
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-10:])
+        raise RuntimeError(f"`bench overhead` of {tree} failed (exit {done.returncode}):\n{tail}")
+    return json.loads((out / "overhead.json").read_text())
+
+
+def measure_beside(args: argparse.Namespace, model_path: str) -> tuple[list[dict], dict]:
+    """This tree's points and the baseline commit's (its points, summary and clock), each
+    repeat one run of each tree, the tree that runs first alternating between repeats."""
+    points: dict[str, list[dict]] = {"this": [], "baseline": []}
+    clocks = {}
+    with tempfile.TemporaryDirectory(prefix="minicb-baseline-") as scratch:
+        trees = {"this": ROOT, "baseline": unpack(args.baseline, Path(scratch) / "tree")}
+        for repeat in range(args.repeats):
+            sizes = args.batch_sizes if repeat % 2 == 0 else args.batch_sizes[::-1]
+            for name in turn_order(list(trees), repeat):
+                record = own_run(trees[name], args, model_path, sizes, Path(scratch))
+                points[name] += [{**point, "repeat": repeat} for point in record["points"]]
+                clocks[name] = record.get("clock")
+    # what the baseline's own benchmark says it clocked: a method that changed between the
+    # commits shows here
+    baseline = {"commit": args.baseline, "clock": clocks["baseline"],
+                "points": points["baseline"],
+                "summary": summarize(points["baseline"], args.batch_sizes)}
+    return points["this"], baseline
+
+
+def measure_here(args: argparse.Namespace, model_path: str) -> list[dict]:
+    """Every batch size `--repeats` times in this process, the order of the sizes alternating."""
+    points = []
+    for repeat in range(args.repeats):      # alternate the order: drift hits every size alike
+        for batch in args.batch_sizes if repeat % 2 == 0 else args.batch_sizes[::-1]:
+            points.append({"repeat": repeat,
+                           **host_step(model_path, batch, args.context, args.steps)})
+    return points
 
 
 def main(argv: list[str] | None = None) -> int:
-    from minicb.bench.harness import format_table, write_results
-
     args = parse_args(argv or [])
     torch.set_num_threads(1)
     model_path, label = resolve_model(args.model, None if args.model else args.random_model,
                                       "float32")
-    points, baseline = [], []
-    this_checkout = str(Path(__file__).resolve().parents[2])
-    for repeat in range(args.repeats):      # alternate the order: drift hits every size alike
-        order = args.batch_sizes if repeat % 2 == 0 else args.batch_sizes[::-1]
-        for batch in order:
-            # beside a baseline, this engine's points run in fresh processes too, as the
-            # baseline's do: a process that built the earlier points' engines steps slower
-            point = (baseline_step(this_checkout, model_path, batch, args.context, args.steps)
-                     if args.baseline else host_step(model_path, batch, args.context, args.steps))
-            points.append({"repeat": repeat, **point})
-            if args.baseline:
-                baseline.append({"repeat": repeat, **baseline_step(
-                    args.baseline, model_path, batch, args.context, args.steps)})
+    points, baseline = (measure_beside(args, model_path) if args.baseline
+                        else (measure_here(args, model_path), None))
     rows = summarize(points, args.batch_sizes)
     print(format_table([{**r, **{k: r["phases_mean_us"][k] for k in (*PHASES, "rest")},
                          "loads": " ".join(f"{x:.1f}" for x in r["load_averages"])}
@@ -216,27 +251,18 @@ def main(argv: list[str] | None = None) -> int:
         if r["target_us"] is not None:
             print(f"{r['batch']} rows: host {r['host_us_median']:.0f} µs, target <= "
                   f"{r['target_us']:.0f} µs: {'met' if r['met'] else 'NOT met'}")
-    before = summarize(baseline, args.batch_sizes) if baseline else None
-    for old, new in zip(before or [], rows):
-        print(f"{new['batch']} rows: baseline {old['host_us_median']:.0f} µs "
-              f"({old['host_us_min']:.0f}-{old['host_us_max']:.0f}), this engine "
+    for old, new in zip(baseline["summary"] if baseline else [], rows):
+        print(f"{new['batch']} rows: {args.baseline} {old['host_us_median']:.0f} µs "
+              f"({old['host_us_min']:.0f}-{old['host_us_max']:.0f}), this tree "
               f"{new['host_us_median']:.0f} µs ({new['host_us_min']:.0f}-{new['host_us_max']:.0f})"
               f": {old['host_us_median'] / new['host_us_median']:.2f}x")
     payload = {"benchmark": "overhead", "model": {"label": label,
                                                   "path": display_path(model_path)},
                "context": args.context, "steps": args.steps, "repeats": args.repeats,
                "clock": "CPU time of the stepping thread, one torch thread",
-               "points": points, "summary": rows,
-               "baseline": None if not baseline else {"directory": display_path(args.baseline),
-                                                      "points": baseline, "summary": before}}
+               "points": points, "summary": rows, "baseline": baseline}
     from minicb.bench.plots import plot_overhead
 
     json_path, png_path = write_results(args.out_dir, args.stem, payload, plot_overhead)
     print(f"results: {json_path}, {png_path}")
     return 0
-
-
-if __name__ == "__main__":      # one point, as a JSON line (baseline_step runs it so)
-    torch.set_num_threads(1)
-    path, batch, context, steps = sys.argv[1], *map(int, sys.argv[2:5])
-    print(json.dumps(host_step(path, batch, context, steps)))

@@ -35,7 +35,7 @@ import numpy as np
 from minicb.bench import routing_trace
 from minicb.bench.harness import add_flags, bench_parser, load_average, write_record
 from minicb.bench.machine import machine_line
-from minicb.serving.cluster import Cluster, scrape
+from minicb.serving.cluster import Cluster
 from minicb.serving.loadgen import BenchConfig, benchmark
 from minicb.viz.base import new_figure
 
@@ -43,8 +43,6 @@ from minicb.viz.base import new_figure
 # the router's default (64 requests more in flight than the least loaded replica) is sized for
 # GPU batches of hundreds and never fires at 8 sequences per replica
 POLICIES = ("round_robin", "power_of_two", "cache_aware", "cache_aware:balance=4")
-SERVED = "minicb_request_success_total"
-QUERIES, HITS = "minicb_prefix_cache_queries_total", "minicb_prefix_cache_hits_total"
 
 
 @dataclass
@@ -63,23 +61,6 @@ class RoutingConfig:
     policies: tuple[str, ...] = POLICIES
     kill_after: float = 0.5               # the failure drill kills a replica this far into the run
     serve_args: list[str] = field(default_factory=list)
-
-
-def _served(samples: dict[str, float]) -> float:
-    return sum(v for k, v in samples.items() if k.startswith(SERVED))
-
-
-def _replica_counts(cluster: Cluster) -> list[dict[str, float]]:
-    counts = []
-    for url in cluster.replica_urls:
-        try:
-            samples = scrape(url)
-        except Exception:             # a killed replica has no /metrics
-            counts.append({"served": math.nan, "queries": math.nan, "hits": math.nan})
-            continue
-        counts.append({"served": _served(samples), "queries": samples.get(QUERIES, 0.0),
-                       "hits": samples.get(HITS, 0.0)})
-    return counts
 
 
 def _load_config(config: RoutingConfig, url: str) -> BenchConfig:
@@ -105,9 +86,9 @@ def run_once(config: RoutingConfig, replicas: int, policy: str, log_dir: Path | 
     """One cluster, one run of the workload through its router: the client's numbers and each
     replica's requests served and prefix-cache hit rate during the run."""
     with _cluster(config, replicas, policy, log_dir) as cluster:
-        before = _replica_counts(cluster)
+        before = routing_trace.replica_counts(cluster.replica_urls)
         result = benchmark(_load_config(config, cluster.url))
-        after = _replica_counts(cluster)
+        after = routing_trace.replica_counts(cluster.replica_urls)
     per_replica = []
     for b, a in zip(before, after):
         queries, hits = a["queries"] - b["queries"], a["hits"] - b["hits"]
@@ -143,7 +124,7 @@ def failure_drill(config: RoutingConfig, policy: str = "round_robin",
         killer.start()
         result = benchmark(_load_config(config, cluster.url))
         killer.join()
-        after = _replica_counts(cluster)
+        after = routing_trace.replica_counts(cluster.replica_urls)
     # send times count from the load generator's start, milliseconds after `started`
     kill_t = killed_at["t"] - started
     sends = np.array(result["send_times"])

@@ -13,6 +13,7 @@ and the hit rates rank routing policies without the noise of timing.
 from __future__ import annotations
 
 import asyncio
+import math
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -82,10 +83,15 @@ async def replay(url: str, prompts: list[str], max_tokens: int) -> list[str]:
 
 
 def replica_counts(urls: list[str]) -> list[dict]:
-    """Each replica's requests served and prefix-cache hits over queries, from its /metrics."""
+    """Each replica's requests served and prefix-cache hits over queries, from its /metrics
+    (NaN for a replica that no longer answers: a killed one)."""
     counts = []
     for url in urls:
-        samples = scrape(url)
+        try:
+            samples = scrape(url)
+        except Exception:             # a killed replica has no /metrics
+            counts.append(dict.fromkeys(("served", "hit_rate", "hits", "queries"), math.nan))
+            continue
         queries, hits = samples.get(QUERIES, 0.0), samples.get(HITS, 0.0)
         counts.append({"served": int(sum(v for k, v in samples.items() if k.startswith(SERVED))),
                        "hit_rate": hits / queries if queries else 0.0,

@@ -1,11 +1,13 @@
-"""vLLM's CPU build as a peer in `python -m minicb bench offline --peers vllm`.
+"""vLLM's CPU build as a peer in `python -m minicb bench offline --peers vllm`: the side of it
+that runs in minicb's environment.
 
 vLLM lives in its own environment (`make peer-vllm` builds `.venv-vllm`): it pins its own torch
-and would not share minicb's. So the benchmark writes the workload (the same token-id prompts,
-output lengths and checkpoint every other system gets) to a file, runs `vllm_driver.py` under
-`scripts/vllm_python` (`.venv-vllm`'s python with tcmalloc and vLLM's OpenMP preloaded), and
-reads back vLLM's tokens and each token's time, which become a `SystemRun` like any other:
-the same table, the same greedy-agreement check against transformers.
+and would not share minicb's. What runs there lives outside the package, in `peers/`: the driver
+(`peers/vllm_driver.py`) and its launcher (`peers/vllm_python`, `.venv-vllm`'s python with
+tcmalloc and vLLM's OpenMP preloaded). This module writes the workload (the same token-id
+prompts, output lengths and checkpoint every other system gets) to a file, runs the driver, and
+reads back vLLM's tokens and each token's time, which become a `SystemRun` like any other: the
+same table, the same greedy-agreement check against transformers.
 """
 
 from __future__ import annotations
@@ -13,17 +15,16 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 from minicb.bench.peers import SystemRun, request_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
-DRIVER = Path(__file__).with_name("vllm_driver.py")
-LAUNCHER = ROOT / "scripts" / "vllm_python"
+PEERS = ROOT / "peers"          # what runs in a peer's environment, outside the package
+DRIVER = PEERS / "vllm_driver.py"
+LAUNCHER = PEERS / "vllm_python"
 # what vLLM ran best with on a 2-core CPU (benchmarks/vllm.md): its default scheduler limits,
 # compiled model (its default), 1 GiB of KV cache, which holds the whole workload
 DEFAULT_SETTINGS = {"max_num_seqs": 64, "dtype": "float32", "kv_cache_gib": 1}
@@ -43,9 +44,9 @@ def check_available() -> None:
     if not python.exists():
         raise VLLMUnavailable(f"vLLM's environment {venv_dir()} does not exist; build it with "
                               "`make peer-vllm` (about 5 minutes, needs the package index).")
-    if not LAUNCHER.exists():
-        raise VLLMUnavailable(f"{LAUNCHER} is missing; vLLM runs only from a source checkout "
-                              "of minicb (the launcher lives in scripts/).")
+    if not (LAUNCHER.exists() and DRIVER.exists()):
+        raise VLLMUnavailable(f"{PEERS} is missing; vLLM runs only from a source checkout of "
+                              "minicb (its driver and launcher live in peers/).")
 
 
 def driver_request(model_path: str, prompts: list[list[int]], output_lens: list[int],
@@ -102,12 +103,9 @@ def drive(request: dict, timeout: float = 3600) -> dict:
     with tempfile.TemporaryDirectory(prefix="minicb-vllm-") as work:
         request_file, result_file = Path(work) / "request.json", Path(work) / "result.json"
         request_file.write_text(json.dumps(request))
-        # run a copy from the scratch directory: python puts the script's own directory first on
-        # the path, and minicb/bench/kernels.py would then shadow the `kernels` package that
-        # vLLM's transformers looks for
-        driver = Path(work) / DRIVER.name
-        shutil.copy(DRIVER, driver)
-        done = subprocess.run(command(driver, request_file, result_file), capture_output=True,
+        # python puts the script's folder first on the path: peers/ holds no module that could
+        # shadow one vLLM imports
+        done = subprocess.run(command(DRIVER, request_file, result_file), capture_output=True,
                               text=True, timeout=timeout, env=environment())
         if done.returncode != 0 or not result_file.exists():
             tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-15:])
@@ -117,8 +115,8 @@ def drive(request: dict, timeout: float = 3600) -> dict:
 
 def version() -> str:
     """vLLM's version, as its own environment reports it."""
-    done = subprocess.run([str(LAUNCHER), "-c", "import vllm; print(vllm.__version__)"],
-                          capture_output=True, text=True, env=environment())
+    done = subprocess.run([str(LAUNCHER), str(DRIVER), "--version"], capture_output=True,
+                          text=True, env=environment())
     return done.stdout.strip().splitlines()[-1] if done.stdout.strip() else "unknown"
 
 
@@ -154,7 +152,3 @@ def run_vllm_runs(model_path: str, runs: list[tuple[list[list[int]], list[int], 
         out.append(run)
     return out
 
-
-if __name__ == "__main__":
-    check_available()
-    print("vLLM environment:", venv_dir(), file=sys.stderr)

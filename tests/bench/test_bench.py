@@ -137,6 +137,35 @@ def test_overhead_measures_the_hosts_part_of_a_decode_step(tiny_llama, tmp_path)
     _check_machine(payload)
 
 
+@pytest.mark.slow
+def test_overhead_baseline_runs_the_commits_own_benchmark_alternated(tiny_llama, tmp_path):
+    """--baseline COMMIT: each repeat runs this tree's benchmark and the commit's own (git
+    archive), each in a fresh process, the first of the two alternating; both in the record."""
+    import subprocess
+
+    from minicb.bench import overhead
+
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=overhead.ROOT,
+                          capture_output=True, text=True, check=True).stdout.strip()
+    assert bench_main(["overhead", "--model", tiny_llama, "--batch-sizes", "1", "2", "--repeats",
+                       "2", "--steps", "2", "--context", "8", "--baseline", head,
+                       "--out-dir", str(tmp_path)]) == 0
+    payload = json.loads((tmp_path / "overhead.json").read_text())
+    baseline = payload["baseline"]
+    assert baseline["commit"] == head and baseline["clock"]
+    for points in (payload["points"], baseline["points"]):
+        assert [(p["repeat"], p["batch"]) for p in points] == [(0, 1), (0, 2), (1, 2), (1, 1)]
+        assert all(0 < p["forward_us"] < p["step_us"] for p in points)
+    assert [r["batch"] for r in baseline["summary"]] == [1, 2]
+
+
+def test_overhead_baseline_names_a_commit_it_cannot_find(tmp_path):
+    from minicb.bench.overhead import unpack
+
+    with pytest.raises(ValueError, match="--baseline no-such-commit: git archive failed"):
+        unpack("no-such-commit", tmp_path)
+
+
 def test_workload_helpers():
     assert len(load_workload("long-tail", 10)) == 10
     assert len(load_workload("seed-example", 3)) == 3

@@ -175,7 +175,7 @@ def test_the_driver_runs_in_vllms_environment_alone(tmp_path, monkeypatch):
 
 
 def test_the_launcher_preloads_vllms_openmp_and_runs_the_environments_python(tmp_path):
-    """scripts/vllm_python on a stand-in environment: its python is run with the arguments, and
+    """peers/vllm_python on a stand-in environment: its python is run with the arguments, and
     the environment's libiomp5 is on LD_PRELOAD."""
     venv = tmp_path / "venv"
     (venv / "bin").mkdir(parents=True)
@@ -197,6 +197,27 @@ def test_the_launcher_preloads_vllms_openmp_and_runs_the_environments_python(tmp
 
 def test_driver_refuses_to_run_without_arguments(capsys):
     assert load_driver().main([]) == 2
+
+
+def test_driver_reports_vllms_version(monkeypatch, capsys):
+    fake = types.ModuleType("vllm")
+    fake.__version__ = "0.0.test"
+    monkeypatch.setitem(sys.modules, "vllm", fake)
+    assert load_driver().main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == "0.0.test"
+
+
+def test_what_runs_in_vllms_environment_lives_outside_the_package():
+    """The driver and its launcher sit in peers/; nothing in the package imports vLLM, and the
+    driver imports nothing of minicb (vLLM's environment does not have it)."""
+    root = vllm_peer.ROOT
+    assert vllm_peer.DRIVER.parent == vllm_peer.LAUNCHER.parent == root / "peers"
+    importing = [str(path.relative_to(root)) for path in (root / "minicb").rglob("*.py")
+                 if any(line.lstrip().startswith(("import vllm", "from vllm"))
+                        for line in path.read_text().splitlines())]
+    assert not importing, f"the package imports vLLM in {importing}: move that code to peers/"
+    assert "minicb" not in "".join(line for line in vllm_peer.DRIVER.read_text().splitlines()
+                                   if line.startswith(("import ", "from ")))
 
 
 needs_vllm = pytest.mark.skipif(not (vllm_peer.venv_dir() / ".installed").exists(),
