@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from minicb.bench.machine import describe, load_average, machine_info, machine_line
-from minicb.repeats import Repeats
+from minicb.repeats import MIN_REPEATS, Repeats
 
 RESULTS_DIR = Path("benchmarks/results")
 
@@ -51,7 +51,8 @@ FLAGS: dict[str, dict] = {
     "dtype": dict(default="float32", choices=["float32", "float16", "bfloat16"]),
     "workload": dict(default="long-tail", help="a workload of minicb.sim.workload"),
     "num_prompts": dict(type=int, default=None, help="fewer requests for a quicker run"),
-    "repeats": dict(type=int, default=3, help="runs of each system, alternated"),
+    # the fewest paired repeats that can give a direction (minicb.repeats)
+    "repeats": dict(type=int, default=MIN_REPEATS, help="runs of each system, alternated"),
     "threads": dict(type=int, default=None, help="torch CPU threads (default: torch's)"),
     "seed": dict(type=int, default=0),
     "out_dir": dict(default=str(RESULTS_DIR), help="where the JSON and PNG go"),
@@ -106,10 +107,16 @@ def spread(values: Iterable[float]) -> dict[str, float]:
 
 
 def verdict(ratios: Iterable[float], above: str = "higher", below: str = "lower") -> str:
-    """The book's one rule (minicb.repeats.Repeats) for a ratio measured in alternated repeats:
-    `above` or `below` only when the median's distance from 1 exceeds the repeats' spread, with
-    three repeats at least; else "within this machine's noise"."""
+    """The book's one rule (minicb.repeats) on paired ratios, repeat by repeat: `above` or
+    `below` when the sign test gives a direction (five agreeing repeats at least), else
+    "no direction"."""
     return Repeats.of(ratios).verdict(above, below)
+
+
+def reading(ratios: Iterable[float], above: str = "higher", below: str = "lower") -> str:
+    """The same rule as a sentence: the direction, then the size (the median of the ratios,
+    with their range) and whether it is beyond the spread."""
+    return Repeats.of(ratios).describe(above, below)
 
 
 # --- results ------------------------------------------------------------------------------------

@@ -32,6 +32,7 @@ from minicb.bench.harness import (
     dated_record,
     load_average,
     minicb_serve_command,
+    reading,
     server_process,
     spread,
     verdict,
@@ -54,7 +55,7 @@ class PeerConfig:
     # light, near naive serving's capacity on 2 CPU cores (about 10 requests/s of this workload),
     # and three times past it
     request_rates: tuple[float, ...] = (3.0, 10.0, 30.0)
-    repeats: int = 3
+    repeats: int = 5               # the fewest that can give a direction (minicb.repeats)
     num_prompts: int = 60
     input_len: int = 32
     output_len: int = 32
@@ -143,9 +144,9 @@ def summarize(runs: list[dict]) -> list[dict]:
 
 
 def verdicts(runs: list[dict], first: str, second: str) -> list[dict]:
-    """At each rate both served: first ÷ second for throughput and p95 TTFT, the median of the
-    ratios repeat by repeat (each repeat ran the two in turn), and the book's verdict on each:
-    "higher" or "lower" only beyond the spread of those ratios, over three repeats at least."""
+    """At each rate both served: first ÷ second for throughput and p95 TTFT, repeat by repeat
+    (each repeat ran the two in turn), read by the book's one rule (minicb.repeats): the median
+    of those ratios, the direction ("higher", "lower" or "no direction") and the sentence."""
     by = {(r["server"], r["request_rate"], r["repeat"]): r for r in runs}
     out = []
     for rate in sorted({rate for name, rate, _ in by if name == first}):
@@ -158,6 +159,7 @@ def verdicts(runs: list[dict], first: str, second: str) -> list[dict]:
             ratios = [a[metric] / b[metric] for a, b in pairs]
             row[f"{key}_ratio"] = spread(ratios)["median"]
             row[key] = verdict(ratios)
+            row[f"{key}_reading"] = reading(ratios)
         out.append(row)
     return out
 

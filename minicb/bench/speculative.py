@@ -1,6 +1,6 @@
 """`python -m minicb bench speculative`: tokens/s and TPOT with and without speculative decoding.
 
-    python -m minicb bench speculative                  # both workloads, batch 1-64, 3 repeats
+    python -m minicb bench speculative                  # both workloads, batch 1-64, 5 repeats
     python -m minicb bench speculative --quick          # one repeat, shorter answers
     python -m minicb bench speculative --peers vllm     # vLLM's CPU build beside it (n-gram)
 
@@ -11,31 +11,7 @@ repeat. Greedy, end-of-sequence ignored, so every run does the same work and eve
 compared token for token: with no speculation, and with transformers' `generate` on the first
 few prompts of each workload. The A100 curve is a PREDICTION (`minicb.bench.spec_model`).
 
-The JSON (`benchmarks/results/speculative.json`; `--quick` adds `-quick` to the name):
-
-- `machine`, `model` (`path`, `draft_path`), `settings` (k, n-gram sizes, output length,
-  batch sizes, repeats, threads), `workloads` (per name: requests drawn, prompt token range);
-- `runs`: one row per system x workload x method x batch size x repeat: `system` ("minicb" |
-  "vllm"), `workload` ("code" | "random"), `method` ("none" | "ngram" | "draft_model"),
-  `batch_size`, `repeat`, `requests`, `output_tokens`, `duration_s`, `output_throughput`
-  (tokens/s), `tpot_p50_ms`, `tpot_mean_ms`, `steps` (minicb: model steps, of which
-  `decode_steps` held decodes only and `other_steps` prompt or verification tokens, with the
-  median CPU ms of each, `decode_step_ms` and `other_step_ms`), `proposed_tokens`,
-  `accepted_tokens`, `verify_steps`, `acceptance_rate`, `mean_accepted_length` (tokens a
-  verification step emitted, the target's own included), `tokens_per_step` (minicb: {tokens a
-  request gained in one step: how often}, its first token left out), `load_average` (1, 5, 15
-  minutes, read before the run), `differs_from_none` (requests whose tokens differ from the same
-  system's `none` run of that repeat; null for `none` itself), `differs_from_transformers`;
-- `summary`: per system x workload x method (not none) x batch size: `speedup` (median over
-  repeats of tokens/s with / without, each ratio within one repeat), `speedups`, `tpot_ratio`,
-  `acceptance_rate`, `mean_accepted_length`, `greedy_equal` (no request differed, any repeat);
-- `break_even`: per system x workload x method, `stops_paying_at`: the batch size from which the
-  speedup stays below 1 (0 when it never paid; null when it still paid at the largest size
-  measured), and `paid_at`: the sizes where it paid;
-- `predictions`: a list, the A100 first, then this book's reference CPU: `label` (starts with
-  "PREDICTION"), `cost_model`, `terms`, `draft_weight_share`, `context_tokens`, `rows`
-  (workload, method, batch_size, speedup, `extrapolated`, and the measured rates priced:
-  `tokens_per_step`, `verify_share`, `proposed_per_verify`) and `break_even` as above.
+The JSON's fields are listed in benchmarks/speculative.md ("The JSON").
 """
 
 from __future__ import annotations
@@ -66,6 +42,7 @@ from minicb.bench.spec_model import (
     tokens_per_step,
 )
 from minicb.config import SPECULATIVE_METHODS
+from minicb.repeats import MIN_REPEATS
 from minicb.sim.workload import code_completion, fixed
 
 METHODS = ("none", "ngram", "draft_model")
@@ -81,7 +58,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--methods", nargs="+", default=list(METHODS[1:]), choices=METHODS[1:])
     p.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS)
     p.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 4, 16, 64])
-    add_flags(p, repeats=dict(default=None, help="default 3 (1 with --quick)"))
+    add_flags(p, repeats=dict(default=None, help="default 5 (1 with --quick)"))
     p.add_argument("--output-len", type=int, default=None, help="default 128 (64 with --quick)")
     p.add_argument("--min-requests", type=int, default=None,
                    help="requests served at each batch size, at least (default 8, 4 with --quick)")
@@ -94,7 +71,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--table", metavar="JSON", default=None,
                    help="run nothing: print the markdown tables of an earlier run's JSON")
     args = p.parse_args(argv)
-    args.repeats = args.repeats or (1 if args.quick else 3)
+    args.repeats = args.repeats or (1 if args.quick else MIN_REPEATS)
     args.output_len = args.output_len or (64 if args.quick else 128)
     args.min_requests = args.min_requests or (4 if args.quick else 8)
     if min(args.batch_sizes) < 1:

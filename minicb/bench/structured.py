@@ -1,7 +1,7 @@
 """`python -m minicb bench structured`: what grammar masks and penalties cost per step, and what
 they do to tokens/s, on the shipped model and this CPU.
 
-    python -m minicb bench structured              # batch 1, 16, 64; 3 repeats
+    python -m minicb bench structured              # batch 1, 16, 64; 5 repeats
     python -m minicb bench structured --quick      # one repeat, fewer tokens
 
 1. Per step, at B rows: the time of the logits processors' hook (minicb.runner.logits_process) on
@@ -18,12 +18,7 @@ they do to tokens/s, on the shipped model and this CPU.
 Each repeat measures every kind (and method) in a rotated order, so a change in the machine's
 load falls on all of them; the summary is the median over repeats and the spread (min, max).
 
-The JSON (`benchmarks/results/structured.json`, `-quick` with --quick): `machine`, `settings`,
-`steps` (per repeat x kind x batch size: `ms` per call, median of `calls`), `generate` (per
-repeat x method x batch size: `output_tokens`, `duration_s`, `tokens_per_s`, `load_average`,
-`stopped` (outputs that ended by themselves) and `stopped_and_parsed` (of those, JSON)),
-`summary` (per batch size: each kind's ms and share of the decode step; each method's tokens/s
-ratio to plain, median and spread).
+The JSON's fields are listed in benchmarks/structured.md ("The JSON").
 """
 
 from __future__ import annotations
@@ -40,6 +35,7 @@ from minicb.bench.harness import (
     alternate,
     bench_parser,
     load_average,
+    reading,
     spread,
     turn_order,
     verdict,
@@ -166,7 +162,8 @@ def summarise(steps: list[dict], runs: list[dict], batch_sizes: list[int]) -> di
                       and r["batch_size"] == rows}
                 ratios.append(by[method]["tokens_per_s"] / by["plain"]["tokens_per_s"])
             entry["ratio"][method] = {**spread(ratios), "ratios": ratios,
-                                      "verdict": verdict(ratios, "faster", "slower")}
+                                      "verdict": verdict(ratios, "faster", "slower"),
+                                      "reading": reading(ratios, "faster", "slower")}
         summary[str(rows)] = entry
     return summary
 

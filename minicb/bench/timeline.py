@@ -36,6 +36,7 @@ from minicb.bench.harness import (
     bench_parser,
     format_table,
     load_average,
+    reading,
     spread,
     verdict,
     write_results,
@@ -196,7 +197,8 @@ def summarise(runs: list[dict]) -> list[dict]:
                          **{f"tps_{k}": v for k, v in speed.items()}})
         ratios = [o["tokens_per_s"] / s["tokens_per_s"] for s, o in zip(*loops.values())]
         rows[-1].update(tps_ratio_to_sync=spread(ratios)["median"],
-                        verdict=verdict(ratios, "faster", "slower"))
+                        verdict=verdict(ratios, "faster", "slower"),
+                        reading=reading(ratios, "faster", "slower"))
     return rows
 
 

@@ -12,6 +12,7 @@ from minicb.bench.harness import (
     add_flags,
     alternate,
     bench_parser,
+    reading,
     server_process,
     spread,
     turn_order,
@@ -28,11 +29,14 @@ def test_alternate_takes_every_system_in_turn_each_repeat():
 
 def test_spread_and_the_verdict_follow_the_repeats_rule():
     assert spread([330, 300, 310]) == {"median": 310, "min": 300, "max": 330}
-    assert verdict([1.9, 2.0, 2.1]) == "higher"
-    assert verdict([0.5, 0.52, 0.55], "faster", "slower") == "slower"
-    # a median 0.5 from 1 but a spread of 0.6: noise; and two repeats never decide
-    assert verdict([1.2, 1.5, 1.8]) == "within this machine's noise"
-    assert verdict([3.0, 3.1]) == "within this machine's noise"
+    assert verdict([1.9, 2.0, 2.1, 1.8, 2.2]) == "higher"
+    assert verdict([0.5, 0.52, 0.55, 0.6, 0.51], "faster", "slower") == "slower"
+    # one repeat against the others, or fewer than five: no direction
+    assert verdict([1.2, 1.5, 1.8, 1.3, 0.9]) == "no direction"
+    assert verdict([3.0, 3.1, 3.2, 2.9]) == "no direction"
+    assert reading([1.2, 1.5, 1.8, 1.3, 1.1]) == ("higher in every one of 5 alternated repeats "
+                                                  "(at least 1.10×); the size, 1.30× "
+                                                  "(1.10–1.80), is within the spread")
 
 
 def test_flags_are_spelled_alike_with_a_benchmarks_own_defaults():

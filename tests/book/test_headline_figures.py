@@ -42,9 +42,9 @@ def ratio(record: dict, system: str, workload: str, method: str, batch: int) -> 
 def test_prompt_lookups_batch_1_gain_is_quoted_with_its_spread_and_is_noise(speculative):
     lookup = ratio(speculative, "minicb", "code", "ngram", 1)
     low, high = min(lookup.values), max(lookup.values)
-    assert not lookup.beyond_noise(), ("prompt lookup's batch-1 gain is now beyond its spread: "
-                                       "README, ARCHITECTURE and benchmarks/speculative.md call "
-                                       "it noise")
+    assert lookup.direction() == 0 and lookup.size_within_spread(), (
+        "prompt lookup's batch-1 gain now has a direction or a size beyond its spread: README, "
+        "ARCHITECTURE and benchmarks/speculative.md call it noise")
     assert f"{lookup.median:.2f}× the tokens per second, its three repeats spread from " \
            f"{low:.2f}× to {high:.2f}×" in text("README.md")
     assert f"({lookup.median:.2f}×, repeats {low:.2f}–{high:.2f}×) is within" \
@@ -54,12 +54,15 @@ def test_prompt_lookups_batch_1_gain_is_quoted_with_its_spread_and_is_noise(spec
 
 
 def test_the_draft_model_lost_beyond_the_noise_where_the_pages_say(speculative):
+    """Three repeats give no direction (five agreeing are the fewest); the size of the loss, the
+    median ratio, lies beyond its spread everywhere but code at batch 16."""
     for workload in ("code", "random"):
         for batch in speculative["settings"]["batch_sizes"]:
             draft = ratio(speculative, "minicb", workload, "draft_model", batch)
             noise = (workload, batch) == ("code", 16)
-            expected = "within this machine's noise" if noise else "cost"
-            assert draft.verdict("paid", "cost") == expected, (workload, batch, str(draft))
+            assert draft.verdict("paid", "cost") == ("no direction" if len(draft.values) < 5
+                                                     else "cost"), (workload, batch, str(draft))
+            assert draft.median < 1 and draft.size_within_spread() == noise, (workload, batch)
 
 
 def test_the_step_times_architecture_quotes(speculative):
