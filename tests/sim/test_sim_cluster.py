@@ -310,7 +310,7 @@ def test_goodput_grows_with_slo_slack():
 def test_the_benchmarks_runs_grow_by_adding_later_requests():
     """bench disagg: a higher rate serves more requests, the same ones first; a split's GPUs are
     its two pools'."""
-    from minicb.bench.disagg import MIN_REQUESTS, TASKS, systems
+    from minicb.sim.disagg import MIN_REQUESTS, TASKS, systems
 
     task = TASKS["long prompts"]
     small, large = task.workload(10, 1.0), task.workload(40, 3.0)
