@@ -117,7 +117,10 @@ def _worker(rank: int, port: int, config: ResolvedConfig, model_path: str, paren
     group.connect()
     with torch.inference_mode():
         while True:
-            message = group.receive()
+            try:
+                message = group.receive()
+            except RuntimeError:      # rank 0 went away without a word: nothing left to serve
+                return
             if message[0] == "stop":
                 return
             if message[0] == "copy":
