@@ -287,10 +287,12 @@ class EngineConfig:
         return getattr(self, name)
 
     def resolve(self, model_max_len: int, attention: str | None = None,
-                dtype: str | None = None) -> ResolvedConfig:
+                dtype: str | None = None, thread_ceiling: int = 1) -> ResolvedConfig:
         """A new frozen config with every derived knob filled in: `model_max_len` is the model's
         context, `attention` the backend "auto" (or the asked one) resolved to on this machine,
-        `dtype` the one the device runs (bfloat16 becomes float16 on a GPU without it)."""
+        `dtype` the one the device runs (bfloat16 becomes float16 on a GPU without it),
+        `thread_ceiling` the most CPU threads a step may use (the engine passes its thread
+        policy's ceiling, minicb.runner.threads.ceiling; 1 where no model runs)."""
         values = {spec.name: getattr(self, spec.name) for spec in fields(EngineConfig)}
         derived = tuple(getattr(self, "derived", ()))
         for name, value in (("attention", attention), ("dtype", dtype)):
@@ -298,7 +300,8 @@ class EngineConfig:
                 derived = (*(d for d in derived if d[0] != name),
                            (name, self.asked(name), value))
                 values[name] = value
-        return ResolvedConfig(**values, model_max_len=model_max_len, derived=derived)
+        return ResolvedConfig(**values, model_max_len=model_max_len,
+                              thread_ceiling=thread_ceiling, derived=derived)
 
 
 @dataclass(frozen=True)
@@ -311,6 +314,7 @@ class ResolvedConfig(EngineConfig):
     """
 
     model_max_len: int = 0
+    thread_ceiling: int = 1      # the machine's, given to resolve: max_fused_decode_rows' default
     derived: tuple = field(default=(), repr=False, compare=False)
 
     def asked(self, name: str):
@@ -346,10 +350,8 @@ class ResolvedConfig(EngineConfig):
                f"({self.model_max_len}); lower max_model_len.")
         settle("num_kv_blocks", asked["num_kv_blocks"] or self.max_num_seqs * self.blocks_per_seq())
         if asked["max_fused_decode_rows"] is None:
-            from minicb.runner.threads import ceiling
-
             settle("max_fused_decode_rows",
-                   FUSED_DECODE_ROWS_PER_THREAD * (self.cpu_threads or ceiling()))
+                   FUSED_DECODE_ROWS_PER_THREAD * (self.cpu_threads or self.thread_ceiling))
         else:
             settle("max_fused_decode_rows", asked["max_fused_decode_rows"])
         object.__setattr__(self, "derived", tuple(derived))

@@ -89,8 +89,8 @@ class SchedulerOutput:
     preempted: list[Request] = field(default_factory=list)
     # (source, destination) blocks the runner copies before the forward: copy-on-write
     block_copies: list[tuple[int, int]] = field(default_factory=list)
-    # overlapped scheduling: Scheduler.commit applied the plan when it was launched, and its
-    # token ids may hold placeholders for the previous step's tokens (minicb.request)
+    # overlapped scheduling: OverlapScheduler.commit applied the plan when it was launched, and
+    # its token ids may hold placeholders for the previous step's tokens (minicb.request)
     committed: bool = False
 
     # the counts below, once read (None: not yet)
@@ -175,7 +175,8 @@ class ModelRunnerOutput:
 
     sampled_token_ids: list[list[int] | None]    # None: the row could not be sampled
     logprobs: list[list[Logprob | None] | None]  # per row, one entry per token; None: not asked
-    errors: list[str | None]                     # per row: why it has no tokens, else None
+    errors: list[str | None]                     # per row: why it has no tokens (every row
+    #                                              without tokens has one), else None
     # prompt log-probabilities, by the row's index in the step's SchedulerOutput.seqs: one
     # {token id: logprob} per prompt position the row computed (the next prompt token's and the
     # top prompt_logprobs); None when no row asked
@@ -184,12 +185,16 @@ class ModelRunnerOutput:
     @classmethod
     def of(cls, sampled: ModelRunnerOutput | SamplerOutput | Sequence[int | None]
            ) -> ModelRunnerOutput:
-        """Read a sampler's one-token-per-row answer, or a plain list of token ids (a model-free
-        runner's), as a step's result."""
+        """The one place a step's result is read into this shape (EngineCore.end_step calls it):
+        a sampler's one-token-per-row answer, or a plain list of token ids (a model-free
+        runner's: the cost model's), is read as a step's result; a row without a token gets an
+        error saying so when its answer gave none."""
         if isinstance(sampled, ModelRunnerOutput):
             return sampled
         if not isinstance(sampled, SamplerOutput):
             sampled = SamplerOutput(list(sampled), [None] * len(sampled))
+        errors = sampled.errors or [None] * len(sampled.token_ids)
         return cls([None if t is None else [t] for t in sampled.token_ids],
                    [None if lp is None else [lp] for lp in sampled.logprobs],
-                   sampled.errors or [None] * len(sampled.token_ids))
+                   [error or (None if t is not None else "the row could not be sampled")
+                    for t, error in zip(sampled.token_ids, errors)])

@@ -17,10 +17,11 @@ n (`end_step`), as vLLM's `step_with_batch_queue` does.
 
 Overlapped scheduling (`EngineConfig.async_scheduling`): `OverlappedModelExecutor` runs each
 step in a thread of its own and returns a Future at once; the core commits each plan as it is
-launched (`Scheduler.commit`: tokens in flight become placeholders), so `step()` plans and packs
-step n + 1 while step n runs, then collects step n. The host learns step n's tokens one step late;
-the runner fills step n + 1's placeholders from step n's sampled tensor, and stops are applied
-when the tokens arrive, which discards the token a request computed past its stop.
+launched (`OverlapScheduler.commit`, minicb.scheduler.overlap: tokens in flight become
+placeholders), so `step()` plans and packs step n + 1 while step n runs, then collects step n. The
+host learns step n's tokens one step late; the runner fills step n + 1's placeholders from step
+n's sampled tensor, and stops are applied when the tokens arrive, which discards the token a
+request computed past its stop.
 """
 
 from __future__ import annotations
@@ -34,15 +35,17 @@ from typing import Protocol
 from minicb.plan import ModelRunnerOutput, SamplerOutput, SchedulerOutput
 from minicb.request import Request
 from minicb.scheduler.base import Scheduler
+from minicb.scheduler.overlap import OverlapScheduler
 
-# one entry per row that needs logits (Scheduler.update reads each of these shapes)
+# one entry per row that needs logits, in any of these shapes: `end_step` reads each as a
+# ModelRunnerOutput (ModelRunnerOutput.of), the one shape Scheduler.update takes
 StepOutput = ModelRunnerOutput | SamplerOutput | Sequence[int]
 log = logging.getLogger("minicb.engine.llm_engine")
 
 
 class StepFuture(Protocol):
     """A launched step (concurrent.futures.Future has this shape): `result()` waits for it and
-    returns one entry per row that needs a token, as `Scheduler.update` takes them."""
+    returns one entry per row that needs a token (a StepOutput)."""
 
     def result(self) -> StepOutput: ...
 
@@ -128,7 +131,11 @@ class EngineCore:
         """`host_timer`: a clock for the host's share of each step (time.thread_time: CPU time
         of this thread, which other processes do not inflate); None: not timed. `overlap`:
         plan step n + 1 while step n runs (an executor whose `execute` returns at once, such as
-        OverlappedModelExecutor); `step()` then returns step n's results."""
+        OverlappedModelExecutor) and a scheduler that keeps overlap's books (make_scheduler's
+        `overlap=True`); `step()` then returns step n's results."""
+        if overlap and not isinstance(scheduler, OverlapScheduler):
+            raise ValueError("overlapped steps need a scheduler with overlap's bookkeeping: build "
+                             "it with minicb.scheduler.make_scheduler(..., overlap=True).")
         self.scheduler = scheduler
         self.executor = executor
         self.host_timer = host_timer
@@ -171,7 +178,7 @@ class EngineCore:
 
     def end_step(self, step: InFlightStep) -> StepResult:
         """Wait for a launched step's tokens and apply them (Scheduler.update)."""
-        output = step.future.result()
+        output = ModelRunnerOutput.of(step.future.result())
         timer = self.host_timer
         start = timer() if timer else 0.0
         touched = self.scheduler.update(step.plan, output)

@@ -25,7 +25,7 @@ from minicb.request import Request, RequestStatus
 from minicb.runner.logits_process import LogitsState
 from minicb.runner.model_runner import ModelRunner, check_kv_fits
 from minicb.runner.structured_outputs import StructuredOutputManager
-from minicb.runner.threads import ThreadPolicy
+from minicb.runner.threads import ThreadPolicy, ceiling
 from minicb.scheduler import make_scheduler
 
 log = logging.getLogger("minicb.engine.llm_engine")
@@ -57,7 +57,7 @@ class LLMEngine:
             threads = rank_threads(config)
         self.threads = (ThreadPolicy(threads) if config.device == "cpu" else None)
         config = self.config = config.resolve(self.model.args.max_position_embeddings, attention,
-                                               dtype)
+                                               dtype, ceiling())
         pad = self.tokenizer.pad_token_id if self.tokenizer is not None else None
         draft = proposer = None
         if config.speculative_method == "draft_model":
@@ -71,7 +71,9 @@ class LLMEngine:
         self.eos_token_ids = _eos_ids(path, self.tokenizer)
         self.kv = make_kv_manager(config.kv_cache, config.num_kv_blocks, config.block_size,
                                   config.max_model_len, config.enable_prefix_caching)
-        self.scheduler = make_scheduler(config, self.kv, time.perf_counter, self.eos_token_ids)
+        overlap = _overlaps(config)
+        self.scheduler = make_scheduler(config, self.kv, time.perf_counter, self.eos_token_ids,
+                                        overlap=overlap)
         if config.tensor_parallel_size == 1:
             self.runner = ModelRunner(self.model, config, pad_token_id=pad or 0,
                                       proposer=proposer)
@@ -83,7 +85,7 @@ class LLMEngine:
             self.runner.use_cuda_graphs(capture=True)
             if self.model.expert_load is not None:    # the capture's steps routed no request
                 self.model.expert_load.reset()
-        self.core = self._make_core(config)
+        self.core = self._make_core(overlap)
         # the grammar compiler and its cache, built by the first constrained request
         self._structured: StructuredOutputManager | None = None
         self._structured_lock = threading.Lock()
@@ -103,16 +105,8 @@ class LLMEngine:
         # minicb.metrics
         self.step_stats = StepTotals()
 
-    def _make_core(self, config) -> EngineCore:
-        """The engine core: synchronous steps, or overlapped ones where every feature in use can
-        overlap (a fallback is said once, in a warning naming why)."""
-        overlap = config.async_scheduling
-        if overlap and config.speculative_method is not None:
-            log.warning("async_scheduling: running synchronous steps, since speculative decoding "
-                        "(speculative_method=%r) plans each step from the tokens the last one "
-                        "accepted, which an overlapped step does not know yet.",
-                        config.speculative_method)
-            overlap = False
+    def _make_core(self, overlap: bool) -> EngineCore:
+        """The engine core: synchronous steps, or overlapped ones (`_overlaps`)."""
         executor = (OverlappedModelExecutor if overlap else ModelExecutor)(self.runner,
                                                                             self.threads)
         return EngineCore(self.scheduler, executor, overlap=overlap)
@@ -347,6 +341,18 @@ class LLMEngine:
         return RequestOutput(request.group_id, request.prompt, list(request.prompt_token_ids),
                              [completion], True, RequestMetrics.from_request(request), new,
                              request.error, prompt_logprobs=prompt_logprobs)
+
+
+def _overlaps(config) -> bool:
+    """Whether the engine overlaps its steps: asked for, and every feature in use can overlap (a
+    fallback is said once, in a warning naming why)."""
+    if config.async_scheduling and config.speculative_method is not None:
+        log.warning("async_scheduling: running synchronous steps, since speculative decoding "
+                    "(speculative_method=%r) plans each step from the tokens the last one "
+                    "accepted, which an overlapped step does not know yet.",
+                    config.speculative_method)
+        return False
+    return config.async_scheduling
 
 
 def _eos_ids(path, tokenizer) -> set[int]:

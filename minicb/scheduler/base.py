@@ -1,12 +1,18 @@
-"""What every scheduler shares: the queues, the step's plan, and the one update after a step."""
+"""What every scheduler shares: the queues, the step's rows, and the one update after a step.
+
+A subclass decides which rows a step runs (`schedule()`); `update` applies what they produced.
+Steps here never overlap: overlapped scheduling's bookkeeping (placeholders, the commit at
+launch, stops applied a step late) is a class of its own, mixed in when the engine overlaps
+steps (minicb.scheduler.overlap).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 
 from minicb.config import EngineConfig
 from minicb.kv.base import KVManager
-from minicb.plan import Logprob, ModelRunnerOutput, SamplerOutput, ScheduledSeq, SchedulerOutput
+from minicb.plan import Logprob, ModelRunnerOutput, ScheduledSeq, SchedulerOutput
 from minicb.request import Request, RequestStatus
 from minicb.scheduler.queue import WaitingQueue
 
@@ -26,8 +32,8 @@ class Scheduler:
         self.num_preemptions = 0
         self.fork_parents: dict[str, Request] = {}   # parallel sample's id → its first sample
         # live requests whose logits processing reads state the host updates from each token
-        # (penalties, min_tokens, a grammar): a step for them cannot be planned before the last
-        # one's tokens are known, so overlapped scheduling runs synchronous steps meanwhile
+        # (penalties, min_tokens, a grammar): their rows take update's general path, and
+        # overlapped scheduling runs synchronous steps while any is live
         self.num_host_state_requests = 0
         # every request finished (by a stop, an error or an abort) since take_finished() last
         # ran: the engine reports those that got no token from them, without a scan of everyone
@@ -65,6 +71,24 @@ class Scheduler:
             self.num_host_state_requests += 1
         self.waiting.append(request)
 
+    def admit_transferred(self, request: Request) -> bool:
+        """Admit a request whose KV cache another engine computed (a disaggregated cluster's
+        prefill instance, which finished it at its first token) straight into the running
+        batch, to decode the rest here: if a slot is free, no request of ours waits to be
+        recomputed, and the pool has blocks for its cache and its next token (keeping the
+        watermark). False: not now (nothing changed). Its blocks here hold the arrived KV."""
+        config = self.config
+        if self.waiting or len(self.running) >= config.max_num_seqs or not self.kv.can_allocate(
+                request, request.num_computed_tokens + 1, reserve_blocks=config.watermark_blocks):
+            return False
+        self.kv.allocate(request, request.num_computed_tokens)
+        request.times.finished = request.times.finished_step = None    # it goes on here
+        if request.logits_state is not None:
+            self.num_host_state_requests += 1
+        self.running.append(request)
+        self._start_running(request)
+        return True
+
     def has_unfinished(self) -> bool:   # asked before every step: stops at the first found
         return bool(self.waiting) or any(not request.finished for request in self.running)
 
@@ -85,8 +109,16 @@ class Scheduler:
                     return request
         return None
 
+    # --- the plan ----------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
         raise NotImplementedError
+
+    def fully_planned(self) -> set[str]:
+        """The ids of running requests whose every possible token is planned already, so no
+        step may plan them a row: none here, where a request's last token ends it as soon as it
+        is applied (a new set each call: a plan may add to it). The overlap scheduler's are
+        those whose token in flight is their last."""
+        return set()
 
     def row(self, request: Request, num_tokens: int, num_pad: int = 0,
             ghost: bool = False) -> ScheduledSeq:
@@ -110,116 +142,105 @@ class Scheduler:
 
     def decode_row(self, request: Request, block_table: list[int]) -> ScheduledSeq:
         """`row(request, 1)` for a running request past its prompt, the step's commonest row:
-        its one uncomputed token is its newest (a placeholder while that token is in flight),
-        it samples, and it has no prompt position left to score. Written out, as vLLM plans its
-        "cached requests" apart from new ones: a decode step plans one of these per row, so
-        what it leaves out (slicing the request's tokens, its prompt targets) is saved on every
-        row of every step. (Every field is passed by position, the empty lists included: a
-        dataclass takes keywords and fills defaults from factories at about twice the cost.)"""
+        its one uncomputed token is its newest output token, it samples, and it has no prompt
+        position left to score. Written out, as vLLM plans its "cached requests" apart from new
+        ones: a decode step plans one of these per row, so what it leaves out (slicing the
+        request's tokens, its prompt targets) is saved on every row of every step. (Every field
+        is passed by position, the empty lists included: a dataclass takes keywords and fills
+        defaults from factories at about twice the cost.)"""
         return ScheduledSeq(request, 1, request.num_computed_tokens,
-                            (request.placeholders or request.output_token_ids)[-1:],
-                            block_table, request.params, request.generator,
-                            0, False, True, True, [], None, [], request.logits_state,
-                            request.request_id)
+                            request.output_token_ids[-1:], block_table, request.params,
+                            request.generator, 0, False, True, True, [], None, [],
+                            request.logits_state, request.request_id)
 
-    # --- overlapped scheduling ------------------------------------------------------------------
-    def commit(self, output: SchedulerOutput) -> None:
-        """Apply a plan as it is launched, before its tokens exist, so the next step can be
-        planned while this one runs (vLLM's _update_after_schedule): every row's tokens count as
-        computed, and each row that samples gets a placeholder for its token, which the next
-        step feeds and `update` later replaces with the real token. Stops wait for the token:
-        they are applied one step late, in `update`."""
-        output.committed = True
-        row = 0                          # the row of the step's sampled tokens
+    # --- after the model ran -----------------------------------------------------------------
+    def update(self, output: SchedulerOutput, sampled: ModelRunnerOutput) -> list[Request]:
+        """Apply one step's results, the only place they are applied: every row's computed
+        tokens, and for each row that needed logits its tokens (one for a decode or a prompt's
+        last chunk, 1 to k + 1 for a verification row), logprobs or error, through the stop rule
+        (`check_stop`). `sampled` has one entry per row that needed logits. Stop strings need
+        the text: the engine checks them afterwards (minicb.engine.detokenizer).
+
+        Two paths, chosen here: a step of plain rows only (each one query that sampled one
+        token, with no logprob, no logits processing and nothing to roll back: the steady
+        decode) goes to `_apply_plain_tokens`; any other step to the general `_apply_tokens`.
+
+        Returns the requests that got a token or finished this step.
+        """
+        now, step = self.clock(), output.step
+        self._record_prompt_logprobs(output, sampled)
+        tokens, rows = sampled.sampled_token_ids, len(output.seqs)
+        if (len(tokens) == rows == output.num_decode_rows and not self.num_host_state_requests
+                and sampled.errors.count(None) == rows and sampled.logprobs.count(None) == rows):
+            touched = self._apply_plain_tokens(output, tokens, now, step)
+        else:
+            touched = self._apply_tokens(output, sampled, now, step)
+        self.after_update(output)
+        return touched
+
+    @staticmethod
+    def _record_prompt_logprobs(output: SchedulerOutput, sampled: ModelRunnerOutput) -> None:
+        """Each asking row's prompt logprobs, for prompt positions start + 1 onwards: only those
+        not recorded yet (a request recomputing its prompt after a preemption computes them
+        again)."""
+        for index, values in (sampled.prompt_logprobs or {}).items():
+            seq = output.seqs[index]
+            recorded = seq.request.prompt_logprobs
+            skip = len(recorded) - (seq.start + 1)
+            if skip >= 0:
+                recorded.extend(values[skip:])
+
+    def _apply_tokens(self, output: SchedulerOutput, sampled: ModelRunnerOutput, now: float,
+                      step: int) -> list[Request]:
+        """The general path of `update`, for any step: a prompt chunk before the last counts
+        its tokens as computed (their KV is written); every row that sampled hands its tokens
+        to `_append_tokens`, or ends with its error."""
+        results = iter(zip(sampled.sampled_token_ids, sampled.logprobs, sampled.errors))
+        touched: list[Request] = []
         for seq in output.seqs:
             if seq.ghost:
                 continue
             request = seq.request
-            request.num_computed_tokens = seq.start + seq.num_tokens
-            if seq.needs_logits:
-                request.placeholders.append(-1 - row)
-                row += 1
-            else:
-                self.kv.cache_full_blocks(request)       # a prompt chunk: its tokens are known
-
-    def awaits_last_token(self, request: Request) -> bool:
-        """A request whose token in flight is its last (max_tokens or max_model_len): it ends
-        when that token arrives, whatever it is, so no step is planned for it."""
-        return bool(request.placeholders) and \
-            request.num_tokens >= request.max_total_tokens(self.config.max_model_len)
-
-    # --- after the model ran -----------------------------------------------------------------
-    def update(self, output: SchedulerOutput,
-               sampled: ModelRunnerOutput | SamplerOutput | Sequence[int | None]
-               ) -> list[Request]:
-        """Apply one step's results, the only place they are applied: every row's computed
-        tokens, and for each row that needed logits its tokens (one for a decode or a prompt's
-        last chunk, 1 to k + 1 for a verification row), logprobs or error, through the stop
-        checks (EOS, stop token ids, max_tokens, max_model_len). `sampled` has one entry per row
-        that needed logits (minicb.plan.ModelRunnerOutput; a sampler's one-token answer or a
-        plain list of token ids reads as one token per row). Stop strings need the text: the
-        engine checks them afterwards (minicb.engine.detokenizer).
-
-        Returns the requests that got a token or finished this step.
-        """
-        sampled = ModelRunnerOutput.of(sampled)
-        now, step = self.clock(), output.step
-        results = iter(zip(sampled.sampled_token_ids, sampled.logprobs, sampled.errors))
-        touched: list[Request] = []
-        committed, prompt_logprobs = output.committed, sampled.prompt_logprobs
-        cache_full_blocks, check_stop = self.kv.cache_full_blocks, self.check_stop
-        eos, max_model_len = self.eos_token_ids, self.config.max_model_len
-        for index, seq in enumerate(output.seqs):
-            if seq.ghost:
-                continue
-            request = seq.request
-            if prompt_logprobs is not None and index in prompt_logprobs:
-                _record_prompt_logprobs(request, seq.start, prompt_logprobs[index])
             if not seq.needs_logits:          # a prompt chunk before the last: KV only
-                if not committed:             # (a committed plan counted it when launched)
-                    request.num_computed_tokens += seq.num_tokens
-                    cache_full_blocks(request)
+                request.num_computed_tokens += seq.num_tokens
+                self.kv.cache_full_blocks(request)
                 continue
             tokens, logprobs, error = next(results)
-            if committed and request.finished:
-                continue        # it ended after this step was launched: the token is discarded
             touched.append(request)
-            if tokens is None:        # this row could not be sampled
-                request.error = error or "the row could not be sampled"
-                self.finish(request, RequestStatus.FINISHED_ERROR)
-            elif committed:
-                self._resolve_placeholder(request, tokens[0], logprobs, now, step)
-            elif seq.proposal or logprobs is not None or request.logits_state is not None:
-                self._append_tokens(seq, tokens, logprobs, now, step)
+            if tokens is None:
+                self._fail(request, error)
             else:
-                # the commonest row (a decode, or a prompt's last chunk): one token, no logprob,
-                # no grammar, nothing to roll back. _append_tokens' work for it, written out:
-                # per row of every step, the calls it saves are most of its cost
-                token, outputs, params = tokens[0], request.output_token_ids, request.params
-                outputs.append(token)
-                times = request.times
-                times.token_times.append(now)
-                times.token_steps.append(step)
-                if times.first_token is None:
-                    times.first_token, times.first_token_step = now, step
-                request.num_computed_tokens = seq.start + seq.num_tokens
-                cache_full_blocks(request)
-                # check_stop decides, asked only when one of its stops could apply (an EOS, a
-                # stop token id asked for, a length reached): most rows, most steps, have none
-                if (token in eos or params.stop_token_ids or len(outputs) >= params.max_tokens
-                        or len(request.prompt_token_ids) + len(outputs) >= max_model_len):
-                    reason = check_stop(request, token)
-                    if reason is not None:
-                        self.finish(request, reason)
-        self.after_update(output)
+                self._append_tokens(seq, tokens, logprobs, now, step)
+        return touched
+
+    def _apply_plain_tokens(self, output: SchedulerOutput, sampled: list[list[int]],
+                            now: float, step: int) -> list[Request]:
+        """The fast path of `update`, for a step whose every row is plain (`update` says which):
+        each row's one token joins its request's output as `_append_tokens` and `_append_token`
+        would add it (no logprob, no grammar, nothing rejected), written out, since per row of
+        every step the calls it saves are most of its cost; then the same stop rule."""
+        check_stop, cache_full_blocks = self.check_stop, self.kv.cache_full_blocks
+        touched = [seq.request for seq in output.seqs]
+        for seq, request, (token,) in zip(output.seqs, touched, sampled):
+            request.output_token_ids.append(token)
+            times = request.times
+            times.token_times.append(now)
+            times.token_steps.append(step)
+            if times.first_token is None:
+                times.first_token, times.first_token_step = now, step
+            request.num_computed_tokens = seq.start + seq.num_tokens
+            cache_full_blocks(request)
+            reason = check_stop(request, token)
+            if reason is not None:
+                self.finish(request, reason)
         return touched
 
     def _append_token(self, request: Request, token: int, logprob: Logprob | None, now: float,
                       step: int) -> RequestStatus | None:
-        """One sampled token joins the request's output, the one place this happens (a step's
-        tokens, or a committed step's token arriving): its logprob, the grammar's check, its
-        time, then the stop checks. Returns what ends the request (a stop, or an error when the
-        grammar refuses the token, its reason recorded) or None; the caller finishes it."""
+        """One sampled token joins the request's output, the general path's one place for it:
+        its logprob, the grammar's check, its time, then the stop rule. Returns what ends the
+        request (a stop, or an error when the grammar refuses the token, its reason recorded)
+        or None; the caller finishes it."""
         request.output_token_ids.append(token)
         if logprob is not None:
             request.logprobs.append(logprob)
@@ -266,42 +287,33 @@ class Scheduler:
         if reason is not None:
             self.finish(request, reason)
 
-    def _resolve_placeholder(self, request: Request, token: int, logprobs: list | None,
-                             now: float, step: int) -> None:
-        """A committed step's token arrives: it replaces the request's oldest placeholder, and
-        the stop checks run on it now, one step late (what ends the request also discards the
-        token computed past it: `_mark_finished` drops the placeholders left)."""
-        request.placeholders.pop(0)
-        reason = self._append_token(request, token, None if logprobs is None else logprobs[0],
-                                    now, step)
-        # a running request offers its full blocks of known tokens to the prefix cache
-        if reason is not RequestStatus.FINISHED_ERROR and request.status is RequestStatus.RUNNING:
-            self.kv.cache_full_blocks(request, min(request.num_computed_tokens,
-                                                   request.num_tokens - len(request.placeholders)))
-        if reason is not None:
-            self.finish(request, reason)
-
     def check_stop(self, request: Request, token: int) -> RequestStatus | None:
-        """Whether `token`, just appended, ends the request: EOS, a stop token id, or a length."""
+        """The stop rule, stated once, asked by every path that appends a token: whether `token`,
+        just appended, ends the request. An EOS token (unless ignore_eos), a stop token id, or a
+        length: max_tokens output tokens, or max_model_len tokens in all (the request's
+        max_total_tokens). Asked of every token, so the commonest answer, none, comes first."""
         params = request.params
-        if not params.ignore_eos and token in self.eos_token_ids:
+        if token in self.eos_token_ids and not params.ignore_eos:
             return RequestStatus.FINISHED_STOPPED
         if token in params.stop_token_ids:
             request.stop_reason = token
             return RequestStatus.FINISHED_STOPPED
-        # (tokens in flight do not count: this one may be followed by a placeholder already)
-        if len(request.prompt_token_ids) + len(request.output_token_ids) >= \
-                request.max_total_tokens(self.config.max_model_len):
+        num_outputs = len(request.output_token_ids)
+        if (num_outputs >= params.max_tokens
+                or len(request.prompt_token_ids) + num_outputs >= self.config.max_model_len):
             return RequestStatus.FINISHED_LENGTH
         return None
 
     def after_update(self, output: SchedulerOutput) -> None:
         """Hook for subclasses (the static scheduler ends its batch here)."""
 
+    def _fail(self, request: Request, error: str | None) -> None:
+        """A row that could not be sampled ends its request, with the reason."""
+        request.error = error
+        self.finish(request, RequestStatus.FINISHED_ERROR)
+
     def finish(self, request: Request, status: RequestStatus) -> None:
-        # (waiting: preempted while its last step was in flight, overlapped scheduling)
-        queue = self.waiting if request.status is RequestStatus.WAITING else self.running
-        queue.remove(request)
+        self.running.remove(request)
         self.kv.free(request)
         self._mark_finished(request, status)
 
@@ -313,10 +325,6 @@ class Scheduler:
     def _mark_finished(self, request: Request, status: RequestStatus) -> None:
         if request.logits_state is not None and not request.finished:
             self.num_host_state_requests -= 1
-        if request.placeholders:   # tokens in flight past its end: never reported
-            request.num_computed_tokens = max(
-                request.num_computed_tokens - len(request.placeholders), 0)
-            request.placeholders.clear()
         self.finished_requests.append(request)
         self.fork_parents.pop(request.request_id, None)
         request.status = status
@@ -353,11 +361,3 @@ class Scheduler:
             request.times.first_scheduled = self.clock()
             request.times.first_scheduled_step = self.step_count
 
-
-def _record_prompt_logprobs(request: Request, start: int,
-                            values: list[dict[int, float]]) -> None:
-    """A row's prompt logprobs, for prompt positions start + 1 onwards: only those not recorded
-    yet (a request recomputing its prompt after a preemption computes them again)."""
-    skip = len(request.prompt_logprobs) - (start + 1)
-    if skip >= 0:
-        request.prompt_logprobs.extend(values[skip:])

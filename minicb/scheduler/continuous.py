@@ -54,7 +54,8 @@ class ContinuousScheduler(Scheduler):
         output = SchedulerOutput(step=self.step_count)
         config = self.config
         budget = StepBudget(config.max_num_batched_tokens,
-                            config.max_prefill_tokens_per_step or config.max_num_batched_tokens)
+                            config.max_prefill_tokens_per_step or config.max_num_batched_tokens,
+                            scheduled=self.fully_planned())
         if config.step_order == "decode_first":
             self._schedule_running(output, budget)
             self._admit_waiting(output, budget)
@@ -78,15 +79,21 @@ class ContinuousScheduler(Scheduler):
 
     # --- running requests --------------------------------------------------------------------
     def _schedule_running(self, output: SchedulerOutput, budget: StepBudget) -> None:
+        """Every running request not yet in the step, in order, gets its tokens: a decode its
+        one, a prompt (or a recompute) its next chunk, a decode with a proposal its verification
+        row. When the KV cache has no room for them, running requests are preempted until it
+        has. The steady decodes at the head of the queue take a fast path first
+        (`_schedule_steady_decodes`, which plans for each what this loop would); this loop
+        plans the rest."""
         scheduled, running = budget.scheduled, RequestStatus.RUNNING
         speculative = self.config.speculative_method is not None
         # (what a proposal may spend depends on how many requests still wait for their token)
         pending = sum(r.status is running and r.request_id not in scheduled
                       for r in self.running) if speculative else 0
-        table_with_room = self.kv.table_with_room
-        for request in list(self.running):
-            if (request.status is not running or request.request_id in scheduled
-                    or (request.placeholders and self.awaits_last_token(request))):
+        rest = list(self.running) if speculative else self._schedule_steady_decodes(output,
+                                                                                    budget)
+        for request in rest:
+            if request.status is not running or request.request_id in scheduled:
                 continue
             pending -= 1
             prefilling = request.is_prefilling
@@ -95,15 +102,6 @@ class ContinuousScheduler(Scheduler):
                 if proposal:
                     self._take_verification(output, request, proposal, budget)
                     continue
-            elif not prefilling and budget.tokens and (table := table_with_room(
-                    request, request.num_computed_tokens + 1)) is not None:
-                # the commonest row, a decode whose last block has room: nothing to allocate,
-                # copy or evict, so it is planned at once (what follows would do the same, asking
-                # the budget and the KV manager four more times)
-                output.seqs.append(self.decode_row(request, table))
-                scheduled.add(request.request_id)
-                budget.tokens -= 1
-                continue
             num_tokens = budget.tokens_for(request, prefilling)
             if num_tokens == 0:
                 continue
@@ -115,6 +113,34 @@ class ContinuousScheduler(Scheduler):
                     break
             if request.status is running:
                 self._take(output, request, num_tokens, budget, prefilling)
+
+    def _schedule_steady_decodes(self, output: SchedulerOutput,
+                                 budget: StepBudget) -> list[Request]:
+        """The fast path of `_schedule_running`, for its commonest rows: decodes the KV cache has
+        room for without preempting anyone. It plans the running requests in order while each
+        is one, just as the general loop would (a decode whose last block has room at once:
+        nothing to allocate, copy or evict, so the budget and the KV manager are not asked four
+        more times), and returns the requests from the first that is not one (a prompt chunk,
+        a decode that needs a victim, a spent budget) on, for the general loop."""
+        running = self.running
+        scheduled, seqs, decode_row = budget.scheduled, output.seqs, self.decode_row
+        table_with_room, can_allocate = self.kv.table_with_room, self.kv.can_allocate
+        for index, request in enumerate(running):
+            if request.request_id in scheduled:
+                continue
+            if not budget.tokens or request.is_prefilling:
+                return running[index:]
+            needed = request.num_computed_tokens + 1
+            table = table_with_room(request, needed)
+            if table is not None:
+                seqs.append(decode_row(request, table))
+                scheduled.add(request.request_id)
+                budget.tokens -= 1
+            elif can_allocate(request, needed):       # a new block (or a copy), no victim
+                self._take(output, request, 1, budget, False)
+            else:
+                return running[index:]
+        return []
 
     # --- speculative decoding ------------------------------------------------------------------
     # How many tokens a running decode may propose (k; a draft model's are drafted later, in the

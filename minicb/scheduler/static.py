@@ -23,11 +23,10 @@ class StaticScheduler(Scheduler):
         if not self.running:
             self._form_batch(output)
             return output
-        for request in self.running:
-            if request.finished or self.awaits_last_token(request):
-                output.seqs.append(self.row(request, 1, ghost=True))
-            else:
-                output.seqs.append(self.row(request, 1))
+        planned = self.fully_planned()
+        for request in self.running:      # a member with nothing left to compute: a ghost
+            ghost = request.finished or request.request_id in planned
+            output.seqs.append(self.row(request, 1, ghost=ghost))
         return output
 
     def _form_batch(self, output: SchedulerOutput) -> None:

@@ -35,7 +35,7 @@ from minicb.engine.core import EngineCore, InFlightStep
 from minicb.kv import make_kv_manager
 from minicb.metrics import RequestMetrics, meets_slo
 from minicb.params import SamplingParams
-from minicb.request import Request, RequestStatus
+from minicb.request import Request
 from minicb.scheduler import make_scheduler
 from minicb.sim.cost_model import CostModel, CostModelExecutor
 from minicb.sim.parallel import Link, ModelShape, kv_transfer_time
@@ -96,19 +96,11 @@ class Instance:
             self.scheduler.add_request(request)
 
     def _admit_arrived(self) -> None:
-        """Arrived KV caches join the running batch as decodes while a slot and blocks are free
-        (a request of ours waiting to be recomputed goes first)."""
-        scheduler = self.scheduler
-        while (self.arrived and not scheduler.waiting
-               and len(scheduler.running) < self.config.max_num_seqs):
-            request = self.arrived[0]
-            if not self.kv.can_allocate(request, request.num_computed_tokens + 1,
-                                        reserve_blocks=self.config.watermark_blocks):
-                break
+        """Arrived KV caches join the running batch as decodes, in order of arrival, while the
+        scheduler has a slot and blocks for them (Scheduler.admit_transferred: a request of ours
+        waiting to be recomputed goes first)."""
+        while self.arrived and self.scheduler.admit_transferred(self.arrived[0]):
             self.arrived.popleft()
-            self.kv.allocate(request, request.num_computed_tokens)
-            request.status = RequestStatus.RUNNING
-            scheduler.running.append(request)
 
     def begin_step(self, now: float) -> float | None:
         """Plan a step at `now` and launch it; return when it ends (None: nothing can run now)."""
@@ -231,7 +223,6 @@ def simulate_cluster(workload: Workload, colocated: Pool | None = None,
                         send(request, payload)
         else:
             request, destination = payload
-            request.status, request.times.finished = RequestStatus.WAITING, None
             destination.assigned -= 1
             destination.add(request)
 

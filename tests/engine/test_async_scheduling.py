@@ -191,13 +191,28 @@ def test_the_knob_is_a_flag_and_is_checked():
         EngineConfig(async_scheduling="yes")
 
 
-def test_synchronous_engine_never_commits(monkeypatch):
-    """The synchronous path is unchanged: no plan is committed, no placeholder is made."""
+def test_only_an_overlapping_engine_keeps_overlaps_books(monkeypatch):
+    """The synchronous engine's scheduler has no overlap bookkeeping at all (no commit, no
+    placeholder); the overlapped engine's is its scheduler class with OverlapScheduler mixed in
+    first, and the core refuses to overlap steps without one."""
+    from minicb.engine.core import EngineCore
+    from minicb.scheduler.continuous import ContinuousScheduler
+    from minicb.scheduler.overlap import OverlapScheduler
+
     llm = LLM()
     engine = llm.llm_engine
-    monkeypatch.setattr(engine.scheduler, "commit", lambda plan: pytest.fail("committed"))
-    llm.generate(PROMPTS[:2], SamplingParams(max_tokens=5), use_tqdm=False)
+    assert type(engine.scheduler) is ContinuousScheduler and not hasattr(engine.scheduler,
+                                                                         "commit")
+    monkeypatch.setattr(OverlapScheduler, "commit", lambda self, plan: pytest.fail("committed"))
+    outputs = llm.generate(PROMPTS[:2], SamplingParams(max_tokens=5), use_tqdm=False)
+    assert all(len(o.outputs[0].token_ids) == 5 for o in outputs)
     assert torch.is_tensor(engine.runner.sampled)
+    monkeypatch.undo()
+    overlapped = LLM(async_scheduling=True, scheduler="static").llm_engine.scheduler
+    assert type(overlapped).__mro__[1:3] == (OverlapScheduler, type(LLM(scheduler="static")
+                                                                   .llm_engine.scheduler))
+    with pytest.raises(ValueError, match="overlap=True"):
+        EngineCore(engine.scheduler, engine.core.executor, overlap=True)
 
 
 def test_a_step_copies_to_the_host_once_for_tokens_and_once_for_logprobs(monkeypatch):

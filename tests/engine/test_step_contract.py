@@ -13,7 +13,7 @@ from minicb import LLM, EngineConfig, SamplingParams
 from minicb.config import ResolvedConfig
 from minicb.engine.detokenizer import IncrementalDetokenizer
 from minicb.model.attention import AttentionMetadata
-from minicb.plan import SamplerOutput
+from minicb.plan import ModelRunnerOutput, SamplerOutput
 from minicb.registry import ATTENTION_BACKENDS, KV_CACHES, SCHEDULERS
 from minicb.request import RequestStatus
 from minicb.runner.packing import pack
@@ -117,8 +117,8 @@ def test_update_applies_tokens_logprobs_and_errors(tiny_llama):
     (bad,) = engine.add_request("bad", [8, 9], SamplingParams(max_tokens=3, **GREEDY))
     plan = engine.scheduler.schedule()
     top = {11: -0.5}
-    touched = engine.scheduler.update(plan, SamplerOutput([11, None], [(-0.5, top), None],
-                                                          [None, "sampling failed: boom"]))
+    touched = engine.scheduler.update(plan, ModelRunnerOutput.of(SamplerOutput(
+        [11, None], [(-0.5, top), None], [None, "sampling failed: boom"])))
     assert touched == [ok, bad]
     assert ok.output_token_ids == [11] and ok.logprobs == [(-0.5, top)]
     assert bad.status is RequestStatus.FINISHED_ERROR and bad.error == "sampling failed: boom"
@@ -134,7 +134,7 @@ def test_eos_stop_ids_and_lengths_are_checked_by_the_scheduler(tiny_llama):
     (by_len,) = engine.add_request("len", [5, 6, 7, 8, 9, 10, 11], SamplingParams(max_tokens=5,
                                                                                  **GREEDY))
     plan = engine.scheduler.schedule()
-    engine.scheduler.update(plan, [eos, 42, 7])
+    engine.scheduler.update(plan, ModelRunnerOutput.of([eos, 42, 7]))
     assert (by_eos.status, by_id.status, by_len.status) == (RequestStatus.FINISHED_STOPPED,
                                                             RequestStatus.FINISHED_STOPPED,
                                                             RequestStatus.FINISHED_LENGTH)

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from minicb.config import EngineConfig
 from minicb.kv import ContiguousKVManager, PagedKVManager, make_kv_manager
 from minicb.params import SamplingParams
+from minicb.plan import ModelRunnerOutput
 from minicb.request import Request, RequestStatus
 from minicb.scheduler import make_scheduler
 
@@ -96,7 +97,7 @@ def test_scheduler_with_aborts_never_leaks(kind, scheduler, lengths, aborts, num
         if scheduler == "continuous":
             assert plan.num_tokens <= config.max_num_batched_tokens
             assert len(plan.seqs) <= config.max_num_seqs
-        sched.update(plan, [7] * sum(s.needs_logits for s in plan.seqs))
+        sched.update(plan, ModelRunnerOutput.of([7] * sum(s.needs_logits for s in plan.seqs)))
     assert not sched.has_unfinished(), "the workload did not finish"
     assert kv.num_free_blocks() == kv.num_blocks, "blocks leaked after every request ended"
     for request in requests:

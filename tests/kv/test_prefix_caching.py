@@ -16,6 +16,7 @@ from minicb import LLM, SamplingParams
 from minicb.config import EngineConfig
 from minicb.kv import PagedKVManager, make_kv_manager
 from minicb.kv.prefix import PrefixCache
+from minicb.plan import ModelRunnerOutput
 from minicb.request import Request, RequestStatus
 from minicb.scheduler import make_scheduler
 
@@ -307,8 +308,9 @@ def test_blocks_are_never_lost_or_double_booked(specs, aborts, num_blocks, cachi
                     tuple(request.all_token_ids[:position
                                                 + 1]), f"{request} reads wrong KV at {position}"
         check_blocks(kv, scheduler.running, scheduler.waiting)
-        scheduler.update(plan, [next_token(s.request.all_token_ids, seeds[s.request.request_id])
-                                for s in plan.seqs if s.needs_logits])
+        scheduler.update(plan, ModelRunnerOutput.of([
+            next_token(s.request.all_token_ids, seeds[s.request.request_id])
+            for s in plan.seqs if s.needs_logits]))
     assert not scheduler.has_unfinished(), "the workload did not finish"
     for request in everyone:
         seed, max_tokens = seeds[request.request_id], request.params.max_tokens

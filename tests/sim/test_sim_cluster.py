@@ -265,6 +265,69 @@ def test_a_decode_instance_admits_arrived_caches_only_into_free_slots():
     assert late[0] == pytest.approx(1.4) and late[1] == pytest.approx(7.4)
 
 
+def test_the_simulators_change_scheduler_and_request_state_only_through_the_scheduler():
+    """The simulators are the engine with the model swapped: no queue, KV pool, status or finish
+    time is changed by hand in minicb/sim (a transfer's arrival goes through
+    Scheduler.admit_transferred)."""
+    import ast
+    from pathlib import Path
+
+    sim = Path(__file__).resolve().parents[2] / "minicb" / "sim"
+    owned = {"status", "finished", "finished_step", "num_computed_tokens", "output_token_ids",
+             "running", "waiting", "placeholders"}
+    found = []
+    for path in sorted(sim.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets = (node.targets if isinstance(node, ast.Assign) else
+                       [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else [])
+            for target in targets:
+                for leaf in ast.walk(target):
+                    if isinstance(leaf, ast.Attribute) and leaf.attr in owned:
+                        found.append(f"{path.name}:{node.lineno} sets .{leaf.attr}")
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                owner = node.func.value
+                if isinstance(owner, ast.Attribute) and (
+                        owner.attr in ("running", "waiting", "placeholders", "output_token_ids")
+                        or owner.attr == "kv" and node.func.attr in ("allocate", "free", "fork",
+                                                                     "truncate")):
+                    found.append(f"{path.name}:{node.lineno} calls .{owner.attr}."
+                                 f"{node.func.attr}")
+    assert not found, found
+
+
+def test_admit_transferred_takes_a_slot_and_blocks_or_nothing():
+    from minicb.config import EngineConfig
+    from minicb.kv import make_kv_manager
+    from minicb.params import SamplingParams
+    from minicb.request import Request, RequestStatus
+    from minicb.scheduler import make_scheduler
+
+    config = EngineConfig(max_model_len=64, max_num_seqs=2, block_size=4,
+                          num_kv_blocks=16).resolve(64)
+    kv = make_kv_manager("paged", 16, 4, 64, False)
+    scheduler = make_scheduler(config, kv, lambda: 5.0)
+
+    def arrived(name: str, computed: int) -> Request:
+        """A request a prefill instance finished at its first token."""
+        request = Request(name, [1] * computed, SamplingParams(max_tokens=8, ignore_eos=True))
+        request.num_computed_tokens, request.output_token_ids = computed, [7]
+        request.status, request.times.finished = RequestStatus.FINISHED_LENGTH, 1.0
+        return request
+
+    first, second, third = arrived("a", 30), arrived("b", 32), arrived("c", 4)
+    assert scheduler.admit_transferred(first)
+    assert first.status is RequestStatus.RUNNING and first.times.finished is None
+    assert len(kv.block_table(first)) == 8 and scheduler.running == [first]
+    assert not scheduler.admit_transferred(second)     # 8 blocks left; its 32 + 1 tokens need 9
+    assert second.status is RequestStatus.FINISHED_LENGTH
+    assert kv.block_table(second) == [] and kv.num_free_blocks() == 8
+    assert scheduler.admit_transferred(third)
+    assert not scheduler.admit_transferred(arrived("d", 1))   # no slot left
+    plan = scheduler.schedule()                                # they decode here
+    assert [(s.request, s.is_decode, s.start) for s in plan.seqs] == [(first, True, 30),
+                                                                      (third, True, 4)]
+
+
 def test_bad_clusters_are_refused_with_the_fix():
     one = workload((10, 2, 0.0))
     with pytest.raises(ValueError, match="either colocated"):
