@@ -144,9 +144,10 @@ def summarize(runs: list[dict]) -> list[dict]:
 
 
 def verdicts(runs: list[dict], first: str, second: str) -> list[dict]:
-    """At each rate both served: first ÷ second for throughput and p95 TTFT, repeat by repeat
-    (each repeat ran the two in turn), read by the book's one rule (minicb.repeats): the median
-    of those ratios, the direction ("higher", "lower" or "no direction") and the sentence."""
+    """At each rate both served: first ÷ second for throughput, p95 TTFT and TPOT (p50, p95),
+    repeat by repeat (each repeat ran the two in turn), read by the book's one rule
+    (minicb.repeats): the median of those ratios, the direction ("higher", "lower" or "no
+    direction") and the sentence."""
     by = {(r["server"], r["request_rate"], r["repeat"]): r for r in runs}
     out = []
     for rate in sorted({rate for name, rate, _ in by if name == first}):
@@ -155,7 +156,8 @@ def verdicts(runs: list[dict], first: str, second: str) -> list[dict]:
         if not pairs:
             continue
         row = {"request_rate": rate, "pair": f"{first} vs {second}"}
-        for key, metric in (("throughput", "output_throughput"), ("ttft_p95", "ttft_p95_s")):
+        for key, metric in (("throughput", "output_throughput"), ("ttft_p95", "ttft_p95_s"),
+                            ("tpot_p50", "tpot_p50_ms"), ("tpot_p95", "tpot_p95_ms")):
             ratios = [a[metric] / b[metric] for a, b in pairs]
             row[f"{key}_ratio"] = spread(ratios)["median"]
             row[key] = verdict(ratios)
@@ -241,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     print("\n" + format_summary(record["summary"]) + "\n")
     for v in record["verdicts"]:
         print(f"{v['request_rate']:g}/s {v['pair']}: throughput {v['throughput_ratio']:.2f}x "
-              f"({v['throughput']}), p95 TTFT {v['ttft_p95_ratio']:.2f}x ({v['ttft_p95']})")
+              f"({v['throughput']}), p95 TTFT {v['ttft_p95_ratio']:.2f}x ({v['ttft_p95']}), "
+              f"TPOT p50 {v['tpot_p50_ratio']:.2f}x ({v['tpot_p50']})")
     print(f"\nresults: {json_path} and .png ({record['wall_time_s']:.0f} s)")
     return 0 if all(not r["failed"] for r in record["runs"]) else 1

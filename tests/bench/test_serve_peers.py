@@ -41,6 +41,7 @@ def test_a_direction_needs_five_agreeing_repeats_and_the_size_is_read_apart():
     assert verdict["ttft_p95"] == "lower"
     assert verdict["ttft_p95_reading"].startswith("lower in every one of 5 alternated repeats")
     assert verdicts(runs, "naive", "continuous")[0]["ttft_p95"] == "higher"
+    assert verdict["tpot_p50"] == "no direction"          # every repeat's TPOT the same: ties
     four = [r for r in runs if r["repeat"] < 4]     # four repeats never give a direction
     assert verdicts(four, "continuous", "naive")[0]["ttft_p95"] == "no direction"
     table = format_summary(summary).splitlines()
