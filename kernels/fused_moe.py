@@ -94,7 +94,7 @@ def _grouped_product(a: torch.Tensor, w: torch.Tensor, align: Alignment, num_pai
     if a.stride(-1) != 1 or not w.is_contiguous():
         raise ValueError("the fused MoE kernel reads rows of A and whole expert weights "
                          "contiguous in their last dimension; call .contiguous()")
-    out = a.new_empty(num_pairs, w.shape[1])
+    out = a.new_zeros(num_pairs, w.shape[1])    # a pair no block computes stays zero
     opts = moe_launch(a.dtype)
     if align.block_experts.numel() * opts["BLOCK_M"] != align.sorted_pairs.numel():
         raise ValueError(f"the alignment's blocks must be {opts['BLOCK_M']} rows "
@@ -107,14 +107,26 @@ def _grouped_product(a: torch.Tensor, w: torch.Tensor, align: Alignment, num_pai
     return out
 
 
-def fused_moe_triton(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
-                     weights: torch.Tensor, ids: torch.Tensor, align: Alignment) -> torch.Tensor:
-    """The same arguments and result as the reference ``fused_moe_torch`` (``align`` built with
-    block_size 16); no host round trip, so a CUDA graph can capture it."""
+def moe_experts_triton(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
+                       weights: torch.Tensor, ids: torch.Tensor, align: Alignment,
+                       first_expert: int = 0) -> torch.Tensor:
+    """The same arguments and result as the reference ``moe_experts_torch`` (``align`` built
+    with block_size 16): [tokens, top_k, hidden], zero for a pair routed to an expert ``w_*`` do
+    not hold. No host round trip, so a CUDA graph can capture it."""
     tokens, top_k = ids.shape
     pairs = tokens * top_k
+    if first_expert or w_down.shape[0] != align.counts.numel():   # an expert-parallel share
+        local = align.block_experts - first_expert
+        align = align._replace(block_experts=torch.where(
+            (local >= 0) & (local < w_down.shape[0]), local, -1))
     gate_up = _grouped_product(x, w_gate_up, align, pairs, top_k, None)
     gate, up = gate_up.chunk(2, dim=-1)
     act = (F.silu(gate) * up).contiguous()
     out = _grouped_product(act, w_down, align, pairs, 1, weights.reshape(-1).float())
-    return combine(out.view(tokens, top_k, -1))
+    return out.view(tokens, top_k, -1)
+
+
+def fused_moe_triton(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
+                     weights: torch.Tensor, ids: torch.Tensor, align: Alignment) -> torch.Tensor:
+    """The whole fused-MoE product, every expert held: the experts' outputs, then ``combine``."""
+    return combine(moe_experts_triton(x, w_gate_up, w_down, weights, ids, align))

@@ -55,25 +55,35 @@ def align_by_expert(ids: torch.Tensor, num_experts: int, block_size: int) -> Ali
     return Alignment(sorted_pairs, block_experts, counts)
 
 
-def fused_moe_torch(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
-                    weights: torch.Tensor, ids: torch.Tensor, align: Alignment) -> torch.Tensor:
+def moe_experts_torch(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
+                      weights: torch.Tensor, ids: torch.Tensor, align: Alignment,
+                      first_expert: int = 0) -> torch.Tensor:
     """Every touched expert once on its rows (a grouped product over the experts the step chose;
-    an untouched expert's weights are never read), each output scaled by its routing weight,
-    then each token's k outputs summed in ascending expert id (the module's note)."""
+    an untouched expert's weights are never read), each output scaled by its routing weight:
+    [tokens, top_k, hidden], a token's slots in ascending expert id. `w_*` hold experts
+    first_expert, first_expert + 1, ... (an expert-parallel rank's share); a pair routed to an
+    expert they do not hold stays zero."""
     tokens, top_k = ids.shape
     flat_weights = weights.reshape(-1, 1)
     contributions = x.new_zeros(tokens * top_k, x.shape[1])
     start = 0
     # block_size 1 in the torch path: the groups are back to back, and the counts say where
     for expert, count in enumerate(align.counts.tolist()):
-        if count == 0:
-            continue
         pairs = align.sorted_pairs[start:start + count]
         start += count
-        gate, up = F.linear(x[pairs // top_k], w_gate_up[expert]).chunk(2, dim=-1)
-        out = F.linear(F.silu(gate) * up, w_down[expert])
+        local = expert - first_expert
+        if count == 0 or not 0 <= local < w_down.shape[0]:
+            continue
+        gate, up = F.linear(x[pairs // top_k], w_gate_up[local]).chunk(2, dim=-1)
+        out = F.linear(F.silu(gate) * up, w_down[local])
         contributions[pairs] = (out * flat_weights[pairs]).to(x.dtype)
-    return combine(contributions.view(tokens, top_k, -1))
+    return contributions.view(tokens, top_k, -1)
+
+
+def fused_moe_torch(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
+                    weights: torch.Tensor, ids: torch.Tensor, align: Alignment) -> torch.Tensor:
+    """The whole fused-MoE product, every expert held: the experts' outputs, then `combine`."""
+    return combine(moe_experts_torch(x, w_gate_up, w_down, weights, ids, align))
 
 
 def combine(contributions: torch.Tensor) -> torch.Tensor:

@@ -55,7 +55,8 @@ ATTENTION_BACKENDS = Registry("attention", {"torch": "minicb.model.attention:tor
                                             "triton": "minicb.model.attention:triton_backend",
                                             "cpu": "minicb.model.attention:cpu_backend"},
                               aliases=("auto",))
-# the fused mixture-of-experts product (minicb.model.moe): torch on a CPU, Triton on a GPU
+# the experts' part of the fused mixture-of-experts product (minicb.model.moe): torch on a CPU,
+# Triton on a GPU
 MOE_KERNELS = Registry("moe_kernel",
-                       {"torch": "minicb.kernels.fused_moe_reference:fused_moe_torch",
-                        "triton": "minicb.kernels.fused_moe:fused_moe_triton"})
+                       {"torch": "minicb.kernels.fused_moe_reference:moe_experts_torch",
+                        "triton": "minicb.kernels.fused_moe:moe_experts_triton"})

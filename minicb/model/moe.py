@@ -30,7 +30,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from minicb.kernels.fused_moe_reference import align_by_expert
+from minicb.kernels.fused_moe_reference import align_by_expert, combine
+from minicb.registry import MOE_KERNELS
 
 
 @dataclass(frozen=True)
@@ -166,18 +167,34 @@ class SparseMoeBlock(nn.Module):
         self.shared_expert_gate = (nn.Linear(hidden, 1, bias=False)
                                    if shared_expert is not None else None)
         self.load = None          # an ExpertLoad (minicb.model.expert_load) and this layer's row
+        self.first_expert, self.group = 0, None   # the experts held, from split_experts
         self.load_row = 0
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        from minicb.registry import MOE_KERNELS
+    def split_experts(self, rank: int, size: int, group) -> None:
+        """Expert parallelism: keep only this rank's num_experts / size whole experts (the
+        router and a shared expert stay whole on every rank). Each rank computes the outputs of
+        the (token, slot) pairs routed to its experts, zeros for the others; `group.all_reduce`
+        then sums the ranks' tensors. Each pair is nonzero on one rank only, so the sum adds
+        zeros and is exact: the tokens' outputs are those of one rank holding every expert."""
+        per_rank = self.moe.num_experts // size
+        first = rank * per_rank
+        for name in ("w_gate_up", "w_down"):
+            weight = getattr(self, name).detach()[first:first + per_rank].clone()
+            setattr(self, name, nn.Parameter(weight, requires_grad=False))
+        self.first_expert, self.group = first, group
 
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = route(self.gate(x), self.moe.top_k, self.moe.renormalize,
                              self.moe.float32_weights)
         kernel = "triton" if x.is_cuda else "torch"
         align = align_by_expert(ids, self.moe.num_experts, 16 if kernel == "triton" else 1)
         if self.load is not None:
             self.load.record(self.load_row, align.counts)
-        out = MOE_KERNELS.get_part(kernel)(x, self.w_gate_up, self.w_down, weights, ids, align)
+        outputs = MOE_KERNELS.get_part(kernel)(x, self.w_gate_up, self.w_down, weights, ids,
+                                               align, self.first_expert)
+        if self.group is not None:      # expert parallel: every pair's output from its rank
+            self.group.all_reduce(outputs)
+        out = combine(outputs)
         if self.shared_expert is not None:
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
         return out

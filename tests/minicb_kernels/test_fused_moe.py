@@ -58,3 +58,25 @@ def test_misaligned_blocks_are_refused():
     weights, ids = route(logits, 2, renormalize=True, float32_weights=False)
     with pytest.raises(ValueError, match="block_size=16"):
         fused_moe_triton(x, w_gate_up, w_down, weights, ids, align_by_expert(ids, 8, 4))
+
+
+def test_two_shares_of_the_experts_add_up_to_all_of_them():
+    """Expert parallelism's arithmetic: two ranks holding experts 0-3 and 4-7 compute disjoint
+    pairs (zeros elsewhere), so their sum is the one-rank result exactly in torch, and to
+    rounding through the kernel."""
+    from minicb.kernels.fused_moe import moe_experts_triton
+    from minicb.kernels.fused_moe_reference import moe_experts_torch
+
+    x, w_gate_up, w_down, logits = _problem(9, 8, 2, 64, 32, seed=9)
+    weights, ids = route(logits, 2, renormalize=True, float32_weights=False)
+    full = moe_experts_torch(x, w_gate_up, w_down, weights, ids, align_by_expert(ids, 8, 1))
+    for experts, block_size in ((moe_experts_torch, 1), (moe_experts_triton, 16)):
+        align = align_by_expert(ids, 8, block_size)
+        low, high = (experts(x, w_gate_up[f:f + 4], w_down[f:f + 4], weights, ids, align, f)
+                     for f in (0, 4))
+        held_low = (ids < 4)[..., None]
+        assert (low * ~held_low == 0).all() and (high * held_low == 0).all()
+        if experts is moe_experts_torch:
+            assert torch.equal(low + high, full)
+        else:
+            torch.testing.assert_close(low + high, full, rtol=1e-5, atol=1e-5)
