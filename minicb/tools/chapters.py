@@ -34,11 +34,13 @@ def chapter_file(folder: Path, number: str) -> Path:
 
 
 def load_chapter(folder: Path, number: str) -> ModuleType:
-    """Chapter `number`'s module from `folder`, imported once per process as graded_<name>."""
+    """Chapter `number`'s module from `folder`, imported once per process as graded_<name> (a
+    process that grades another folder next imports that folder's file in its place)."""
     name = f"graded_{CHAPTERS[number]}"
-    if name in sys.modules:
-        return sys.modules[name]
     path = chapter_file(folder, number)
+    loaded = sys.modules.get(name)
+    if loaded is not None and Path(loaded.__file__).resolve() == path.resolve():
+        return loaded
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing: the graded folder must hold "
                                 f"{path.name} (a copy of exercises/).")

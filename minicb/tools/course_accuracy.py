@@ -96,13 +96,17 @@ def accuracy_gate(folder: Path, reference: Path, parts: tuple[str, ...],
     except (RuntimeError, subprocess.TimeoutExpired) as error:
         return GateResult(False, f"the engine with your parts could not score the tasks: {error}",
                           {})
-    theirs = _score_in_new_process(reference, parts, knobs)
+    return compare_scores(yours, _score_in_new_process(reference, parts, knobs))
+
+
+def compare_scores(yours: dict[str, list[bool]], theirs: dict[str, list[bool]]) -> GateResult:
+    """The gate's reading of two item-by-item results: each task's score in points, within
+    TOLERANCE_POINTS of the reference's, and which items came out differently."""
     scores, words, passed = {}, [], True
     for task in theirs:
         mine, ref = (100 * sum(items) / len(items) for items in (yours[task], theirs[task]))
         scores[task] = (mine, ref)
-        ok = abs(mine - ref) <= TOLERANCE_POINTS
-        passed &= ok
+        passed &= abs(mine - ref) <= TOLERANCE_POINTS
         changed = [i for i, (a, b) in enumerate(zip(yours[task], theirs[task])) if a != b]
         words.append(f"{task} {mine:.1f} (reference {ref:.1f}"
                      + (f"; items {changed[:8]} differ" if changed else "") + ")")

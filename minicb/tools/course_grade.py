@@ -74,8 +74,8 @@ def grade_milestone(folder: Path, number: str, checks: list[Check],
 def _value(values: list[float]) -> str:
     if not values:
         return "-"
-    values = sorted(values)
-    return f"{values[len(values) // 2]:.3g}"
+    middle = sorted(values)[len(values) // 2]
+    return f"{middle:.0f}" if middle >= 100 else f"{middle:.3g}"
 
 
 def measured_rows(grade: MilestoneGrade) -> list[list[str]]:
@@ -114,7 +114,7 @@ def milestone_card(grade: MilestoneGrade) -> str:
 
 
 def performance_points(grade: MilestoneGrade) -> tuple[float, float]:
-    return sum(r.points for r in grade.bars), sum(r.bar.points for r in grade.milestone.bars)
+    return sum(r.points for r in grade.bars), sum(b.points for b in grade.milestone.bars)
 
 
 def gradescope_tests(grade: MilestoneGrade) -> list[dict]:

@@ -183,9 +183,11 @@ def chapter_card(chapter: str, mine: list[Check], folder: Path | None = None,
     start = None
     if stubs and folder is not None:
         found = first_stub(folder / f"{CHAPTERS[chapter]}.py")
+        smallest = next((c.name for c in mine if "worked_examples" in c.name), stubs[0].name)
         if found:
             start = (f"write {found[0]} first ({CHAPTERS[chapter]}.py line {found[1]}); the "
-                     "smallest check is worked_examples, the examples in its docstrings")
+                     f"smallest check is {smallest}"
+                     + (", the examples in its docstrings" if "worked" in smallest else ""))
     lines = [head + (f": not started; {start}" if start and not passed and len(stubs) == len(mine)
                      else "")]
     for check in mine:

@@ -23,13 +23,31 @@ def state(kv) -> tuple:
             list(kv.allocator.ref_counts), kv.num_free_blocks())
 
 
+def own_history(history: list[tuple[str, str]], parents: dict[str, str], rid: str) -> str:
+    """The calls that made request `rid` what it is: its own, and those of the requests it was
+    forked from, up to the fork (the cause of a wrong table is usually there, not in the last
+    few calls of other requests)."""
+    lineage, cut = {rid: len(history)}, rid
+    while cut in parents:
+        fork_at = next(i for i, (who, call) in enumerate(history)
+                       if who == cut and call.startswith("fork("))
+        cut = parents[cut]
+        lineage[cut] = fork_at
+    calls = [call for i, (who, call) in enumerate(history) if i < lineage.get(who, -1) + 1]
+    shown = calls[-12:]
+    more = f"({len(calls) - len(shown)} earlier calls not shown)\n  " if len(calls) > 12 else ""
+    return f"the calls on {rid}" + (" and the requests it was forked from" if len(lineage) > 1
+                                    else "") + ":\n  " + more + "\n  ".join(shown)
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_ch04_manager_behaves_like_minicbs(seed):
     """Random grow/free/fork of requests, side by side with minicb's PagedKVManager."""
     rng = random.Random(seed)
     yours, minicb = ch04.PagedManager(12, 4), PagedKVManager(12, 4)
     lengths: dict[str, int] = {}           # request id → tokens it holds
-    history: list[str] = []
+    history: list[tuple[str, str]] = []    # (request id, the call), in order
+    parents: dict[str, str] = {}           # a fork's child → its parent
     for step in range(250):
         move = rng.choice(["new", "grow", "grow", "grow", "free", "fork"])
         if move in ("grow", "free", "fork") and not lengths:
@@ -51,7 +69,8 @@ def test_ch04_manager_behaves_like_minicbs(seed):
                 call = f"fork({parent} → {rid}, {lengths[parent]} tokens)"
                 assert got == expected, f"{call} should return {expected}, yours returned {got}"
                 lengths[rid] = lengths[parent]
-                history.append(call)
+                parents[rid] = parent
+                history.append((rid, call))
                 grow = 1                   # a sample writes its next token right after the fork
             else:
                 rid = f"r{step}" if move == "new" else rng.choice(sorted(lengths))
@@ -61,9 +80,8 @@ def test_ch04_manager_behaves_like_minicbs(seed):
             expected, got = minicb.can_allocate(request, target), yours.can_allocate(request,
                                                                                      target)
             call = f"can_allocate({rid}, {target})"
-            recent = "\n  ".join(history[-6:])
-            assert got == expected, (f"{call} should be {expected}, yours {got}; before it:\n  "
-                                     f"{recent}")
+            assert got == expected, (f"{call} should be {expected}, yours {got}; before it, "
+                                     f"{own_history(history, parents, rid)}")
             if expected:
                 before = yours.block_table(request)
                 held = list(before)           # what a plan made before this call holds
@@ -76,15 +94,15 @@ def test_ch04_manager_behaves_like_minicbs(seed):
                 lengths[rid] = target
             elif lengths[rid] == 0:
                 del lengths[rid]
-        history.append(call)
-        recent = "\n  ".join(history[-6:])
+        history.append((rid, call))
+        recent = own_history(history, parents, rid)
         want_copies, got_copies = minicb.pop_block_copies(), yours.pop_block_copies()
         assert got_copies == want_copies, (
             f"after {call}, the block copies (source, destination) should be {want_copies}, "
-            f"yours {got_copies}; the operations:\n  {recent}")
+            f"yours {got_copies}; {recent}")
         assert state(yours) == state(minicb), (
             f"after {call}: block tables, reference counts and free blocks should be "
-            f"{state(minicb)}, yours {state(yours)}; the operations:\n  {recent}")
+            f"{state(minicb)}, yours {state(yours)}; {recent}")
     for rid in list(lengths):
         yours.free(SimpleNamespace(request_id=rid))
     assert yours.num_free_blocks() == 12, \
