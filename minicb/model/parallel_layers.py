@@ -15,6 +15,11 @@ The embedding and the LM head are replicated, not split by vocabulary: they are 
 the weights of the models minicb runs, and a split would add an all-gather of the logits every
 step. Only rank 0 samples, so only rank 0 runs the head (minicb/engine/tp_executor.py).
 
+A mixture of experts splits its sparse layers by expert instead (expert parallelism, as vLLM's
+enable_expert_parallel): each rank holds num_experts / size whole experts and computes the
+outputs routed to them, and one all-reduce per sparse layer gathers them
+(SparseMoeBlock.split_experts). Attention stays tensor-parallel over the same ranks.
+
 Grouped-query attention: where the model has at least as many KV heads as ranks, each rank holds
 its own KV heads; with fewer, a KV head is replicated on the ranks whose query heads read it.
 Each rank's KV pool then holds only the KV heads it holds here.
@@ -28,7 +33,8 @@ from typing import Protocol
 import torch
 from torch import nn
 
-from minicb.model.llama import MLP, LlamaForCausalLM, ModelArgs
+from minicb.model.llama import LlamaForCausalLM, ModelArgs
+from minicb.model.moe import SparseMoeBlock
 
 
 class AllReduce(Protocol):
@@ -81,11 +87,12 @@ def valid_sizes(args: ModelArgs) -> list[int]:
 
 def check_split(model: LlamaForCausalLM, size: int) -> None:
     """Refuse, naming the sizes that work, a tensor_parallel_size the model cannot be split into
-    (and a model with layers other than dense ones, which these linears do not split)."""
+    (a mixture of experts: also one whose experts do not split evenly over the ranks)."""
     args = model.args
-    if size > 1 and not all(isinstance(layer.mlp, MLP) for layer in model.model.layers):
-        raise ValueError("tensor_parallel_size > 1 splits dense models only; this model has "
-                         "mixture-of-experts layers. Use tensor_parallel_size=1.")
+    if args.moe is not None and args.moe.num_experts % size:
+        raise ValueError(f"tensor_parallel_size={size} cannot split the {args.moe.num_experts} "
+                         "experts evenly (expert parallelism gives each rank whole experts); "
+                         "use a size that divides the number of experts.")
     if size not in valid_sizes(args):
         raise ValueError(
             f"tensor_parallel_size={size} cannot split this model: it has {args.num_heads} query "
@@ -118,10 +125,14 @@ def shard_model(model: LlamaForCausalLM, rank: int, size: int,
         attn.v_proj = ColumnParallelLinear(attn.v_proj, *kv_rows)
         attn.o_proj = RowParallelLinear(attn.o_proj, *q_rows, group)
         attn.num_heads, attn.num_kv_heads = heads, kv_heads
+        attn.qkv_proj = None        # fused again below, from this rank's slices
+        if isinstance(mlp, SparseMoeBlock):   # expert parallel: whole experts per rank
+            mlp.split_experts(rank, size, group)
+            continue
         mlp.gate_proj = ColumnParallelLinear(mlp.gate_proj, *mlp_rows)
         mlp.up_proj = ColumnParallelLinear(mlp.up_proj, *mlp_rows)
         mlp.down_proj = RowParallelLinear(mlp.down_proj, *mlp_rows, group)
-        attn.qkv_proj = mlp.gate_up_proj = None     # fused again below, from this rank's slices
+        mlp.gate_up_proj = None
     model.args = replace(args, num_heads=heads, num_kv_heads=kv_heads,
                          intermediate_size=features)
     model.fuse_projections()
