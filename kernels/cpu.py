@@ -4,7 +4,7 @@ through ctypes: paged attention (``cpu_attention.c``), the small-batch matrix pr
 entry points, and the fused layer's arguments as one struct, are declared in ``cpu_kernels.h``;
 :class:`LayerArgs` mirrors that struct field by field. Activations are float32; weights may be
 float32, bfloat16 or int8 with per-channel scales, the KV cache float32, bfloat16 or int8 with
-per-(token, head) scales (``DTYPE_CODES``).
+a scale per (token, KV head) inside its block (``DTYPE_CODES``, ``KV_SCALE_BYTES``).
 
 The library is built once per instruction set (kernels/isa.py: AVX2, AVX-512, AVX-512 BF16) and
 the widest build the CPU runs is loaded; ``$MINICB_CPU_ISA`` forces one.
@@ -45,6 +45,8 @@ LIBRARY = "libminicb_cpu_kernels"
 # enum minicb_dtype (cpu_kernels.h): how a weight matrix or the KV cache is stored
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2}
 MAX_HEAD_DIM = 256      # MINICB_MAX_HEAD_DIM: the attention kernel's scratch row for one head
+# MINICB_KV_SCALE_BYTES: an int8 cache row is head_dim values, then its float32 scale's 4 bytes
+KV_SCALE_BYTES = 4
 
 
 class CPUKernelUnavailable(RuntimeError):
@@ -157,7 +159,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     """The entry points' argument and result types, as cpu_kernels.h declares them."""
     p, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_float
     lib.minicb_paged_attention.restype = ctypes.c_int
-    lib.minicb_paged_attention.argtypes = [p] * 5 + [i32] + [p] * 4 + [i64] * 8 + [f32, i32]
+    lib.minicb_paged_attention.argtypes = [p] * 3 + [i32] + [p] * 4 + [i64] * 8 + [f32, i32]
     lib.minicb_linear.restype = ctypes.c_int
     lib.minicb_linear.argtypes = [p] * 3 + [i32] + [p] * 2 + [i64] * 3
     lib.minicb_decode_layer.restype = ctypes.c_int
@@ -182,8 +184,8 @@ class LayerArgs(ctypes.Structure):
         ("w_gate_up", _p), ("b_gate_up", _p), ("w_down", _p), ("b_down", _p),
         ("s_qkv", _p), ("s_o", _p), ("s_gate_up", _p), ("s_down", _p),   # int8 weights' scales
         ("cos", _p), ("signed_sin", _p),                 # the step, shared by every layer
-        ("k_cache", _p), ("v_cache", _p), ("k_scale", _p), ("v_scale", _p),
-        ("slot_mapping", _p), ("seq_lens", _p), ("block_tables", _p),
+        ("k_cache", _p), ("v_cache", _p), ("slot_mapping", _p), ("seq_lens", _p),
+        ("block_tables", _p),
         ("h", _p), ("qkv", _p), ("attn", _p), ("gate_up", _p), ("act", _p),   # scratch rows
         ("x_round", _p),
         ("m", _i64), ("hidden", _i64), ("intermediate", _i64), ("q_heads", _i64),
@@ -230,45 +232,35 @@ def _require_typed(name: str, t: torch.Tensor, fix: str = "") -> int:
     return DTYPE_CODES[t.dtype]
 
 
-def cache_format(k_cache: torch.Tensor, v_cache: torch.Tensor, k_scale: torch.Tensor | None,
-                 v_scale: torch.Tensor | None) -> tuple[int, int | None, int | None]:
-    """(format code, k scales' address, v scales') of a KV cache [num_blocks, block_size,
-    kv_heads, head_dim]; an int8 cache needs its float32 scales [num_blocks, block_size,
-    kv_heads], the others none."""
+def cache_format(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[int, int]:
+    """(format code, head_dim) of a KV cache [num_blocks, block_size, kv_heads, row]: a row is
+    head_dim float32 or bfloat16 values, or for int8 head_dim values and then the 4 bytes of
+    their float32 scale (minicb.model.quant.pack_kv_int8)."""
     code = _require_typed("k_cache", k_cache)
     if v_cache.dtype != k_cache.dtype or v_cache.shape != k_cache.shape:
         raise ValueError(f"k_cache {tuple(k_cache.shape)} {k_cache.dtype} and v_cache "
                          f"{tuple(v_cache.shape)} {v_cache.dtype} must match.")
     _require("v_cache", v_cache, v_cache.dtype)
-    if k_cache.shape[3] > MAX_HEAD_DIM:
-        raise ValueError(f"head_dim {k_cache.shape[3]} exceeds the CPU kernel's {MAX_HEAD_DIM}; "
-                         "use attention='torch'.")
-    if k_cache.dtype != torch.int8:
-        if k_scale is not None or v_scale is not None:
-            raise ValueError(f"a {k_cache.dtype} cache has no scales; pass none.")
-        return code, None, None
-    for name, t in (("k_scale", k_scale), ("v_scale", v_scale)):
-        if t is None or t.shape != k_cache.shape[:3]:
-            raise ValueError(f"an int8 cache needs {name} [num_blocks, block_size, kv_heads] = "
-                             f"{list(k_cache.shape[:3])}, got "
-                             f"{None if t is None else list(t.shape)}.")
-        _require(name, t, torch.float32)
-    return code, k_scale.data_ptr(), v_scale.data_ptr()
+    head_dim = k_cache.shape[3] - (KV_SCALE_BYTES if k_cache.dtype == torch.int8 else 0)
+    if not 0 < head_dim <= MAX_HEAD_DIM:
+        raise ValueError(f"a cache row of {k_cache.shape[3]} {k_cache.dtype} holds head_dim "
+                         f"{head_dim}; the CPU kernel takes 1 to {MAX_HEAD_DIM}. Use "
+                         "attention='torch'.")
+    return code, head_dim
 
 
 def paged_attention_cpu(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                         cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor,
                         block_tables: torch.Tensor, scale: float, decodes_only: bool = False,
-                        out: torch.Tensor | None = None, k_scale: torch.Tensor | None = None,
-                        v_scale: torch.Tensor | None = None) -> torch.Tensor:
+                        out: torch.Tensor | None = None) -> torch.Tensor:
     """Attend a packed batch over the paged cache; same contract as the Triton ``paged_attention``.
 
     q [num_tokens, q_heads, head_dim] must be float32, the caches [num_blocks, block_size,
-    kv_heads, head_dim] float32, bfloat16 or int8 (with k_scale and v_scale, see cache_format),
-    all contiguous and on the CPU; the index tensors int32.
+    kv_heads, row] float32, bfloat16 or int8 with its scales (cache_format), all contiguous and
+    on the CPU; the index tensors int32.
     """
     _require("q", q, torch.float32, "use attention='torch' for other dtypes and devices")
-    kv_dtype, k_scales, v_scales = cache_format(k_cache, v_cache, k_scale, v_scale)
+    kv_dtype, cache_head_dim = cache_format(k_cache, v_cache)
     for name, t in (("cu_seqlens_q", cu_seqlens_q), ("seq_lens", seq_lens),
                     ("block_tables", block_tables)):
         _require(name, t, torch.int32)
@@ -276,6 +268,8 @@ def paged_attention_cpu(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
     num_blocks, block_size, kv_heads, _ = k_cache.shape
     if q_heads % kv_heads:
         raise ValueError(f"{q_heads} query heads do not divide into {kv_heads} KV heads.")
+    if head_dim != cache_head_dim:
+        raise ValueError(f"q has head_dim {head_dim}, the cache {cache_head_dim}.")
     if out is None:
         out = torch.empty_like(q)
     elif (out.shape != q.shape or out.dtype != q.dtype or out.device != q.device or
@@ -285,9 +279,9 @@ def paged_attention_cpu(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
     if num_tokens == 0:
         return out
     status = _library().minicb_paged_attention(q.data_ptr(), k_cache.data_ptr(),
-                                               v_cache.data_ptr(), k_scales, v_scales, kv_dtype,
-                                               out.data_ptr(), cu_seqlens_q.data_ptr(),
-                                               seq_lens.data_ptr(), block_tables.data_ptr(),
+                                               v_cache.data_ptr(), kv_dtype, out.data_ptr(),
+                                               cu_seqlens_q.data_ptr(), seq_lens.data_ptr(),
+                                               block_tables.data_ptr(),
                                                seq_lens.numel(), num_tokens, q_heads, kv_heads,
                                                head_dim, block_size, block_tables.shape[1],
                                                num_blocks, scale, int(decodes_only))
@@ -421,20 +415,19 @@ def check_layer_weights(layer: dict[str, torch.Tensor | None]) -> int:
 
 def decode_layer_cpu(x: torch.Tensor, layer: dict[str, torch.Tensor | None],
                      k_cache: torch.Tensor, v_cache: torch.Tensor, step: DecodeStep,
-                     w_dtype: int = 0, k_scale: torch.Tensor | None = None,
-                     v_scale: torch.Tensor | None = None) -> None:
+                     w_dtype: int = 0) -> None:
     """One decoder layer of a decode step (cpu_decode_layer.c): x [rows, hidden], the step's own
     (decode_step_cpu), is updated in place and this step's k and v are written into the caches
-    [num_blocks, block_size, kv_heads, head_dim] (float32, bfloat16, or int8 with k_scale and
-    v_scale: cache_format).
+    [num_blocks, block_size, kv_heads, row] (float32, bfloat16, or int8 with its scales:
+    cache_format).
 
     ``layer`` maps the names in WEIGHTS to contiguous tensors (or None for an optional part), as
     minicb.model.fused_cpu.layer_weights gives them, checked there by check_layer_weights, whose
     answer is ``w_dtype``.
     """
-    kv_dtype, k_scales, v_scales = cache_format(k_cache, v_cache, k_scale, v_scale)
-    num_blocks, block_size, kv_heads, head_dim = k_cache.shape
-    if (kv_heads, head_dim) != (step.kv_heads, step.head_dim) or v_cache.shape != k_cache.shape:
+    kv_dtype, head_dim = cache_format(k_cache, v_cache)
+    num_blocks, block_size, kv_heads, _ = k_cache.shape
+    if (kv_heads, head_dim) != (step.kv_heads, step.head_dim):
         raise ValueError(f"the caches {tuple(k_cache.shape)} and {tuple(v_cache.shape)} do not "
                          f"hold {step.kv_heads} KV heads of {step.head_dim}.")
     if x.data_ptr() != step.args.x or x.shape != (step.args.m, step.hidden):
@@ -447,7 +440,7 @@ def decode_layer_cpu(x: torch.Tensor, layer: dict[str, torch.Tensor | None],
         tensor = layer.get(name)
         setattr(args, name, None if tensor is None else tensor.data_ptr())
     args.k_cache, args.v_cache = k_cache.data_ptr(), v_cache.data_ptr()
-    args.k_scale, args.v_scale, args.kv_dtype, args.w_dtype = k_scales, v_scales, kv_dtype, w_dtype
+    args.kv_dtype, args.w_dtype = kv_dtype, w_dtype
     args.block_size, args.num_blocks = block_size, num_blocks
     status = _library().minicb_decode_layer(ctypes.byref(args))
     if status == -2:

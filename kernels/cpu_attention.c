@@ -42,15 +42,23 @@ static int64_t row_of(const int32_t *cu_seqlens_q, int64_t num_seqs, int64_t tok
 }
 
 /* Key (or value) row `index` of the cache (one token's one KV head: head_dim values) as float32:
- * the row itself for a float32 cache, else widened (and for int8, times its scale) into buf. */
+ * the row itself for a float32 cache, else widened into buf (int8: times the row's scale, stored
+ * after its values). */
 static inline __attribute__((always_inline)) const float *kv_row(
-    const void *cache, const float *scales, const int dtype, int64_t index, const int64_t head_dim,
-    float *restrict buf)
+    const void *cache, const int dtype, int64_t index, const int64_t head_dim, float *restrict buf)
 {
     if (dtype == MINICB_F32) return (const float *)cache + index * head_dim;
-    const float s = dtype == MINICB_I8 ? scales[index] : 1.0f;
+    if (dtype == MINICB_BF16) {
+        const uint16_t *row = (const uint16_t *)cache + index * head_dim;
 #pragma omp simd
-    for (int64_t d = 0; d < head_dim; d++) buf[d] = load_scalar(cache, index * head_dim + d, dtype) * s;
+        for (int64_t d = 0; d < head_dim; d++) buf[d] = bf16_to_f32(row[d]);
+        return buf;
+    }
+    const int8_t *row = (const int8_t *)cache + index * (head_dim + MINICB_KV_SCALE_BYTES);
+    float s;
+    memcpy(&s, row + head_dim, sizeof s);
+#pragma omp simd
+    for (int64_t d = 0; d < head_dim; d++) buf[d] = (float)row[d] * s;
     return buf;
 }
 
@@ -59,9 +67,9 @@ static inline __attribute__((always_inline)) const float *kv_row(
  * head_dim and cache format where one is known. */
 static inline __attribute__((always_inline)) void attend_token(
     const float *restrict qt, float *restrict ot, const void *restrict k_cache,
-    const void *restrict v_cache, const float *k_scale, const float *v_scale, const int dtype,
-    const int32_t *restrict table, int64_t n, int64_t q_heads, int64_t kv_heads,
-    const int64_t head_dim, int64_t block_size, float scale, float *restrict scores)
+    const void *restrict v_cache, const int dtype, const int32_t *restrict table, int64_t n,
+    int64_t q_heads, int64_t kv_heads, const int64_t head_dim, int64_t block_size, float scale,
+    float *restrict scores)
 {
     const int64_t group = q_heads / kv_heads;
     float *buf = scores + q_heads * n;
@@ -73,8 +81,8 @@ static inline __attribute__((always_inline)) void attend_token(
         const int64_t len = n - start < block_size ? n - start : block_size;
         for (int64_t o = 0; o < len; o++) {
             for (int64_t h = 0; h < kv_heads; h++) {
-                const float *kp = kv_row(k_cache, k_scale, dtype, (first + o) * kv_heads + h,
-                                         head_dim, buf);
+                const float *kp = kv_row(k_cache, dtype, (first + o) * kv_heads + h, head_dim,
+                                         buf);
                 for (int64_t qh = h * group; qh < (h + 1) * group; qh++) {
                     const float *qp = qt + qh * head_dim;
                     float s = 0.0f;
@@ -100,8 +108,8 @@ static inline __attribute__((always_inline)) void attend_token(
         const int64_t len = n - start < block_size ? n - start : block_size;
         for (int64_t o = 0; o < len; o++) {
             for (int64_t h = 0; h < kv_heads; h++) {
-                const float *vp = kv_row(v_cache, v_scale, dtype, (first + o) * kv_heads + h,
-                                         head_dim, buf);
+                const float *vp = kv_row(v_cache, dtype, (first + o) * kv_heads + h, head_dim,
+                                         buf);
                 for (int64_t qh = h * group; qh < (h + 1) * group; qh++) {
                     const float w = scores[qh * n + start + o];
                     float *oq = ot + qh * head_dim;
@@ -116,8 +124,8 @@ static inline __attribute__((always_inline)) void attend_token(
 /* attend_token with the cache format, and the head size where it is a common one (64, 128), as
  * compile-time constants: the compiler then unrolls the loops over the head and drops the other
  * formats' branches. */
-#define ATTEND(DT, HD) attend_token(qt, ot, k_cache, v_cache, k_scale, v_scale, DT, table, n, \
-                                    q_heads, kv_heads, HD, block_size, scale, scores)
+#define ATTEND(DT, HD) attend_token(qt, ot, k_cache, v_cache, DT, table, n, q_heads, kv_heads, \
+                                    HD, block_size, scale, scores)
 #define ATTEND_FORMAT(DT)                                      \
     do {                                                       \
         if (head_dim == 64) ATTEND(DT, 64);                    \
@@ -126,9 +134,9 @@ static inline __attribute__((always_inline)) void attend_token(
     } while (0)
 
 void minicb_attend_token(const float *qt, float *ot, const void *k_cache, const void *v_cache,
-                         const float *k_scale, const float *v_scale, int kv_dtype,
-                         const int32_t *table, int64_t n, int64_t q_heads, int64_t kv_heads,
-                         int64_t head_dim, int64_t block_size, float scale, float *scores)
+                         int kv_dtype, const int32_t *table, int64_t n, int64_t q_heads,
+                         int64_t kv_heads, int64_t head_dim, int64_t block_size, float scale,
+                         float *scores)
 {
     if (kv_dtype == MINICB_I8) ATTEND_FORMAT(MINICB_I8);
     else if (kv_dtype == MINICB_BF16) ATTEND_FORMAT(MINICB_BF16);
@@ -137,8 +145,8 @@ void minicb_attend_token(const float *qt, float *ot, const void *k_cache, const 
 #undef ATTEND_FORMAT
 #undef ATTEND
 
-void minicb_store_kv(const float *src, void *cache, float *scales, int kv_dtype, int64_t slot,
-                     int64_t kv_heads, int64_t head_dim)
+void minicb_store_kv(const float *src, void *cache, int kv_dtype, int64_t slot, int64_t kv_heads,
+                     int64_t head_dim)
 {
     for (int64_t h = 0; h < kv_heads; h++) {
         const float *x = src + h * head_dim;
@@ -152,9 +160,9 @@ void minicb_store_kv(const float *src, void *cache, float *scales, int kv_dtype,
             for (int64_t d = 0; d < head_dim; d++) amax = fabsf(x[d]) > amax ? fabsf(x[d]) : amax;
             const float s = amax > 0.0f ? amax / 127.0f : 1.0f;
             const float inv = 1.0f / s;
-            for (int64_t d = 0; d < head_dim; d++)
-                ((int8_t *)cache)[at + d] = (int8_t)nearbyintf(x[d] * inv);
-            scales[row] = s;
+            int8_t *q = (int8_t *)cache + row * (head_dim + MINICB_KV_SCALE_BYTES);
+            for (int64_t d = 0; d < head_dim; d++) q[d] = (int8_t)nearbyintf(x[d] * inv);
+            memcpy(q + head_dim, &s, sizeof s);   /* the row's scale, inside its block */
         }
     }
 }
@@ -191,8 +199,7 @@ float *minicb_scores_scratch(int64_t q_heads, int64_t max_seq_len, int *failed)
 }
 
 int minicb_paged_attention(
-    const float *q, const void *k_cache, const void *v_cache, const float *k_scale,
-    const float *v_scale, int32_t kv_dtype, float *out,
+    const float *q, const void *k_cache, const void *v_cache, int32_t kv_dtype, float *out,
     const int32_t *cu_seqlens_q, const int32_t *seq_lens, const int32_t *block_tables,
     int64_t num_seqs, int64_t num_tokens, int64_t q_heads, int64_t kv_heads, int64_t head_dim,
     int64_t block_size, int64_t table_width, int64_t num_blocks, float scale, int32_t decodes_only)
@@ -217,8 +224,8 @@ int minicb_paged_attention(
             const float *qt = q + token * q_heads * head_dim;
             float *ot = out + token * q_heads * head_dim;
             const int32_t *table = block_tables + row * table_width;
-            minicb_attend_token(qt, ot, k_cache, v_cache, k_scale, v_scale, kv_dtype, table,
-                                pos + 1, q_heads, kv_heads, head_dim, block_size, scale, scores);
+            minicb_attend_token(qt, ot, k_cache, v_cache, kv_dtype, table, pos + 1, q_heads,
+                                kv_heads, head_dim, block_size, scale, scores);
         }
         free(scores);
     }

@@ -97,10 +97,10 @@ int minicb_decode_layer(const struct minicb_layer_args *a)
             rope_heads(row, a->cos + i * head_dim, a->signed_sin + i * head_dim,
                        q_heads + kv_heads, head_dim);
             if (a->slot_mapping[i] >= 0) {
-                minicb_store_kv(row + q_size, a->k_cache, a->k_scale, kt, a->slot_mapping[i],
+                minicb_store_kv(row + q_size, a->k_cache, kt, a->slot_mapping[i], kv_heads,
+                                head_dim);
+                minicb_store_kv(row + q_size + kv_size, a->v_cache, kt, a->slot_mapping[i],
                                 kv_heads, head_dim);
-                minicb_store_kv(row + q_size + kv_size, a->v_cache, a->v_scale, kt,
-                                a->slot_mapping[i], kv_heads, head_dim);
             }
         }
 #pragma omp for schedule(dynamic, 1)
@@ -109,9 +109,8 @@ int minicb_decode_layer(const struct minicb_layer_args *a)
             const float *qi = a->qkv + i * qkv_size;   /* q heads come first in the row */
             float *oi = a->attn + i * q_size;
             const int32_t *table = a->block_tables + i * a->table_width;
-            minicb_attend_token(qi, oi, a->k_cache, a->v_cache, a->k_scale, a->v_scale, kt, table,
-                                a->seq_lens[i], q_heads, kv_heads, head_dim, a->block_size,
-                                a->scale, scores);
+            minicb_attend_token(qi, oi, a->k_cache, a->v_cache, kt, table, a->seq_lens[i],
+                                q_heads, kv_heads, head_dim, a->block_size, a->scale, scores);
         }
         minicb_linear_rows(a->attn, a->w_o, a->s_o, wt, a->b_o, a->x, m, hidden, q_size, 1,
                            a->x_round);                                       /* x += o_proj */
@@ -138,7 +137,7 @@ static const struct { const char *name; size_t offset, size; } layer_args_fields
     FIELD(x), FIELD(norm1), FIELD(w_qkv), FIELD(b_qkv), FIELD(q_norm), FIELD(k_norm), FIELD(w_o),
     FIELD(b_o), FIELD(norm2), FIELD(w_gate_up), FIELD(b_gate_up), FIELD(w_down), FIELD(b_down),
     FIELD(s_qkv), FIELD(s_o), FIELD(s_gate_up), FIELD(s_down),
-    FIELD(cos), FIELD(signed_sin), FIELD(k_cache), FIELD(v_cache), FIELD(k_scale), FIELD(v_scale),
+    FIELD(cos), FIELD(signed_sin), FIELD(k_cache), FIELD(v_cache),
     FIELD(slot_mapping), FIELD(seq_lens), FIELD(block_tables), FIELD(h), FIELD(qkv), FIELD(attn),
     FIELD(gate_up), FIELD(act), FIELD(x_round), FIELD(m), FIELD(hidden), FIELD(intermediate),
     FIELD(q_heads), FIELD(kv_heads), FIELD(head_dim), FIELD(block_size), FIELD(table_width),

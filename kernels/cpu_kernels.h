@@ -18,10 +18,12 @@
 
 #include <stdint.h>
 
-/* How a weight matrix or the KV cache is stored. int8 comes with float32 scales: one per output
- * channel of a weight ([n]), one per token and KV head of the cache ([num_blocks, block_size,
- * kv_heads]). */
+/* How a weight matrix or the KV cache is stored. An int8 weight comes with one float32 scale per
+ * output channel ([n], beside it). An int8 cache keeps one float32 scale per token and KV head
+ * inside its block, right after that head's values: a cache row (one token's one KV head) is
+ * head_dim int8 values then the 4 bytes of its scale, so copying a block copies its scales. */
 enum minicb_dtype { MINICB_F32 = 0, MINICB_BF16 = 1, MINICB_I8 = 2 };
+#define MINICB_KV_SCALE_BYTES 4
 
 /* the largest head the attention kernel takes (its scratch row for a widened key) */
 #define MINICB_MAX_HEAD_DIM 256
@@ -34,9 +36,7 @@ enum minicb_dtype { MINICB_F32 = 0, MINICB_BF16 = 1, MINICB_I8 = 2 };
 int minicb_paged_attention(
     const float *q,               /* [num_tokens, q_heads, head_dim] */
     const void *k_cache,          /* [num_blocks, block_size, kv_heads, head_dim] as kv_dtype */
-    const void *v_cache,
-    const float *k_scale,         /* [num_blocks, block_size, kv_heads] for int8, else NULL */
-    const float *v_scale,
+    const void *v_cache,          /* (int8: head_dim + 4 bytes a row, the scale last) */
     int32_t kv_dtype,
     float *out,                   /* [num_tokens, q_heads, head_dim] */
     const int32_t *cu_seqlens_q,  /* [num_seqs + 1] */
@@ -80,9 +80,7 @@ struct minicb_layer_args {
     const float *cos;            /* [m, head_dim] */
     const float *signed_sin;     /* [m, head_dim] */
     void *k_cache;               /* [num_blocks, block_size, kv_heads, head_dim], as kv_dtype */
-    void *v_cache;
-    float *k_scale;              /* [num_blocks, block_size, kv_heads] for an int8 cache, or NULL */
-    float *v_scale;
+    void *v_cache;               /* (int8: head_dim + 4 bytes a row, the scale last) */
     const int64_t *slot_mapping; /* [m]: where each row's k and v go; -1 = not written */
     const int32_t *seq_lens;     /* [m]: keys of each row, its own included */
     const int32_t *block_tables; /* [m, table_width] */
@@ -126,14 +124,14 @@ float *minicb_scores_scratch(int64_t q_heads, int64_t max_seq_len, int *failed);
 /* One query token against keys 0..n-1 of its request, every head, written to ot. `scores` holds
  * q_heads rows of n floats, `row` 2 head_dim floats. (cpu_attention.c) */
 void minicb_attend_token(const float *qt, float *ot, const void *k_cache, const void *v_cache,
-                         const float *k_scale, const float *v_scale, int kv_dtype,
-                         const int32_t *table, int64_t n, int64_t q_heads, int64_t kv_heads,
-                         int64_t head_dim, int64_t block_size, float scale, float *scores);
+                         int kv_dtype, const int32_t *table, int64_t n, int64_t q_heads,
+                         int64_t kv_heads, int64_t head_dim, int64_t block_size, float scale,
+                         float *scores);
 
-/* Store one token's `count` values (kv_heads rows of head_dim) into a cache slot as kv_dtype;
- * for int8, one scale per head row: max |value| / 127. (cpu_attention.c) */
-void minicb_store_kv(const float *src, void *cache, float *scales, int kv_dtype, int64_t slot,
-                     int64_t kv_heads, int64_t head_dim);
+/* Store one token's kv_heads rows of head_dim values into a cache slot as kv_dtype; for int8,
+ * each row with its scale, max |value| / 127. (cpu_attention.c) */
+void minicb_store_kv(const float *src, void *cache, int kv_dtype, int64_t slot, int64_t kv_heads,
+                     int64_t head_dim);
 
 /* y = x W^T (+ bias), or y += when accumulate, with the weight rows shared out among the threads
  * of the enclosing OpenMP parallel region (one thread does it all outside one). For bfloat16

@@ -73,7 +73,8 @@ static inline __attribute__((always_inline)) void tile_4x3(
     for (int i = 0; i < rows; i++)
         for (int j = 0; j < 4; j++) {
             float s = vsum(acc[i][j]);
-            for (int64_t d = kv; d < k; d++) s += x[i * k + d] * load_scalar(w, r0 + j * k + d, dtype);
+            for (int64_t d = kv; d < k; d++)
+                s += x[i * k + d] * load_scalar(w, r0 + j * k + d, dtype);
             store(y + i * n + j, s, scale, bias, j0 + j, accumulate);
         }
 }

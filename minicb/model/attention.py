@@ -148,7 +148,11 @@ class TorchPlan:
 def write_kv_torch(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                    meta: AttentionMetadata) -> None:
     """Scatter K/V [num_tokens, kv_heads, head_dim] into the cache through meta.slot_mapping;
-    slot -1 (padding) is skipped."""
+    slot -1 (padding) is skipped. An int8 cache gets each row quantized with its scale."""
+    if k_cache.dtype == torch.int8:
+        from minicb.model.quant import pack_kv_int8
+
+        k, v = pack_kv_int8(k), pack_kv_int8(v)
     num_kv_heads, head_dim = k.shape[1], k.shape[2]
     rows, slots = meta.writes()
     if rows is not None:
@@ -167,6 +171,10 @@ def gather_keys(cache: torch.Tensor, blocks: torch.Tensor, num_keys: int) -> tor
     """
     rows, n = blocks.shape
     whole = cache.index_select(0, blocks.flatten()).view(rows, n * cache.shape[1], *cache.shape[2:])
+    if cache.dtype == torch.int8:   # int8 rows with their scales: dequantized to float32
+        from minicb.model.quant import unpack_kv_int8
+
+        return unpack_kv_int8(whole[:, :num_keys])
     return whole[:, :num_keys]
 
 
@@ -187,8 +195,8 @@ def paged_attention_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
     with _sdpa_without_cudnn(q):
         if plan.decode is not None:
             d = plan.decode
-            keys = gather_keys(k_cache, d.blocks, d.num_keys).transpose(1, 2)
-            values = gather_keys(v_cache, d.blocks, d.num_keys).transpose(1, 2)
+            keys = gather_keys(k_cache, d.blocks, d.num_keys).to(q.dtype).transpose(1, 2)
+            values = gather_keys(v_cache, d.blocks, d.num_keys).to(q.dtype).transpose(1, 2)
             out[d.tokens] = F.scaled_dot_product_attention(
                 q[d.tokens][:, :, None, :], keys, values, attn_mask=d.visible, scale=scale,
                 enable_gqa=q.shape[1] != k_cache.shape[2])[:, :, 0, :]
@@ -213,8 +221,8 @@ def attend_prefills_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
     """Each prefill chunk on its own: gather its keys, SDPA, write its rows of `out`."""
     gqa = q.shape[1] != k_cache.shape[2]   # SDPA lets each group of query heads share a KV head
     for c in plan.prefills:
-        keys = gather_keys(k_cache, c.blocks, c.seq_len).transpose(1, 2)
-        values = gather_keys(v_cache, c.blocks, c.seq_len).transpose(1, 2)
+        keys = gather_keys(k_cache, c.blocks, c.seq_len).to(q.dtype).transpose(1, 2)
+        values = gather_keys(v_cache, c.blocks, c.seq_len).to(q.dtype).transpose(1, 2)
         chunk = q[c.start:c.start + c.q_len].transpose(0, 1)[None]
         out[c.start:c.start + c.q_len] = F.scaled_dot_product_attention(
             chunk, keys, values, attn_mask=c.visible, is_causal=c.visible is None, scale=scale,

@@ -146,7 +146,7 @@ class FusedCpuDecoder:
         return True
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                 kv_caches: list[tuple[torch.Tensor, ...]], meta: AttentionMetadata,
+                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata,
                  logits_indices: torch.Tensor) -> torch.Tensor:
         """The model's forward for a step it ``takes``: the same embedding, rotary angles, final
         norm and head, and each layer as one call (kernels/cpu_decode_layer.c)."""
@@ -162,7 +162,7 @@ class FusedCpuDecoder:
                                        attn.num_heads, attn.num_kv_heads, attn.head_dim,
                                        inner.layers[0].mlp.down_proj.in_features,
                                        inner.norm.eps, attn.scale)
-            for weights, cache in zip(self.layers, kv_caches):   # (k, v[, k_scale, v_scale])
-                cpu.decode_layer_cpu(x, weights, *cache[:2], step, self.w_dtype, *cache[2:])
+            for weights, (k_cache, v_cache) in zip(self.layers, kv_caches):
+                cpu.decode_layer_cpu(x, weights, k_cache, v_cache, step, self.w_dtype)
             dtype = inner.embed_tokens.weight.dtype
             return self.model.lm_head(inner.norm(x.to(dtype))[logits_indices]).float()

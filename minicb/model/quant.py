@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from minicb.config import QUANTIZATIONS
+from minicb.kernels.cpu import KV_SCALE_BYTES
 from minicb.model.fused_cpu import SmallBatchLinear
 from minicb.model.llama import LlamaForCausalLM
 
@@ -65,15 +66,34 @@ def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q, scale
 
 
-def quantize_kv_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(q int8 [..., head_dim], scale float32 [...]) of keys or values x [..., head_dim]: one
-    scale per token and KV head, max|x| / 127 (1 for an all-zero head), as the C kernels' KV
-    write (minicb_store_kv) computes it, bit for bit."""
+def kv_cache_layout(num_kv_heads: int, head_dim: int, dtype: torch.dtype,
+                    kv_cache_dtype: str) -> tuple[tuple[int, int], torch.dtype]:
+    """(the last two dimensions of a cache block, [kv_heads, row], and the cache's dtype): the
+    model's dtype, or for kv_cache_dtype="int8" int8 rows of head_dim values and their scale. A
+    block's bytes follow: at head_dim 64 an int8 row is 68 bytes where a float32 one is 256, so
+    the same memory holds 3.76 times the tokens."""
+    if kv_cache_dtype == "int8":
+        return (num_kv_heads, head_dim + KV_SCALE_BYTES), torch.int8
+    return (num_kv_heads, head_dim), dtype
+
+
+def pack_kv_int8(x: torch.Tensor) -> torch.Tensor:
+    """Keys or values x [..., head_dim] as int8 cache rows [..., head_dim + 4]: one scale per
+    token and KV head, max|x| / 127 (1 for an all-zero head), its 4 bytes stored right after
+    the row's values, so a block holds its own scales (copying a block copies them). The C
+    kernels' KV write (minicb_store_kv) computes the same bytes."""
     x = x.float()
-    amax = x.abs().amax(dim=-1)
+    amax = x.abs().amax(dim=-1, keepdim=True)
     scale = torch.where(amax > 0, amax / 127.0, torch.ones_like(amax))
-    q = torch.round(x * (1.0 / scale)[..., None]).clamp(-127, 127).to(torch.int8)
-    return q, scale
+    q = torch.round(x * (1.0 / scale)).clamp(-127, 127).to(torch.int8)
+    return torch.cat([q, scale.view(torch.int8)], dim=-1)
+
+
+def unpack_kv_int8(rows: torch.Tensor) -> torch.Tensor:
+    """float32 [..., head_dim] of int8 cache rows [..., head_dim + 4] (pack_kv_int8)."""
+    rows = rows.contiguous()
+    scale = rows[..., -KV_SCALE_BYTES:].view(torch.float32)
+    return rows[..., :-KV_SCALE_BYTES].float() * scale
 
 
 class Int8Linear(nn.Module):

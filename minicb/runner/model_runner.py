@@ -22,6 +22,7 @@ from minicb.model.cuda_graphs import DecodeGraphs, graph_memory_bytes
 from minicb.model.fused_cpu import FusedCpuDecoder
 from minicb.model.llama import LlamaForCausalLM
 from minicb.model.loader import DTYPES
+from minicb.model.quant import kv_cache_layout
 from minicb.plan import Logprob, ModelRunnerOutput, ScheduledSeq, SchedulerOutput
 from minicb.runner.input_batch import DecodeInputs, InputBatch
 from minicb.runner.packing import PackedStep, pack, pack_decodes
@@ -43,8 +44,11 @@ def check_kv_fits(config: ResolvedConfig, *models_args) -> None:
     behind it. Each block holds every model's KV (the target's, and a draft model's); the target's
     CUDA graphs, captured after the pool, need their memory too (graph_memory_bytes)."""
     device = torch.device(config.device)
-    per_token = sum(2 * args.num_layers * args.num_kv_heads * args.head_dim
-                    * DTYPES[config.dtype].itemsize for args in models_args)
+    per_token = 0
+    for args in models_args:      # the bytes of each model's K and V rows, as stored
+        row, dtype = kv_cache_layout(args.num_kv_heads, args.head_dim, DTYPES[config.dtype],
+                                     config.kv_cache_dtype)
+        per_token += 2 * args.num_layers * row[0] * row[1] * dtype.itemsize
     kv_bytes = per_token * config.num_kv_blocks * config.block_size
     graph_bytes = graph_memory_bytes(models_args[0], config)
     available = free_memory(device) - graph_bytes
@@ -82,8 +86,9 @@ class ModelRunner:
         self.input_batch = InputBatch(2 * config.max_num_seqs, config.blocks_per_seq() + 1,
                                       config.block_size)
         args = model.args
-        shape = (config.num_kv_blocks, config.block_size, args.num_kv_heads, args.head_dim)
-        dtype = DTYPES[config.dtype]
+        row, dtype = kv_cache_layout(args.num_kv_heads, args.head_dim, DTYPES[config.dtype],
+                                     config.kv_cache_dtype)
+        shape = (config.num_kv_blocks, config.block_size, *row)
         self.kv_caches = [(torch.zeros(shape, dtype=dtype, device=self.device),
                            torch.zeros(shape, dtype=dtype, device=self.device))
                           for _ in range(args.num_layers)]

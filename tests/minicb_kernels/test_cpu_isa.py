@@ -4,14 +4,19 @@ reference computes, within float32 rounding, and give the engine the same greedy
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from minicb.kernels import cpu, isa, paged_attention_reference
 from reference import greedy
+from test_cpu_decode import decode_step
 from test_kernels import make_batch
 
 from minicb import LLM
-from minicb.model.quant import quantize_int8, quantize_kv_int8
+from minicb.model.fused_cpu import FusedCpuDecoder, use_small_batch_linear
+from minicb.model.loader import load_model
+from minicb.model.quant import pack_kv_int8, quantize_int8, unpack_kv_int8
 
 BUILDS = isa.supported()
 
@@ -77,14 +82,14 @@ def test_int8_weights_need_their_scales_and_nothing_else_takes_one():
 
 
 def _caches(fmt: str, k_cache: torch.Tensor, v_cache: torch.Tensor):
-    """(k, v, k_scale, v_scale) stored as fmt, and the float32 caches they stand for."""
+    """(k, v) stored as fmt, and the float32 caches they stand for."""
     if fmt == "bfloat16":
         k, v = k_cache.bfloat16(), v_cache.bfloat16()
-        return (k, v, None, None), (k.float(), v.float())
+        return (k, v), (k.float(), v.float())
     if fmt == "int8":
-        (k, ks), (v, vs) = quantize_kv_int8(k_cache), quantize_kv_int8(v_cache)
-        return (k, v, ks, vs), (k.float() * ks[..., None], v.float() * vs[..., None])
-    return (k_cache, v_cache, None, None), (k_cache, v_cache)
+        k, v = pack_kv_int8(k_cache), pack_kv_int8(v_cache)
+        return (k, v), (unpack_kv_int8(k), unpack_kv_int8(v))
+    return (k_cache, v_cache), (k_cache, v_cache)
 
 
 @pytest.mark.parametrize("fmt", ["float32", "bfloat16", "int8"])
@@ -92,20 +97,49 @@ def _caches(fmt: str, k_cache: torch.Tensor, v_cache: torch.Tensor):
 def test_attention_equals_dequantize_then_attend(build, fmt, head_dim, group):
     batch = make_batch([1, 1, 5, 1], [17, 40, 9, 3], head_dim, 16, group, 2, seed=head_dim,
                        device="cpu")
-    (k, v, ks, vs), (k_ref, v_ref) = _caches(fmt, batch.k_cache, batch.v_cache)
+    (k, v), (k_ref, v_ref) = _caches(fmt, batch.k_cache, batch.v_cache)
     got = cpu.paged_attention_cpu(batch.q, k, v, batch.cu_seqlens_q, batch.seq_lens,
-                                  batch.block_tables, head_dim ** -0.5, k_scale=ks, v_scale=vs)
+                                  batch.block_tables, head_dim ** -0.5)
     args = list(batch.args())
     args[1:3] = k_ref, v_ref
     torch.testing.assert_close(got, paged_attention_reference(*args), atol=1e-5, rtol=1e-5)
 
 
-def test_an_int8_cache_needs_its_scales():
+def test_an_int8_cache_row_holds_its_scale():
+    """Each (token, KV head) row is head_dim values and 4 bytes of scale: a cache without room
+    for the scales is read as a smaller head, and refused."""
     batch = make_batch([1], [5], 32, 16, 1, 2, seed=0, device="cpu")
-    (k, v, ks, _), _ = _caches("int8", batch.k_cache, batch.v_cache)
-    with pytest.raises(ValueError, match="needs v_scale"):
-        cpu.paged_attention_cpu(batch.q, k, v, batch.cu_seqlens_q, batch.seq_lens,
-                                batch.block_tables, 0.1, k_scale=ks)
+    (k, v), (k_ref, _) = _caches("int8", batch.k_cache, batch.v_cache)
+    assert k.shape[-1] == 32 + 4
+    scales = k[..., 32:].contiguous().view(torch.float32)[..., 0]
+    torch.testing.assert_close(scales * 127, batch.k_cache.abs().amax(-1))
+    torch.testing.assert_close(k_ref, batch.k_cache, atol=batch.k_cache.abs().max() / 254,
+                               rtol=0)
+    with pytest.raises(ValueError, match="q has head_dim 32, the cache 28"):
+        cpu.paged_attention_cpu(batch.q, k[..., :32].contiguous(), v[..., :32].contiguous(),
+                                batch.cu_seqlens_q, batch.seq_lens, batch.block_tables, 0.1)
+
+
+@pytest.mark.parametrize("seq_lens", [[1], [5, 16, 33, 1, 64, 2]], ids=["first-token", "mixed"])
+def test_the_fused_layer_on_an_int8_cache_equals_the_modules(any_tiny_model, seq_lens):
+    """The C write (minicb_store_kv) and the torch write (pack_kv_int8) quantize the same k and v
+    (equal to ~1e-6) into the same rows, a value at most one int8 step apart where a rounding
+    falls on the boundary; the hidden states agree as in float32."""
+    model = load_model(Path(any_tiny_model), attention="cpu")
+    decoder = FusedCpuDecoder(model)
+    ids, positions, caches, meta = decode_step(model, seq_lens)
+    caches = [(pack_kv_int8(k), pack_kv_int8(v)) for k, v in caches]
+    modules_caches = [(k.clone(), v.clone()) for k, v in caches]
+    every_row = torch.arange(len(seq_lens))
+    fused = decoder(ids, positions, caches, meta(), every_row)
+    use_small_batch_linear(model, False)
+    reference = model(ids, positions, modules_caches, meta(), every_row)
+    torch.testing.assert_close(fused, reference, atol=1e-4, rtol=1e-4)
+    for (k, v), (k_ref, v_ref) in zip(caches, modules_caches):
+        for got, want in ((k, k_ref), (v, v_ref)):
+            step = want[..., -4:].contiguous().view(torch.float32)
+            assert (unpack_kv_int8(got) - unpack_kv_int8(want)).abs().le(step * 1.01).all()
+            assert (got[..., :-4] != want[..., :-4]).float().mean() < 0.01
 
 
 PROMPTS = [[3 + (7 * i + j) % 500 for j in range(4 + 9 * i)] for i in range(4)]
