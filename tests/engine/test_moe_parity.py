@@ -47,9 +47,11 @@ def _check(llm, workload, references) -> None:
     assert kv.num_free_blocks() == kv.num_blocks, "KV blocks leaked after every request ended"
 
 
-@pytest.mark.parametrize("scheduler,kv_cache", LAYOUTS)
-def test_greedy_equals_transformers(cases, scheduler, kv_cache):
-    llm = LLM(cases["model"], scheduler=scheduler, kv_cache=kv_cache, attention="torch",
+@pytest.mark.parametrize("scheduler,kv_cache,attention",
+                         [(*layout, "torch") for layout in LAYOUTS]
+                         + [("continuous", "paged", "cpu")])   # the C attention kernel
+def test_greedy_equals_transformers(cases, scheduler, kv_cache, attention):
+    llm = LLM(cases["model"], scheduler=scheduler, kv_cache=kv_cache, attention=attention,
               max_num_seqs=4, max_num_batched_tokens=64, max_model_len=128, block_size=16)
     _check(llm, *cases["plain"])
 
