@@ -12,7 +12,7 @@ same machine. It exists for builds that change numerics (a quantized kernel, a s
 acceptance rule): parity checks compare with transformers token by token, this compares what
 the model knows.
 
-    python -m minicb.tools.course_accuracy FOLDER PARTS KNOBS   # prints the item results (JSON)
+    python -m minicb.tools.course_accuracy PARTS KNOBS FOLDER...   # each folder's item results
 """
 
 from __future__ import annotations
@@ -71,9 +71,13 @@ def score_items(folder: Path, parts: tuple[str, ...], knobs: dict) -> dict[str, 
     return {"stdlib_mc": choice_right, "stdlib_gen": generation_right}
 
 
-def _score_in_new_process(folder: Path, parts: tuple[str, ...], knobs: dict) -> dict:
-    run = subprocess.run([sys.executable, "-m", "minicb.tools.course_accuracy", str(folder),
-                          ",".join(parts), json.dumps(knobs)],
+def _score_in_new_process(folders: list[Path], parts: tuple[str, ...],
+                          knobs: dict) -> list[dict]:
+    """Each folder's item results, scored one after the other in one new interpreter (the
+    grader's own process may hold a graded chapter already; one interpreter imports torch and
+    loads the model once for both)."""
+    run = subprocess.run([sys.executable, "-m", "minicb.tools.course_accuracy", ",".join(parts),
+                          json.dumps(knobs), *map(str, folders)],
                          capture_output=True, text=True, timeout=GATE_TIMEOUT_S)
     if run.returncode != 0:
         lines = run.stderr.strip().splitlines()
@@ -92,11 +96,11 @@ def accuracy_gate(folder: Path, reference: Path, parts: tuple[str, ...],
                   knobs: dict) -> GateResult:
     """Each task within TOLERANCE_POINTS of the reference's score, the engines built alike."""
     try:
-        yours = _score_in_new_process(folder, parts, knobs)
+        yours, theirs = _score_in_new_process([folder, reference], parts, knobs)
     except (RuntimeError, subprocess.TimeoutExpired) as error:
         return GateResult(False, f"the engine with your parts could not score the tasks: {error}",
                           {})
-    return compare_scores(yours, _score_in_new_process(reference, parts, knobs))
+    return compare_scores(yours, theirs)
 
 
 def compare_scores(yours: dict[str, list[bool]], theirs: dict[str, list[bool]]) -> GateResult:
@@ -114,6 +118,5 @@ def compare_scores(yours: dict[str, list[bool]], theirs: dict[str, list[bool]]) 
 
 
 if __name__ == "__main__":
-    folder, parts, knobs = sys.argv[1], sys.argv[2], sys.argv[3]
-    result = score_items(Path(folder), tuple(p for p in parts.split(",") if p), json.loads(knobs))
-    print(json.dumps(result))
+    names, settings = tuple(p for p in sys.argv[1].split(",") if p), json.loads(sys.argv[2])
+    print(json.dumps([score_items(Path(folder), names, settings) for folder in sys.argv[3:]]))

@@ -97,6 +97,7 @@ def milestone_card(grade: MilestoneGrade) -> str:
     rows = [HEADER] + measured_rows(grade)
     widths = [max(len(row[i]) for row in rows) for i in range(len(HEADER))]
     lines = [f"milestone {m.number}: {m.title} (ch{', ch'.join(m.chapters)})",
+             f"  built        {m.builds}", f"  run          {m.runs}",
              f"  correctness  {passed}/{len(grade.checks)} checks passed",
              f"  accuracy     {gate}",
              "  performance  ratio = the reference's value / yours for a time, yours / the "
