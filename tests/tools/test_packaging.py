@@ -38,6 +38,16 @@ def environment_packages(text: str | None = None) -> set[str]:
     return names - {"python", "pip"}
 
 
+def test_every_folder_of_the_package_is_installed():
+    """The package list is written out (kernels/ is mapped to minicb.kernels), so a new room
+    missing from it would be absent from a wheel while an editable install still finds it."""
+    declared = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+                   ["packages"])
+    folders = {".".join(path.parent.relative_to(ROOT).parts)
+               for path in (ROOT / "minicb").rglob("__init__.py")}
+    assert folders - declared == set(), f"add to pyproject.toml's packages: {folders - declared}"
+
+
 def test_environment_yml_and_pyproject_list_the_same_packages():
     in_pyproject, in_environment = pyproject_packages(), environment_packages()
     assert in_pyproject - in_environment == set(), ("in pyproject.toml but missing from "
