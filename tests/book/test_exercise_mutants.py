@@ -94,6 +94,10 @@ class TestChapter10Mutants(MutantsOfOneChapter):
     CHAPTER = "10"
 
 
+class TestChapter14Mutants(MutantsOfOneChapter):
+    CHAPTER = "14"
+
+
 def test_every_mutant_has_its_chapters_class():
     classes = {cls.CHAPTER for cls in MutantsOfOneChapter.__subclasses__()}
     missing = sorted({load_mutant(name).CHAPTER for name in MUTANTS} - classes)
