@@ -2,7 +2,7 @@
 memory (Triton's metadata), registers per thread and spilled bytes (the cubin's resource usage
 on NVIDIA, the code object's metadata on AMD). `python -m minicb bench gpu-compile` builds the
 launches and the table; this module compiles them, in child processes that run without
-TRITON_INTERPRET (`python -m minicb.bench.triton_compile` reads launches as JSON on stdin).
+TRITON_INTERPRET (`python -m minicb.kernels.aot` reads launches as JSON on stdin).
 """
 
 from __future__ import annotations
@@ -126,9 +126,8 @@ def compile_launch(launch: Launch) -> Result:
     """Compile one launch for its target and read what it uses. Must run without
     TRITON_INTERPRET (see :func:`compile_all`)."""
     import triton
-    from triton.compiler import ASTSource
-
     from minicb.kernels.targets import TARGETS, triton_target
+    from triton.compiler import ASTSource
 
     limits = TARGETS[launch.target]
     fn = _kernel_fn(launch.kernel)
@@ -180,7 +179,7 @@ def compile_all(launches: list[Launch], jobs: int = 1, progress=None) -> list[Re
     for share in shares:
         if not share:
             continue
-        proc = subprocess.Popen([sys.executable, "-m", "minicb.bench.triton_compile"],
+        proc = subprocess.Popen([sys.executable, "-m", "minicb.kernels.aot"],
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True)
         proc.stdin.write(json.dumps([asdict(launch) for launch in share]))
         proc.stdin.close()

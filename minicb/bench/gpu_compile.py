@@ -31,7 +31,7 @@ import warnings
 from pathlib import Path
 
 from minicb.bench.harness import bench_parser
-from minicb.bench.triton_compile import Launch, Result, compile_all
+from minicb.kernels.aot import Launch, Result, compile_all
 
 RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "gpu-targets.json"
 PAGE = RESULTS.parents[1] / "gpu-targets.md"   # its table is rewritten from the results

@@ -19,7 +19,11 @@ import warnings  # noqa: E402
 from dataclasses import replace  # noqa: E402
 
 import pytest  # noqa: E402
-from minicb.kernels import paged_attention, paged_attention_reference  # noqa: E402
+from minicb.kernels import (  # noqa: E402
+    aot,  # noqa: E402
+    paged_attention,
+    paged_attention_reference,
+)
 from minicb.kernels.paged_attention import attention_launch  # noqa: E402
 from minicb.kernels.targets import (  # noqa: E402
     TARGETS,
@@ -29,7 +33,7 @@ from minicb.kernels.targets import (  # noqa: E402
     resolve_dtype,
 )
 
-from minicb.bench import gpu_compile, triton_compile  # noqa: E402
+from minicb.bench import gpu_compile  # noqa: E402
 
 INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
 T4 = TARGETS["sm_75"]
@@ -63,7 +67,7 @@ def test_every_target_compiles_and_fits():
     """A kernel change that breaks a GPU target (does not compile, or needs more shared memory
     than the device has, or more than the tile choice expects) fails here."""
     launches = lean_subset()
-    results = triton_compile.compile_all(launches, jobs=2)
+    results = aot.compile_all(launches, jobs=2)
     rows = [gpu_compile.row_of(r) for r in results]
     assert len(rows) == len(launches)
     assert {row["target"] for row in rows} == set(TARGETS)
@@ -83,7 +87,7 @@ def test_a_tile_too_big_for_a_t4_is_refused_naming_the_device_and_limit():
                 and la.dtype == "float32" and la.params["head_dim"] == 128
                 and la.params["tile"] == "decode" and not la.params["split"])
     planted = replace(good, constexprs={**good.constexprs, "BLOCK_N": 128}, shared_estimate=None)
-    result, = triton_compile.compile_all([planted], jobs=1)
+    result, = aot.compile_all([planted], jobs=1)
     assert result.compiled, result.error
     assert result.shared > T4.shared_per_block
     row = gpu_compile.row_of(result)
