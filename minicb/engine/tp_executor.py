@@ -97,8 +97,8 @@ def _exit_with_parent(parent: int) -> None:
     threading.Thread(target=watch, daemon=True, name="minicb-tp-parent").start()
 
 
-def _worker(rank: int, port: int, config: ResolvedConfig, model_path: str, parent: int,
-            ready) -> None:
+def _worker(rank: int, port: int, config: ResolvedConfig, model_path: str, threads: int,
+            parent: int, ready) -> None:
     """A worker process: load and split the model, report ready, then run the plans it receives
     until rank 0 says stop (or goes away)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)     # Ctrl-C is the scheduling process's
@@ -106,7 +106,7 @@ def _worker(rank: int, port: int, config: ResolvedConfig, model_path: str, paren
     size = config.tensor_parallel_size
     device = f"cuda:{rank}" if config.device.startswith("cuda") else config.device
     try:
-        torch.set_num_threads(rank_threads(config))
+        torch.set_num_threads(threads)
         group = TPGroup(rank, size, port, device)
         model = load_model(Path(model_path), device, config.dtype, config.attention)
         runner = _shard_runner(model, rank, group, config, device)
@@ -258,14 +258,15 @@ def start_tensor_parallel(model: LlamaForCausalLM, config: ResolvedConfig, model
     if config.device.startswith("cuda") and torch.cuda.device_count() < size:
         raise ValueError(f"tensor_parallel_size={size} needs {size} GPUs, one per rank; this "
                          f"machine has {torch.cuda.device_count()}.")
+    threads = rank_threads(config)            # decided here, once, for every rank
     store = master_store(size)
     context = mp.get_context("spawn")
     processes, pipes = [], []
     for rank in range(1, size):
         receiver, sender = context.Pipe(duplex=False)
         process = context.Process(target=_worker, name=f"rank {rank}", daemon=True,
-                                  args=(rank, store.port, config, model_path, os.getpid(),
-                                        sender))
+                                  args=(rank, store.port, config, model_path, threads,
+                                        os.getpid(), sender))
         process.start()
         sender.close()
         processes.append(process)
@@ -273,7 +274,7 @@ def start_tensor_parallel(model: LlamaForCausalLM, config: ResolvedConfig, model
     group = TPGroup(0, size, store.port, config.device, store)
     workers = Workers(processes, group)
     try:
-        torch.set_num_threads(rank_threads(config))
+        torch.set_num_threads(threads)
         runner = _shard_runner(model, 0, group, config, config.device, TensorParallelRunner,
                                workers=workers, pad_token_id=pad_token_id, proposer=proposer)
         _wait_ready(processes, pipes)

@@ -111,13 +111,13 @@ def both(path: str, run, check=None, **knobs) -> tuple[dict, dict]:
     return one, two
 
 
-@pytest.mark.parametrize("family,scheduler,kv_cache", [
-    ("tiny_llama", "naive", "paged"),                 # 2 KV heads: one per rank
-    ("tiny_qwen2", "static", "paged"),                # 1 KV head, held by both ranks; q/k/v biases
-    ("tiny_qwen3", "static", "contiguous"),           # per-head q/k norms
-    ("tiny_llama_bias", "continuous", "contiguous"),  # 1 KV head; o_proj and MLP biases
+@pytest.mark.parametrize("family,scheduler,kv_cache,attention", [
+    ("tiny_llama", "naive", "paged", "cpu"),          # 2 KV heads: one per rank
+    ("tiny_qwen2", "static", "paged", "cpu"),         # 1 KV head, held by both ranks; q/k/v biases
+    ("tiny_qwen3", "static", "contiguous", "torch"),  # per-head q/k norms
+    ("tiny_llama_bias", "continuous", "contiguous", "cpu"),  # 1 KV head; o_proj, MLP biases
 ])
-def test_two_ranks_equal_one(request, family, scheduler, kv_cache):
+def test_two_ranks_equal_one(request, family, scheduler, kv_cache, attention):
     path = request.getfixturevalue(family)
     requests = workload()
 
@@ -129,7 +129,7 @@ def test_two_ranks_equal_one(request, family, scheduler, kv_cache):
         assert runner.kv_caches[0][0].shape[2] == max(1, config["num_key_value_heads"] // 2)
 
     one, two = both(path, lambda llm: drive(llm, requests), holds_its_own_heads,
-                    scheduler=scheduler, kv_cache=kv_cache)
+                    scheduler=scheduler, kv_cache=kv_cache, attention=attention)
     assert len(two) == len(requests)
     assert_same(one, two)
 
