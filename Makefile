@@ -132,10 +132,11 @@ GUIDELLM_RUN = HF_HUB_OFFLINE=1 $(GUIDELLM) run --profile kind=constant,rate=4 \
 	--constraint kind=max_requests,count=60 --data kind=synthetic_text,prompt_tokens=64,output_tokens=48 \
 	--tokenizer kind=huggingface_auto,model=$$($(BIN)/python -c "import minicb; print(minicb.default_model_path())") \
 	--disable-console-interactive
+# guidellm writes its backend's api_key into its results, so its servers run without MINICB_API_KEY
 guidellm: setup
 	@test -x $(GUIDELLM) || ($(PYTHON) -m venv .venv-guidellm && .venv-guidellm/bin/pip install --quiet $(TORCH_SPEC) \
 	  && .venv-guidellm/bin/pip install --quiet guidellm)
-	@$(BIN)/python -m minicb serve --port 8765 --served-model-name minicb --max-num-seqs 32 --log-level warning & \
+	@env -u MINICB_API_KEY $(BIN)/python -m minicb serve --port 8765 --served-model-name minicb --max-num-seqs 32 --log-level warning & \
 	  server=$$!; trap "kill $$server" EXIT; sleep 15; \
 	  $(GUIDELLM_RUN) --backend kind=openai_http,target=http://127.0.0.1:8765,model=minicb,request_format=/v1/completions \
 	    --output kind=json,path=benchmarks/results/guidellm-completions.json && \
@@ -150,14 +151,18 @@ lm-eval-setup:
 	@test -x .venv-lmeval/bin/lm_eval || { echo "setup: $(LMEVAL_SPEC) in .venv-lmeval"; \
 	  $(PYTHON) -m venv .venv-lmeval && .venv-lmeval/bin/pip install --quiet $(TORCH_SPEC) \
 	  && .venv-lmeval/bin/pip install --quiet "$(LMEVAL_SPEC)"; }
+# with MINICB_API_KEY set, the server it starts needs the (first) key: lm-eval sends OPENAI_API_KEY
+comma := ,
+FIRST_KEY = $${MINICB_API_KEY%%$(comma)*}
+CLIENT_KEY = $(if $(MINICB_API_KEY),OPENAI_API_KEY="$(FIRST_KEY)")
 lm-eval: setup lm-eval-setup
-	$(BIN)/python -m minicb bench lm-eval
+	$(CLIENT_KEY) $(BIN)/python -m minicb bench lm-eval
 
 # The same through the cluster's one URL (two replicas behind vllm-router, cache_aware)
 guidellm-cluster: setup router-setup
 	@test -x $(GUIDELLM) || ($(PYTHON) -m venv .venv-guidellm && .venv-guidellm/bin/pip install --quiet $(TORCH_SPEC) \
 	  && .venv-guidellm/bin/pip install --quiet guidellm)
-	@log=$$(mktemp); $(BIN)/python -m minicb cluster --replicas 2 --policy cache_aware --port 8766 -- \
+	@log=$$(mktemp); env -u MINICB_API_KEY $(BIN)/python -m minicb cluster --replicas 2 --policy cache_aware --port 8766 -- \
 	  --max-num-seqs 16 --enable-prefix-caching > $$log 2>&1 & cluster=$$!; \
 	  trap "kill $$cluster; wait $$cluster; rm -f $$log" EXIT; \
 	  until grep -q '^http://' $$log; do sleep 1; kill -0 $$cluster || exit 1; done; \
@@ -212,7 +217,8 @@ schemathesis: setup schemathesis-setup
 	  server=$$!; trap "kill $$server" EXIT; \
 	  until curl -sf http://127.0.0.1:8767/health >/dev/null; do sleep 1; done; \
 	  PYTHONPATH=tests SCHEMATHESIS_HOOKS=schemathesis_hooks .venv-schemathesis/bin/st run \
-	    http://127.0.0.1:8767/openapi.json --checks all --max-examples $(EXAMPLES) --request-timeout 60
+	    http://127.0.0.1:8767/openapi.json --checks all --max-examples $(EXAMPLES) --request-timeout 60 \
+	    $(if $(MINICB_API_KEY),--header "Authorization: Bearer $(FIRST_KEY)")
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -15,6 +15,16 @@ Everything binds 127.0.0.1 unless --host says otherwise; the router's own Promet
 gets a free port of its own, so two clusters on one machine do not collide. Arguments after `--`
 go to every replica's `minicb serve` (engine knobs: --enable-prefix-caching, --max-num-seqs ...).
 
+API keys (`--api-key`, or MINICB_API_KEY as for `minicb serve`) go to every replica through its
+environment (not its command line, which `ps` shows to everyone). The router forwards each
+client's Authorization header, so the replica that serves a request checks its key, and a
+client without one gets the replica's 401 through the router. vllm-router has no option to
+check clients itself (its --api-key is the key it would send to workers, and 0.1.17 does not
+send it with its load probes), so it is not given the key; its own endpoints (worker
+management, its Prometheus port) answer whoever reaches its port: keep it on 127.0.0.1, or
+behind a proxy that checks keys. Under a key, power_of_two's load probes (GET /get_load, which
+needs the key like every route but /health) are refused, so that policy routes without loads.
+
 The routing policies are the router's own (`--policy`):
   round_robin     each request to the next replica in turn
   power_of_two    pick two replicas at random, send to the less loaded (GET /get_load on each)
@@ -39,6 +49,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+
+from minicb.serving.auth import (
+    ENV_VAR,
+    bearer,
+    client_key,
+    exposure_warning,
+    is_loopback,
+    keys_from,
+)
 
 # the routers' pinned releases (`make router-setup` reads them from here: one place to bump)
 ROUTER_SPECS = {"vllm": "vllm-router==0.1.17",
@@ -124,6 +143,9 @@ class Cluster:
     # replicas already running elsewhere (their URLs): the router alone is started, in front of
     # them, and `replicas` is their number
     worker_urls: list[str] | None = None
+    # the replicas' API keys (MINICB_API_KEY in their environment); None: they inherit this
+    # process's environment, MINICB_API_KEY included; [] starts them without a key
+    api_keys: list[str] | None = None
     processes: list[Process] = field(default_factory=list, init=False)
     router_process: Process | None = field(default=None, init=False)
 
@@ -171,8 +193,21 @@ class Cluster:
             raise
         return self
 
+    @property
+    def client_key(self) -> str | None:
+        """The key this launcher's own requests carry (to the router and the replicas)."""
+        return self.api_keys[0] if self.api_keys else (
+            client_key() if self.api_keys is None else None)
+
+    def _replica_env(self) -> dict[str, str] | None:
+        if self.api_keys is None:
+            return None
+        env = {name: value for name, value in os.environ.items() if name != ENV_VAR}
+        return env | ({ENV_VAR: ",".join(self.api_keys)} if self.api_keys else {})
+
     def _start_replicas(self) -> None:
         pinned = core_sets(self.replicas) if self.pin else [None] * self.replicas
+        env = self._replica_env()
         for index, cores in enumerate(pinned):
             port = free_port()
             command = [sys.executable, "-m", "minicb", "serve", "--host", "127.0.0.1", "--port",
@@ -181,7 +216,7 @@ class Cluster:
             if cores and "--cpu-threads" not in self.serve_args:
                 command += ["--cpu-threads", str(len(cores))]
             self.processes.append(self._spawn(f"replica-{index}", command + self.serve_args,
-                                              f"http://127.0.0.1:{port}", cores))
+                                              f"http://127.0.0.1:{port}", cores, env))
         deadline = time.monotonic() + self.startup_timeout
         for process in self.processes:
             wait_healthy(process, "/health", deadline)
@@ -199,7 +234,8 @@ class Cluster:
                    "--log-level", warning, *self.router_args]
         host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
         self.router_process = self._spawn("router", command, f"http://{host}:{port}")
-        wait_healthy(self.router_process, "/v1/models", time.monotonic() + 60)
+        wait_healthy(self.router_process, "/v1/models", time.monotonic() + 60,
+                     key=self.client_key)
 
     def kill_replica(self, index: int, sig: int = signal.SIGKILL) -> None:
         """A replica dies (SIGKILL: no goodbye to its clients or the router)."""
@@ -267,15 +303,18 @@ def _die_with_parent() -> None:
         pass
 
 
-def wait_healthy(process: Process, path: str, deadline: float) -> None:
-    """Poll `path` until it answers 200; fail with the process's log if it exits or times out."""
+def wait_healthy(process: Process, path: str, deadline: float,
+                 key: str | None = None) -> None:
+    """Poll `path` until it answers 200, sending `key` (default: MINICB_API_KEY's); fail with the
+    process's log if it exits or times out."""
+    headers = bearer(key or client_key())
     while True:
         if not process.alive:
             tail = process.log.read_text()[-2000:] if process.log and process.log.exists() else ""
             raise RuntimeError(f"{process.name} exited with code {process.popen.returncode} "
                                f"before it was ready.\n{tail}")
         try:
-            if httpx.get(process.url + path, timeout=2).status_code == 200:
+            if httpx.get(process.url + path, timeout=2, headers=headers).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
@@ -284,10 +323,13 @@ def wait_healthy(process: Process, path: str, deadline: float) -> None:
         time.sleep(0.25)
 
 
-def scrape(url: str) -> dict[str, float]:
-    """A replica's /metrics as {sample name with labels: value}."""
+def scrape(url: str, key: str | None = None) -> dict[str, float]:
+    """A replica's /metrics as {sample name with labels: value}, sending `key` (default:
+    MINICB_API_KEY's; /metrics needs the key like every route but /health)."""
     samples = {}
-    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
+    response = httpx.get(url + "/metrics", timeout=10, headers=bearer(key or client_key()))
+    response.raise_for_status()
+    for line in response.text.splitlines():
         if line and not line.startswith("#"):
             name, _, value = line.rpartition(" ")
             samples[name] = float(value)
@@ -312,6 +354,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-pin", action="store_true",
                         help="leave the replicas unpinned (the OS places their threads)")
     parser.add_argument("--log-dir", default=None, help="each process's output goes here")
+    parser.add_argument("--api-key", action="append", default=None, metavar="KEY",
+                        help="every replica requires it (several allowed; also "
+                             f"{ENV_VAR}, comma-separated); clients send it through the router")
     return parser
 
 
@@ -321,13 +366,19 @@ def main(argv: list[str] | None = None) -> int:
     own = argv[:argv.index("--")] if "--" in argv else argv
     parser = build_parser()
     args = parser.parse_args(own)
+    keys = keys_from(args.api_key)
     try:
         cluster = Cluster(args.replicas, args.policy, args.host, args.port, serve_args,
                           args.served_model_name, args.router, router_kind=args.router_kind,
                           pin=not args.no_pin,
-                          log_dir=Path(args.log_dir) if args.log_dir else None)
+                          log_dir=Path(args.log_dir) if args.log_dir else None, api_keys=keys)
     except ValueError as error:
         parser.error(str(error))
+    warning = exposure_warning(args.host, keys) or (None if is_loopback(args.host) else (
+        f"warning: the router listens on {args.host}; the replicas check the key, but the "
+        "router's own endpoints (/workers, worker management) check none."))
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
 
     def stop_on(signum, frame):
         raise KeyboardInterrupt

@@ -9,6 +9,8 @@ out; ITL is every gap between streamed chunks; E2E is send → last token; goodp
 requests per second that met every SLO given. Only standard fields are used (token counts come
 from `usage`, asked for with stream_options.include_usage), so vLLM, SGLang, TGI or minicb
 can be measured alike; `ignore_eos` (to force output lengths) is sent only when asked for.
+With MINICB_API_KEY set, its (first) key goes with every request as `Authorization: Bearer`; it
+is read from the environment, never written into the results.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from minicb.metrics import RequestMetrics, Summary, summarize
+from minicb.serving.auth import bearer, client_key
 from minicb.sim.workload import (
     Workload,
     fixed,
@@ -175,7 +178,8 @@ async def run_benchmark(config: BenchConfig) -> dict:
     prompts = make_prompts(workload, config)
     arrivals = gamma_arrivals(len(prompts), config.request_rate, config.burstiness, config.seed)
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    async with httpx.AsyncClient(timeout=httpx.Timeout(None), limits=limits) as client:
+    async with httpx.AsyncClient(timeout=httpx.Timeout(None), limits=limits,
+                                 headers=bearer(client_key())) as client:
         model = config.model or await first_model(client, config.base_url)
         url = config.base_url.rstrip("/") + config.endpoint
         gate = asyncio.Semaphore(config.max_concurrency or len(prompts))

@@ -21,10 +21,14 @@ Under --policy priority a request may carry an integer `"priority"` (vLLM's exte
 served first, default 0); a server with another policy refuses a priority other than 0, since it
 would be ignored.
 
+With `--api-key KEY` (several allowed) or MINICB_API_KEY, every route but GET /health needs
+`Authorization: Bearer KEY` (minicb.serving.auth); without one, binding beyond loopback prints a
+warning.
+
 From a notebook or a test, run it in a background thread:
 
-    with ServerThread(build_app(model=path, max_num_seqs=8)) as server:
-        client = openai.OpenAI(base_url=server.url + "/v1", api_key="none")
+    with ServerThread(build_app(model=path, max_num_seqs=8, api_keys=["secret"])) as server:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="secret")
 """
 
 from __future__ import annotations
@@ -34,9 +38,10 @@ import asyncio
 import dataclasses
 import json
 import math
+import sys
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -51,9 +56,17 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from minicb.config import EngineConfig
 from minicb.engine.llm_engine import LLMEngine
 from minicb.serving.async_engine import AsyncLLMEngine, QueueFullError, RequestStream, StreamDelta
+from minicb.serving.auth import (
+    APIKeyMiddleware,
+    exposure_warning,
+    hide_query_strings,
+    keys_from,
+    secure_openapi,
+)
 from minicb.serving.errors import APIError
 from minicb.serving.openai_logprobs import ChoiceLogprobs
 from minicb.serving.openai_protocol import (
+    ERROR_SCHEMA,
     ParsedRequest,
     choice,
     engine_error,
@@ -109,8 +122,10 @@ class DeadlineH11Protocol(H11Protocol):
 
 def build_app(model: str | None = None, *, engine: AsyncLLMEngine | None = None,
               served_model_name: str | None = None, max_queue_len: int | None = 1024,
-              max_body_bytes: int = HTTP_MAX_BODY_BYTES, **knobs) -> FastAPI:
-    """The FastAPI app. Pass engine knobs (scheduler=..., max_num_seqs=...) or a ready engine."""
+              max_body_bytes: int = HTTP_MAX_BODY_BYTES, api_keys: Sequence[str] = (),
+              **knobs) -> FastAPI:
+    """The FastAPI app. Pass engine knobs (scheduler=..., max_num_seqs=...) or a ready engine.
+    `api_keys`: with any, every route but /health needs one of them (minicb.serving.auth)."""
     if engine is None:
         engine = AsyncLLMEngine(LLMEngine(EngineConfig(model=model, **knobs)), max_queue_len)
     model_name = served_model_name or model or Path(engine.model_path).name
@@ -126,6 +141,11 @@ def build_app(model: str | None = None, *, engine: AsyncLLMEngine | None = None,
     app = FastAPI(title="minicb", lifespan=lifespan)
     app.state.engine, app.state.model_name = engine, model_name
     app.state.max_body_bytes = max_body_bytes
+    if api_keys:
+        # outermost but for Starlette's error catcher: it sees a request before routing does
+        app.add_middleware(APIKeyMiddleware, keys=list(api_keys))
+        secure_openapi(app, ERROR_SCHEMA)
+        hide_query_strings()
 
     @app.exception_handler(APIError)
     async def api_error(request: Request, error: APIError) -> JSONResponse:
@@ -488,6 +508,10 @@ def build_parser() -> argparse.ArgumentParser:
                              f"is kept open (default {TIMEOUT_KEEP_ALIVE})")
     parser.add_argument("--limit-concurrency", type=int, default=LIMIT_CONCURRENCY,
                         help=f"connections at once; more get 503 (default {LIMIT_CONCURRENCY})")
+    parser.add_argument("--api-key", action="append", default=None, metavar="KEY",
+                        help="clients must send 'Authorization: Bearer KEY' on every route but "
+                             "/health; give it again for several keys (also MINICB_API_KEY, "
+                             "comma-separated)")
     parser.add_argument("--log-level", default="info")
     EngineConfig.add_cli_args(parser)
     return parser
@@ -505,9 +529,14 @@ def main(argv: list[str] | None = None) -> int:
                         ("--limit-concurrency", args.limit_concurrency)):
         if value < 1:
             parser.error(f"{flag} {value} would refuse every request; give at least 1.")
+    keys = keys_from(args.api_key)
+    warning = exposure_warning(args.host, keys)
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
     try:
         app = build_app(served_model_name=args.served_model_name, max_queue_len=args.max_queue_len,
-                        max_body_bytes=args.max_body_bytes, **EngineConfig.knobs_from_cli(args))
+                        max_body_bytes=args.max_body_bytes, api_keys=keys,
+                        **EngineConfig.knobs_from_cli(args))
     except ValueError as error:     # a knob the config refuses (or a combination): a usage error
         parser.error(str(error))
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,

@@ -44,8 +44,9 @@ def router() -> str:
     return executable
 
 
-def _served(url: str) -> float:
-    return sum(v for k, v in scrape(url).items() if k.startswith("minicb_request_success_total"))
+def _served(url: str, key: str | None = None) -> float:
+    return sum(v for k, v in scrape(url, key).items()
+               if k.startswith("minicb_request_success_total"))
 
 
 def _gone(pid: int) -> bool:
@@ -68,11 +69,21 @@ def test_core_sets_split_the_cores_and_share_them_round_robin_when_short():
 @pytest.mark.slow   # replicas and a router as processes (so are the marked tests below):
 #                     make test runs them, make test-fast does not
 def test_the_cluster_routes_the_openai_client_over_both_replicas_and_stops_clean(router):
-    with Cluster(replicas=2, policy="round_robin", serve_args=SERVE_ARGS, router=router) as c:
+    """With an API key: the replicas get it, the router passes each client's on, and a client
+    without it is refused through the router as by a replica."""
+    key = "cluster-test-key"
+    with Cluster(replicas=2, policy="round_robin", serve_args=SERVE_ARGS, router=router,
+                 api_keys=[key]) as c:
         assert c.url.startswith("http://127.0.0.1:")
-        client = openai.OpenAI(base_url=c.url + "/v1", api_key="none")
+        client = openai.OpenAI(base_url=c.url + "/v1", api_key=key, max_retries=0)
         direct = httpx.post(c.replica_urls[0] + "/v1/completions", timeout=60, json={
-            "model": "minicb", "prompt": "def add(a, b):", "max_tokens": 8, "temperature": 0})
+            "model": "minicb", "prompt": "def add(a, b):", "max_tokens": 8, "temperature": 0},
+            headers={"Authorization": f"Bearer {key}"})
+        for url in (c.url, c.replica_urls[1]):
+            keyless = openai.OpenAI(base_url=url + "/v1", api_key="unsent", max_retries=0)
+            with pytest.raises(openai.AuthenticationError):
+                keyless.completions.create(model="minicb", prompt="hi", max_tokens=2,
+                                           extra_headers={"Authorization": openai.omit})
         for _ in range(4):
             routed = client.completions.create(model="minicb", prompt="def add(a, b):",
                                                max_tokens=8, temperature=0)
@@ -84,7 +95,7 @@ def test_the_cluster_routes_the_openai_client_over_both_replicas_and_stops_clean
                                              max_tokens=8, temperature=0, stream=True)
         assert "".join(x.choices[0].text for x in streamed if x.choices) \
             == direct.json()["choices"][0]["text"]
-        served = [_served(url) for url in c.replica_urls]
+        served = [_served(url, key) for url in c.replica_urls]
         assert sum(served) == 7 and min(served) >= 2, served     # round robin used both
         pids = c.pids
     assert all(_gone(pid) for pid in pids), "a process of the cluster is still running"
@@ -125,9 +136,13 @@ def test_when_a_replica_dies_the_router_stops_sending_it_requests(router):
         assert router_health.status_code == 503 and c.replica_urls[1] in router_health.text
 
 
+LAUNCH_KEYS = "launch-key-one,launch-key-two"      # MINICB_API_KEY: two keys
+
+
 def _launch(router: str) -> tuple[subprocess.Popen, str, list[str]]:
-    """`python -m minicb cluster` in a subprocess: the launcher, its URL, its replicas' URLs."""
-    env = {**os.environ, "MINICB_ROUTER": router}
+    """`python -m minicb cluster` in a subprocess, its replicas given two keys through
+    MINICB_API_KEY: the launcher, its URL, its replicas' URLs."""
+    env = {**os.environ, "MINICB_ROUTER": router, "MINICB_API_KEY": LAUNCH_KEYS}
     launcher = subprocess.Popen(
         [sys.executable, "-m", "minicb", "cluster", "--replicas", "2", "--policy", "power_of_two",
          "--port", "0", "--", *SERVE_ARGS], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -168,9 +183,17 @@ def _refuses(port: str) -> bool:
 @pytest.mark.slow
 def test_sigterm_to_the_launcher_stops_every_process_it_started(router):
     launcher, url, replicas = _launch(router)
-    client = openai.OpenAI(base_url=url, api_key="none")
-    assert client.completions.create(model="minicb", prompt="hi", max_tokens=2).choices
+    for key in LAUNCH_KEYS.split(","):
+        client = openai.OpenAI(base_url=url, api_key=key, max_retries=0)
+        assert client.completions.create(model="minicb", prompt="hi", max_tokens=2).choices
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=url, api_key="not-a-key", max_retries=0).completions.create(
+            model="minicb", prompt="hi", max_tokens=2)
     ports = _ports(url, replicas)
+    # the keys travel in the replicas' environment, never on a command line (`ps` shows those)
+    everyone = [p for p in Path("/proc").iterdir() if p.name.isdigit()]
+    assert sum(any(f"--port {port}" in _cmdline(p) for port in ports) for p in everyone) >= 2
+    assert not any("launch-key" in _cmdline(p) for p in everyone)
     launcher.send_signal(signal.SIGTERM)
     assert launcher.wait(60) == 0
     for port in ports:

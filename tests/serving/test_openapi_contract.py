@@ -5,7 +5,9 @@ Two checks. In process, always: bodies generated from the published schema (vali
 jsonschema) must be served, and bodies with one field broken must be refused with a 4xx that
 the document lists, in OpenAI's error shape. Then schemathesis, a third-party API fuzzer, with
 every one of its checks against the same server, installed into .venv-schemathesis if it is
-not there (`make schemathesis-setup`; about a minute, once), a bounded number of cases.
+not there (`make schemathesis-setup`; about a minute, once), a bounded number of cases. The
+server runs with an API key, which the clients here and schemathesis send; schemathesis's
+ignored_auth check also sends every operation without it and wants the 401 the document lists.
 """
 
 from __future__ import annotations
@@ -30,13 +32,16 @@ from minicb.serving.server import ServerThread, build_app
 REPO = Path(__file__).resolve().parents[2]
 MAX_MODEL_LEN = 256
 CASES = 60                # per endpoint and kind
+KEY = "contract-test-key"
+AUTH = {"Authorization": f"Bearer {KEY}"}
 
 
 @pytest.fixture(scope="module")
 def served():
-    app = build_app(None, served_model_name="minicb", max_model_len=MAX_MODEL_LEN, max_num_seqs=8)
+    app = build_app(None, served_model_name="minicb", max_model_len=MAX_MODEL_LEN, max_num_seqs=8,
+                    api_keys=[KEY])
     with ServerThread(app) as server:
-        yield server, httpx.get(server.url + "/openapi.json").json()
+        yield server, httpx.get(server.url + "/openapi.json", headers=AUTH).json()
 
 
 def body_schema(openapi: dict, path: str) -> dict:
@@ -136,7 +141,7 @@ def test_what_the_schema_allows_is_served_and_what_it_forbids_is_refused(served,
     def allowed(body):
         if not _fits(body):
             return
-        response = httpx.post(server.url + path, json=body, timeout=60)
+        response = httpx.post(server.url + path, json=body, timeout=60, headers=AUTH)
         assert response.status_code == 200, f"{body!r} refused: {response.text[:300]}"
 
     allowed()
@@ -145,12 +150,13 @@ def test_what_the_schema_allows_is_served_and_what_it_forbids_is_refused(served,
     for field, value in BROKEN + BROKEN_BY_PATH[path]:
         body = base | {field: value}
         assert not jsonschema.Draft202012Validator(schema).is_valid(body), (field, value)
-        response = httpx.post(server.url + path, json=body, timeout=60)
+        response = httpx.post(server.url + path, json=body, timeout=60, headers=AUTH)
         assert 400 <= response.status_code < 500, f"{field}={value!r}: {response.status_code}"
         assert str(response.status_code) in documented
         jsonschema.validate(response.json(), ERROR_SCHEMA)
     # unknown fields are allowed by the schema and ignored by the server
-    assert httpx.post(server.url + path, json=base | {"no_such_field": 1}).status_code == 200
+    assert httpx.post(server.url + path, json=base | {"no_such_field": 1},
+                      headers=AUTH).status_code == 200
 
 
 def schemathesis_executable() -> Path:
@@ -175,7 +181,8 @@ def test_schemathesis_with_every_check_finds_no_failure(served):
     env = {**os.environ, "PYTHONPATH": str(REPO / "tests"),
            "SCHEMATHESIS_HOOKS": "schemathesis_hooks", "MINICB_MAX_MODEL_LEN": str(MAX_MODEL_LEN)}
     run = subprocess.run([str(st_bin), "run", server.url + "/openapi.json", "--checks", "all",
-                          "--max-examples", "25", "--request-timeout", "60", "--seed", "1"],
+                          "--max-examples", "25", "--request-timeout", "60", "--seed", "1",
+                          "--header", f"Authorization: Bearer {KEY}"],
                          capture_output=True, text=True, env=env, timeout=900)
     summary = run.stdout[-3000:]
     assert run.returncode == 0, summary
