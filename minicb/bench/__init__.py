@@ -54,6 +54,8 @@ BENCHMARKS = {
                         "gloo's all-reduce, and a model split over two processes against one"),
     "moe": ("minicb.bench.moe",
             "experts touched and weights read per decode step against batch size; MoE vs dense"),
+    "quant": ("minicb.bench.quant",
+              "one linear and the engine in float32, bfloat16, int8 weights and int8 KV"),
 }
 
 

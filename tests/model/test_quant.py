@@ -45,11 +45,16 @@ def test_the_quantizer_equals_torchaos_bit_for_bit():
     assert torch.equal(scale, layer[0].weight.scale.flatten())
 
 
-@pytest.mark.parametrize("rows", [1, 3, 65, 200], ids=lambda r: f"{r}-rows")
+@pytest.mark.parametrize("kernel", ["c", "torch"])
+@pytest.mark.parametrize("rows", [1, 3, 65], ids=lambda r: f"{r}-rows")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_the_int8_layer_equals_dequantize_then_matmul(rows, dtype):
-    """A few rows through the C kernel, more through torch's _weight_int8pack_mm: both equal x
-    times the dequantized weight, within the activations' own rounding."""
+def test_the_int8_layer_equals_dequantize_then_matmul(rows, dtype, kernel, monkeypatch):
+    """The C kernel, or without one torch's _weight_int8pack_mm: both equal x times the
+    dequantized weight, within the activations' own rounding."""
+    from minicb.model import quant
+
+    if kernel == "torch":
+        monkeypatch.setattr(quant, "_c_kernel", lambda: False)
     torch.manual_seed(rows)
     linear = torch.nn.Linear(96, 40)
     layer = Int8Linear.from_linear(linear)

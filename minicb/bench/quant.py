@@ -1,0 +1,129 @@
+"""`python -m minicb bench quant`: fewer bytes per token on a CPU, measured. One linear layer
+in float32, bfloat16 and int8 (minicb's C kernels and torch's), then whole-engine tokens/s with
+float32, bfloat16, int8 weights and the int8 KV cache, each against float32 in alternated
+repeats.
+
+    python -m minicb bench quant [--rows 1 16 48] [--requests 24] [--repeats 5]
+
+The linear is the 100M Llama's MLP up-projection (1024 -> 2816); the engine runs the shipped
+model (or --model). The build of the C kernels (kernels/isa.py) is recorded with the load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+from minicb.bench.harness import (
+    add_flags,
+    alternate,
+    announce,
+    bench_parser,
+    reading,
+    spread,
+    write_results,
+)
+from minicb.bench.machine import load_average
+
+ENGINE = {"float32": {}, "bfloat16": {"dtype": "bfloat16"}, "int8 weights": {
+    "quantization": "int8"}, "int8 KV": {"kv_cache_dtype": "int8"},
+    "bfloat16 + int8 weights": {"dtype": "bfloat16", "quantization": "int8"}}
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = bench_parser("quant", __doc__)
+    add_flags(p, "model", "repeats", "threads", "seed", "out_dir")
+    p.add_argument("--rows", type=int, nargs="+", default=[1, 16, 48])
+    p.add_argument("--in-features", type=int, default=1024)
+    p.add_argument("--out-features", type=int, default=2816)
+    p.add_argument("--calls", type=int, default=20, help="calls timed per repeat (the median)")
+    p.add_argument("--requests", type=int, default=24)
+    p.add_argument("--prompt-len", type=int, default=64)
+    p.add_argument("--max-tokens", type=int, default=64)
+    return p.parse_args(argv)
+
+
+def linear_variants(x, n: int, seed: int) -> dict:
+    """name -> a call computing x W^T with W stored as the name says."""
+    import torch
+    import torch.nn.functional as F
+
+    from minicb.kernels.cpu import linear_cpu
+    from minicb.model.quant import quantize_int8
+
+    w = torch.randn(n, x.shape[1], generator=torch.Generator().manual_seed(seed)) * 0.02
+    wb, (q, scale), xb = w.bfloat16(), quantize_int8(w), x.bfloat16()
+    return {"C float32": lambda: linear_cpu(x, w), "C bfloat16": lambda: linear_cpu(x, wb),
+            "C int8": lambda: linear_cpu(x, q, scale=scale),
+            "torch float32": lambda: F.linear(x, w),
+            "torch bfloat16 (oneDNN)": lambda: F.linear(xb, wb),
+            "torch int8 (_weight_int8pack_mm)":
+                lambda: torch.ops.aten._weight_int8pack_mm(x, q, scale)}
+
+
+def time_call(call, calls: int) -> float:
+    call()
+    times = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e6
+
+
+def linear_table(args) -> dict:
+    import torch
+
+    table = {}
+    for rows in args.rows:
+        x = torch.randn(rows, args.in_features)
+        variants = linear_variants(x, args.out_features, args.seed)
+        micros = {name: [] for name in variants}
+        for _, name in alternate(args.repeats, list(variants), rotate=True):
+            micros[name].append(time_call(variants[name], args.calls))
+        base = micros["C float32"]
+        table[rows] = {name: {"us": spread(v), "vs C float32": reading(
+            [b / t for b, t in zip(base, v)], "faster", "slower")} for name, v in micros.items()}
+        print(rows, "rows:", {name: round(statistics.median(v)) for name, v in micros.items()},
+              flush=True)
+    return table
+
+
+def engine_table(args) -> dict:
+    from minicb import LLM, SamplingParams
+
+    prompts = [[3 + (11 * i + 7 * j) % 4000 for j in range(args.prompt_len)]
+               for i in range(args.requests)]
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=0, ignore_eos=True)
+    engines = {name: LLM(args.model, max_num_seqs=args.requests, **knobs)
+               for name, knobs in ENGINE.items()}
+    rates = {name: [] for name in engines}
+    for _, name in alternate(args.repeats, list(engines), rotate=True):
+        start = time.perf_counter()
+        outputs = engines[name].generate(prompts, params, use_tqdm=False)
+        tokens = sum(len(out.outputs[0].token_ids) for out in outputs)
+        rates[name].append(tokens / (time.perf_counter() - start))
+    base = rates["float32"]
+    return {name: {"tokens_per_s": spread(v), "vs float32": reading(
+        [r / b for r, b in zip(v, base)], "faster", "slower")} for name, v in rates.items()}
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    import torch
+
+    from minicb.kernels.cpu import available
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    build = available()[1]
+    announce(f"bench quant: C kernels {build}; {torch.get_num_threads()} threads")
+    load_before = load_average()
+    payload = {"build": build, "threads": torch.get_num_threads(), "load_before": load_before,
+               "linear": linear_table(args), "engine": engine_table(args),
+               "load_after": load_average()}
+    for name, row in payload["engine"].items():
+        print(f"{name:>24}: {row['tokens_per_s']['median']:.0f} tok/s, {row['vs float32']}")
+    write_results(args.out_dir, "quant", payload)
+    return 0
