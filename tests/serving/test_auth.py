@@ -19,6 +19,7 @@ import pytest
 import minicb.serving.server as server_module
 from minicb import default_model_path
 from minicb.serving.auth import _HideQueryStrings, exposure_warning, keys_from
+from minicb.serving.loadgen import BenchConfig, benchmark
 from minicb.serving.server import ServerThread, build_app
 
 KEYS = ["first-key-3f9a", "second-key-c21e"]
@@ -214,3 +215,16 @@ def test_keys_come_from_the_flag_and_the_environment_and_exposure_is_warned(monk
         assert len(lines) == 1 and "without an API key" in lines[0] and host in lines[0]
     server_module.main([])                      # 127.0.0.1, the default: no warning
     assert capsys.readouterr().err == "" and built["api_keys"] == []
+
+
+def test_the_load_generator_sends_the_key_from_the_environment(server, monkeypatch):
+    """`python -m minicb bench serve` (and the routing benchmarks, which drive it) against a
+    keyed server: MINICB_API_KEY's first key goes with every request, and into no result."""
+    config = BenchConfig(server.url, model="m", num_prompts=3, input_len=8, output_len=4,
+                         disable_tqdm=True, ignore_eos=True)
+    monkeypatch.delenv("MINICB_API_KEY", raising=False)
+    refused = benchmark(config)
+    assert refused["completed"] == 0 and "401" in refused["errors"][0]
+    monkeypatch.setenv("MINICB_API_KEY", f"{KEYS[1]},{KEYS[0]}")
+    served = benchmark(config)
+    assert served["completed"] == 3 and not any(key in str(served) for key in KEYS)
