@@ -1,11 +1,12 @@
 """The ranks of a tensor-parallel engine: their process group, and the plan sent to all of them.
 
-Two channels, as vLLM keeps them apart:
+Two channels, two groups, as vLLM keeps them apart:
 
 * the **all-reduce** of the row-parallel linears (minicb/model/parallel_layers.py), on the
   tensors' device: gloo on a CPU, NCCL on CUDA GPUs (one GPU per rank);
 * the **plan**: each step, rank 0 (the scheduling process) sends every other rank what its
-  forward needs, pickled, through a gloo broadcast of host memory.
+  forward needs, pickled, through a gloo broadcast of host memory. A worker waits there as long
+  as the engine is idle, so this group's timeout is a year; the all-reduce's is two minutes.
 
 Why a broadcast and not a shared-memory queue (vLLM's MessageQueue): a shared-memory queue's
 readers poll it, and on a CPU the polling threads take the cores the ranks compute on (on this
@@ -28,9 +29,12 @@ import torch
 from torch.distributed import PrefixStore, ProcessGroupGloo, TCPStore
 
 HOST = "127.0.0.1"
-# how long a collective may wait for the other ranks before it fails: the ranks run in lockstep,
+# how long an all-reduce may wait for the other ranks before it fails: the ranks run in lockstep,
 # so this only bounds a rank stuck without dying (a dead one fails the collective at once)
 TIMEOUT = datetime.timedelta(seconds=120)
+# how long a worker waits for the next plan: as long as the engine stays idle (a server between
+# requests), so without a bound that matters; a scheduling process that dies closes the sockets
+IDLE_TIMEOUT = datetime.timedelta(days=365)
 # a plan up to this many bytes goes in one broadcast; a bigger one sends its length first
 INLINE_BYTES = 4096
 
@@ -50,7 +54,7 @@ class TPGroup:
                  store: TCPStore | None = None):
         self.rank, self.size, self.port, self.device = rank, size, port, device
         self._store = store
-        self.cpu: ProcessGroupGloo | None = None         # the plan (and a CPU's all-reduce)
+        self.plans: ProcessGroupGloo | None = None       # the plan's broadcast
         self.reducer = None                              # the all-reduce's group
         self._buffer = torch.zeros(8 + INLINE_BYTES, dtype=torch.uint8)
         self._bytes = self._buffer.numpy()
@@ -58,14 +62,16 @@ class TPGroup:
     def connect(self) -> None:
         """Join the group: blocks until every rank has called it."""
         store = self._store or TCPStore(HOST, self.port, self.size, False, timeout=TIMEOUT)
-        self.cpu = ProcessGroupGloo(PrefixStore("gloo/", store), self.rank, self.size, TIMEOUT)
+        self.plans = ProcessGroupGloo(PrefixStore("plan/", store), self.rank, self.size,
+                                      IDLE_TIMEOUT)
         if self.device.startswith("cuda"):
             # written for CUDA builds of torch, where ProcessGroupNCCL exists; not run in CI
             from torch.distributed import ProcessGroupNCCL
 
             self.reducer = ProcessGroupNCCL(PrefixStore("nccl/", store), self.rank, self.size)
         else:
-            self.reducer = self.cpu
+            self.reducer = ProcessGroupGloo(PrefixStore("gloo/", store), self.rank, self.size,
+                                            TIMEOUT)
 
     def all_reduce(self, tensor: torch.Tensor) -> None:
         """Sum `tensor` over the ranks, in place (every rank calls it, in the same order)."""
@@ -93,4 +99,4 @@ class TPGroup:
         return pickle.loads(data.numpy().tobytes())
 
     def _broadcast(self, tensor: torch.Tensor) -> None:
-        self.cpu.broadcast(tensor, 0).wait()
+        self.plans.broadcast(tensor, 0).wait()

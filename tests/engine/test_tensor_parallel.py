@@ -12,6 +12,7 @@ scheduler × KV layout once.
 
 from __future__ import annotations
 
+import datetime
 import gc
 import json
 import os
@@ -20,6 +21,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -246,3 +248,28 @@ def test_ctrl_c_leaves_no_worker_running(tiny_llama, tmp_path):
     while _alive(worker) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not _alive(worker), "Ctrl-C left the worker process running"
+
+
+def test_a_worker_waits_for_the_next_plan_longer_than_a_collective_may(monkeypatch):
+    """An idle engine (a server between requests) must not lose its workers: the plan's wait has
+    no practical bound, while an all-reduce's wait stays bounded. Two ranks in threads, with the
+    all-reduce's timeout cut to half a second and the plan sent after a second."""
+    from minicb.engine import tp_group
+
+    monkeypatch.setattr(tp_group, "TIMEOUT", datetime.timedelta(seconds=0.5))
+    store = tp_group.master_store(2)
+    ranks = [tp_group.TPGroup(0, 2, store.port, "cpu", store),
+             tp_group.TPGroup(1, 2, store.port, "cpu")]
+    received = []
+
+    def worker() -> None:
+        ranks[1].connect()
+        received.append(ranks[1].receive())
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    ranks[0].connect()
+    time.sleep(1.0)
+    ranks[0].send(("step", list(range(2000))))       # over the inline size: two broadcasts
+    thread.join(timeout=30)
+    assert received == [("step", list(range(2000)))]
