@@ -206,6 +206,13 @@ class EngineConfig:
                f"kv_cache_dtype={self.kv_cache_dtype!r} runs on the CPU, with attention 'cpu' or "
                f"'torch' (got device={self.device!r}, attention={self.attention!r}); use those, "
                "or kv_cache_dtype='auto'.")
+        narrow = [f"{name}={getattr(self, name)!r}" for name, plain in
+                  (("quantization", None), ("kv_cache_dtype", "auto"))
+                  if getattr(self, name) != plain]
+        _check(self.tensor_parallel_size == 1 or not narrow,
+               f"{', '.join(narrow)} run in one process: tensor parallelism's ranks load float "
+               f"shards (got tensor_parallel_size={self.tensor_parallel_size}); use one of the "
+               "two.")
         _check(self.policy in POLICIES,
                f"policy={self.policy!r} is not one of {POLICIES}; pick one of those.")
         _check(self.step_order in STEP_ORDERS,

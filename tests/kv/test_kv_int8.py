@@ -97,6 +97,8 @@ def test_the_engine_keeps_working_on_an_int8_cache(tiny_llama, knobs):
     ({"kv_cache_dtype": "fp8"}, r"kv_cache_dtype='fp8' is not one of \('auto', 'int8'\)"),
     ({"kv_cache_dtype": "int8", "device": "cuda"}, "runs on the CPU"),
     ({"kv_cache_dtype": "int8", "attention": "triton"}, "runs on the CPU"),
+    ({"kv_cache_dtype": "int8", "tensor_parallel_size": 2}, "run in one process"),
+    ({"quantization": "int8", "tensor_parallel_size": 2}, "run in one process"),
 ])
 def test_a_bad_kv_cache_dtype_names_the_choices(knobs, message):
     with pytest.raises(ValueError, match=message):
