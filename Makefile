@@ -80,7 +80,7 @@ test: setup browser-setup
 FAST_SKIP := --ignore=tests/browser --ignore=tests/exercises --ignore=tests/book/test_exercise_mutants.py \
 	--ignore=tests/book/test_exercises_in_sync.py --ignore=tests/book/test_notebooks_in_sync.py \
 	--ignore=tests/minicb_kernels/test_kernels.py --ignore=tests/engine/test_engine_triton.py --ignore=tests/tools/test_grade_tool.py \
-	--ignore=tests/tools/test_packaging.py \
+	--ignore=tests/tools/test_packaging.py --ignore=tests/tools/test_course.py \
 	--ignore=tests/bench --ignore=tests/viz
 test-fast: setup
 	$(BIN)/python -m pytest $(XDIST) -m "not slow" -p no:cacheprovider $(FAST_SKIP) tests

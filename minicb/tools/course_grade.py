@@ -10,6 +10,8 @@ filled in (course/reports/milestone-N.md).
 from __future__ import annotations
 
 import json
+import os
+import platform
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -89,6 +91,12 @@ def measured_rows(grade: MilestoneGrade) -> list[list[str]]:
 HEADER = ["bar", "yours", "reference", "ratio (spread)", "full", "partial", "verdict (points)"]
 
 
+def machine() -> str:
+    """Where the bars were timed: the ratios hold anywhere, their spread depends on this."""
+    load = " ".join(f"{x:.1f}" for x in os.getloadavg())
+    return f"{platform.machine()} {os.cpu_count()} CPU cores, load average {load} (1, 5, 15 min)"
+
+
 def milestone_card(grade: MilestoneGrade) -> str:
     m = grade.milestone
     passed = sum(c.passed for c in grade.checks)
@@ -101,7 +109,8 @@ def milestone_card(grade: MilestoneGrade) -> str:
              f"  correctness  {passed}/{len(grade.checks)} checks passed",
              f"  accuracy     {gate}",
              "  performance  ratio = the reference's value / yours for a time, yours / the "
-             "reference's for a count: 1.0 is the reference's speed"]
+             "reference's for a count: 1.0 is the reference's speed",
+             f"               timed on {machine()}"]
     lines += ["    " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip()
               for row in rows]
     lines += [f"    {r.bar.name}: {r.reason}" for r in grade.bars if r.reason and r.ratios]
@@ -155,7 +164,7 @@ def filled_report(grade: MilestoneGrade) -> str:
     gate = grade.gate.summary if grade.gate else grade.gate_reason
     passed = sum(c.passed for c in grade.checks)
     measured = (f"Correctness: {passed}/{len(grade.checks)} checks passed. Accuracy gate: "
-                f"{gate}.\n\n{table}")
+                f"{gate}. Timed on {machine()}.\n\n{table}")
     return template.replace(TABLE_MARK, measured)
 
 
