@@ -59,7 +59,8 @@ def grade_milestone(folder: Path, number: str, checks: list[Check],
     if not grade.correct:
         failing = sum(not c.passed for c in checks)
         grade.gate_reason = f"not run: correctness first ({failing} checks fail)"
-        grade.bars = not_measured(milestone, grade.gate_reason)
+        grade.bars = not_measured(milestone, f"not measured: correctness first ({failing} "
+                                  "checks fail)")
         return grade
     started = time.monotonic()
     grade.gate = accuracy_gate(folder, reference, milestone.parts, milestone.engine)
@@ -73,16 +74,17 @@ def grade_milestone(folder: Path, number: str, checks: list[Check],
     return grade
 
 
-def _value(values: list[float]) -> str:
+def _value(values: list[float], unit: str) -> str:
+    """The median of one side's runs, with its unit ("-" when nothing was measured)."""
     if not values:
         return "-"
     middle = sorted(values)[len(values) // 2]
-    return f"{middle:.0f}" if middle >= 100 else f"{middle:.3g}"
+    return (f"{middle:.0f}" if middle >= 100 else f"{middle:.3g}") + f" {unit}"
 
 
 def measured_rows(grade: MilestoneGrade) -> list[list[str]]:
     """One row per bar: bar, yours, reference, ratio (spread), full/partial bars, verdict."""
-    return [[r.bar.name, f"{_value(r.yours)} {r.bar.unit}", f"{_value(r.reference)} {r.bar.unit}",
+    return [[r.bar.name, _value(r.yours, r.bar.unit), _value(r.reference, r.bar.unit),
              r.ratio_text(), f"{r.bar.full:g}", f"{r.bar.partial:g}",
              r.verdict + (f" ({r.points:g}/{r.bar.points:g})" if r.ratios else "")]
             for r in grade.bars]
@@ -134,8 +136,8 @@ def gradescope_tests(grade: MilestoneGrade) -> list[dict]:
               "score": float(bool(grade.gate and grade.gate.passed)),
               "output": grade.gate.summary if grade.gate else grade.gate_reason}]
     for r in grade.bars:
-        output = (f"{r.bar.metric} on {r.bar.workload}: yours {_value(r.yours)} {r.bar.unit}, "
-                  f"the reference {_value(r.reference)} {r.bar.unit}; ratio {r.ratio_text()}; "
+        output = (f"{r.bar.metric} on {r.bar.workload}: yours {_value(r.yours, r.bar.unit)}, "
+                  f"the reference {_value(r.reference, r.bar.unit)}; ratio {r.ratio_text()}; "
                   f"full credit from {r.bar.full:g}, half from {r.bar.partial:g}: {r.verdict}. "
                   f"{r.reason}").strip()
         tests.append({"name": f"milestone {m.number} performance: {r.bar.name}",

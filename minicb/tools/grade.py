@@ -173,7 +173,7 @@ def chapter_card(chapter: str, mine: list[Check], folder: Path | None = None,
                  verbose: bool = False) -> list[str]:
     """One chapter's lines. The first says why the chapter failed when one reason covers it:
     a file that could not be loaded, or stubs not yet written (then: where to start)."""
-    mine = ordered(mine)
+    in_file_order, mine = mine, ordered(mine)
     passed = sum(c.passed for c in mine)
     head = f"ch{chapter}  {passed}/{len(mine)} checks passed"
     stubs = [c for c in mine if c.reached_a_stub]
@@ -183,7 +183,9 @@ def chapter_card(chapter: str, mine: list[Check], folder: Path | None = None,
     start = None
     if stubs and folder is not None:
         found = first_stub(folder / f"{CHAPTERS[chapter]}.py")
-        smallest = next((c.name for c in mine if "worked_examples" in c.name), stubs[0].name)
+        # the worked examples, else the chapter's first check (each file starts with its smallest)
+        smallest = next((c.name for c in mine if "worked_examples" in c.name),
+                        next(c.name for c in in_file_order if c.reached_a_stub))
         if found:
             start = (f"write {found[0]} first ({CHAPTERS[chapter]}.py line {found[1]}); the "
                      f"smallest check is {smallest}"
