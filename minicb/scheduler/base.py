@@ -168,7 +168,8 @@ class Scheduler:
         Returns the requests that got a token or finished this step.
         """
         now, step = self.clock(), output.step
-        self._record_prompt_logprobs(output, sampled)
+        if sampled.prompt_logprobs:
+            self._record_prompt_logprobs(output, sampled)
         tokens, rows = sampled.sampled_token_ids, len(output.seqs)
         if (len(tokens) == rows == output.num_decode_rows and not self.num_host_state_requests
                 and sampled.errors.count(None) == rows and sampled.logprobs.count(None) == rows):
@@ -183,7 +184,7 @@ class Scheduler:
         """Each asking row's prompt logprobs, for prompt positions start + 1 onwards: only those
         not recorded yet (a request recomputing its prompt after a preemption computes them
         again)."""
-        for index, values in (sampled.prompt_logprobs or {}).items():
+        for index, values in sampled.prompt_logprobs.items():
             seq = output.seqs[index]
             recorded = seq.request.prompt_logprobs
             skip = len(recorded) - (seq.start + 1)

@@ -55,7 +55,7 @@ class ContinuousScheduler(Scheduler):
         config = self.config
         budget = StepBudget(config.max_num_batched_tokens,
                             config.max_prefill_tokens_per_step or config.max_num_batched_tokens,
-                            scheduled=self.fully_planned())
+                            self.fully_planned())
         if config.step_order == "decode_first":
             self._schedule_running(output, budget)
             self._admit_waiting(output, budget)

@@ -85,7 +85,8 @@ class OverlapScheduler(Scheduler):
         if not output.committed:
             return super().update(output, sampled)
         now, step = self.clock(), output.step
-        self._record_prompt_logprobs(output, sampled)
+        if sampled.prompt_logprobs:
+            self._record_prompt_logprobs(output, sampled)
         touched: list[Request] = []
         rows = [seq for seq in output.seqs if seq.needs_logits]
         for seq, tokens, logprobs, error in zip(rows, sampled.sampled_token_ids, sampled.logprobs,
