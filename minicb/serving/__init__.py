@@ -1,3 +1,3 @@
 """The HTTP side of the engine: the async engine, the OpenAI-compatible server and its protocol,
-streaming detokenisation, Prometheus metrics, and a load generator for any OpenAI-compatible
-server."""
+API keys, streaming detokenisation, Prometheus metrics, and a load generator for any
+OpenAI-compatible server."""

@@ -143,9 +143,9 @@ class Cluster:
     # replicas already running elsewhere (their URLs): the router alone is started, in front of
     # them, and `replicas` is their number
     worker_urls: list[str] | None = None
-    # the replicas' API keys (MINICB_API_KEY in their environment); None: they inherit this
-    # process's environment, MINICB_API_KEY included; [] starts them without a key
-    api_keys: list[str] | None = None
+    # the replicas' API keys, put in their environment as MINICB_API_KEY (exactly these: a key
+    # in this process's environment is not passed on unless listed; the CLI lists it)
+    api_keys: list[str] = field(default_factory=list)
     processes: list[Process] = field(default_factory=list, init=False)
     router_process: Process | None = field(default=None, init=False)
 
@@ -193,15 +193,7 @@ class Cluster:
             raise
         return self
 
-    @property
-    def client_key(self) -> str | None:
-        """The key this launcher's own requests carry (to the router and the replicas)."""
-        return self.api_keys[0] if self.api_keys else (
-            client_key() if self.api_keys is None else None)
-
-    def _replica_env(self) -> dict[str, str] | None:
-        if self.api_keys is None:
-            return None
+    def _replica_env(self) -> dict[str, str]:
         env = {name: value for name, value in os.environ.items() if name != ENV_VAR}
         return env | ({ENV_VAR: ",".join(self.api_keys)} if self.api_keys else {})
 
@@ -235,7 +227,7 @@ class Cluster:
         host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
         self.router_process = self._spawn("router", command, f"http://{host}:{port}")
         wait_healthy(self.router_process, "/v1/models", time.monotonic() + 60,
-                     key=self.client_key)
+                     key=self.api_keys[0] if self.api_keys else None)
 
     def kill_replica(self, index: int, sig: int = signal.SIGKILL) -> None:
         """A replica dies (SIGKILL: no goodbye to its clients or the router)."""

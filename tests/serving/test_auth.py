@@ -18,7 +18,7 @@ import pytest
 
 import minicb.serving.server as server_module
 from minicb import default_model_path
-from minicb.serving.auth import _HideQueryStrings, exposure_warning, keys_from
+from minicb.serving.auth import OPEN_PATHS, _HideQueryStrings, exposure_warning, keys_from
 from minicb.serving.loadgen import BenchConfig, benchmark
 from minicb.serving.server import ServerThread, build_app
 
@@ -83,6 +83,7 @@ def test_a_key_in_the_query_string_is_refused_even_beside_the_right_header(serve
 
 
 def test_every_route_but_health_needs_the_key_including_one_added_later(server):
+    assert OPEN_PATHS == {"/health"}        # opening another route is a decision made here
     app = server.app
     app.add_api_route("/added-later", lambda: {"ok": True}, methods=["GET"])
     routes = [(method, route.path) for route in app.routes
