@@ -100,6 +100,16 @@ FACTS: dict[str, Fact] = {
     "vllm_custom_allreduce_tp8_1mib": Fact(45.0, "us", _CUSTOM_AR_TIMES + ": TP 8, 1,048,576 "
                                            "bytes"),
     # --- models (the checkpoints' config.json on the Hugging Face hub) ---
+    "qwen3_30b_a3b_layers": Fact(48, "layers", "Qwen/Qwen3-30B-A3B config.json: "
+                                 "num_hidden_layers, https://huggingface.co/Qwen/Qwen3-30B-A3B"),
+    "qwen3_30b_a3b_hidden_size": Fact(2048, "elements", "Qwen/Qwen3-30B-A3B config.json: "
+                                      "hidden_size"),
+    "qwen3_30b_a3b_experts": Fact(128, "experts", "Qwen/Qwen3-30B-A3B config.json: "
+                                  "num_experts (every layer sparse)"),
+    "qwen3_30b_a3b_experts_per_token": Fact(8, "experts", "Qwen/Qwen3-30B-A3B config.json: "
+                                            "num_experts_per_tok"),
+    "qwen3_30b_a3b_expert_size": Fact(768, "elements", "Qwen/Qwen3-30B-A3B config.json: "
+                                      "moe_intermediate_size"),
     "llama2_7b_params": Fact(6_738_415_616, "parameters", "meta-llama/Llama-2-7b-hf config.json's "
                              "shapes (32 layers of 4 x 4096^2 attention + 3 x 4096 x 11008 MLP "
                              "+ 2 norms, two 32000 x 4096 embeddings, a final norm); Touvron et "

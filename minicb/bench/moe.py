@@ -19,6 +19,7 @@ import tempfile
 import time
 
 from minicb.bench.harness import add_flags, alternate, announce, bench_parser, write_results
+from minicb.sim.expert_parallel import experts_touched
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -104,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         decode(engines["moe"], rows, args.steps, args.seed + rows)
         s = engines["moe"].llm_engine.model.expert_load.summary()
         per_layer = s["experts_touched_per_step"]
-        predicted = e * (1 - (1 - k / e) ** rows)
+        predicted = experts_touched(e, k, rows)
         touched.append({"rows": rows, "touched_per_layer": per_layer,
                         "touched": sum(per_layer) / len(per_layer), "predicted": predicted,
                         "imbalance": s["imbalance"],
@@ -132,7 +133,7 @@ def plot(record: dict):
     e, k = record["experts"], record["top_k"]
     figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     fine = range(1, max(rows) + 1)
-    left.plot(fine, [e * (1 - (1 - k / e) ** b) for b in fine], "k--",
+    left.plot(fine, [experts_touched(e, k, b) for b in fine], "k--",
               label="E·(1 − (1 − k/E)^B)")
     for layer in range(len(record["touched"][0]["touched_per_layer"])):
         left.plot(rows, [t["touched_per_layer"][layer] for t in record["touched"]], "o",

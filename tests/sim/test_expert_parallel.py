@@ -1,0 +1,39 @@
+"""The expert-parallel decode cost model: experts touched, expert reads, the all-to-all."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from minicb.sim.expert_parallel import QWEN3_30B_A3B, ep_decode_parts, experts_touched
+
+
+def test_experts_touched_matches_uniform_routing():
+    """k at one token, all E at many; in between, the mean of random top-k choices."""
+    assert experts_touched(64, 8, 1) == pytest.approx(8)
+    assert experts_touched(64, 8, 256) == pytest.approx(64, abs=1e-6)
+    gen = torch.Generator().manual_seed(0)
+    for tokens in (2, 8, 16):
+        trials = [len(set(torch.rand(tokens, 64, generator=gen).topk(8).indices.flatten()
+                          .tolist())) for _ in range(400)]
+        assert sum(trials) / len(trials) == pytest.approx(experts_touched(64, 8, tokens), rel=0.02)
+
+
+def test_expert_parallel_splits_the_reads_and_pays_an_exchange():
+    one = ep_decode_parts(QWEN3_30B_A3B, batch=64, n=1)
+    eight = ep_decode_parts(QWEN3_30B_A3B, batch=64, n=8)
+    assert one["all_to_all"] == 0 and eight["all_to_all"] > 0
+    assert eight["experts"] == pytest.approx(one["experts"] / 8)
+    assert eight["touched_per_gpu"] == pytest.approx(one["touched_per_gpu"] / 8)
+    bigger = ep_decode_parts(QWEN3_30B_A3B, batch=256, n=8)
+    assert bigger["all_to_all"] > eight["all_to_all"]
+    skewed = ep_decode_parts(QWEN3_30B_A3B, batch=64, n=8, imbalance=1.5)
+    assert skewed["experts"] == pytest.approx(1.5 * eight["experts"])
+    assert skewed["all_to_all"] == eight["all_to_all"]
+
+
+def test_bad_splits_are_refused():
+    with pytest.raises(ValueError, match="cannot hold 128 experts evenly"):
+        ep_decode_parts(QWEN3_30B_A3B, batch=8, n=3)
+    with pytest.raises(ValueError, match="imbalance=0.5 is below 1"):
+        ep_decode_parts(QWEN3_30B_A3B, batch=8, n=2, imbalance=0.5)
