@@ -12,8 +12,9 @@ share of that, but every token's k hidden vectors go to their experts' GPUs and 
 all-to-alls, each GPU sending (n − 1)/n of its B/n · k vectors. The busiest GPU sets the step's
 pace, so a routing imbalance (busiest expert over the mean) multiplies the expert reads;
 replicating hot experts on several GPUs (DeepSeek's EPLB) is what brings that factor back toward
-one. Inputs are cited facts (minicb/facts.py): Qwen3-30B-A3B's shape, the A100's memory and
-NVLink bandwidths, NCCL's per-message latency.
+one (`placement_imbalance` computes it for measured per-expert loads). Inputs are cited facts
+(minicb/facts.py): Qwen3-30B-A3B's shape, the A100's memory and NVLink bandwidths, NCCL's
+per-message latency.
 """
 
 from __future__ import annotations
@@ -73,3 +74,38 @@ def ep_decode_parts(shape: MoeShape, batch: int, n: int = 1, link: Link = NVLINK
         exchange = shape.layers * 2 * (link.latency + sent / link.bandwidth)
     return {"experts": reads, "all_to_all": exchange, "touched_per_gpu": touched,
             "total": reads + exchange}
+
+
+def placement_imbalance(loads: list[float], n: int, redundant: int = 0,
+                        balanced: bool = False) -> float:
+    """The busiest GPU's tokens over the mean GPU's, for per-expert token counts `loads` placed
+    on n GPUs with (len(loads) + redundant) / n expert slots each.
+
+    Without `balanced`, expert e sits on GPU e // (E / n), as minicb's split_experts places it.
+    With it, DeepSeek's EPLB idea: the `redundant` extra slots go one by one to the expert with
+    the most tokens per copy (its tokens shared evenly between its copies), then the copies,
+    heaviest first, each go to the least loaded GPU that has a free slot."""
+    experts = len(loads)
+    if n < 1 or (experts + redundant) % n:
+        raise ValueError(f"{experts} experts and {redundant} redundant copies do not fill "
+                         f"{n} GPUs' slots evenly.")
+    if redundant and not balanced:
+        raise ValueError("redundant copies need balanced=True: contiguous placement has none.")
+    per_gpu = [0.0] * n
+    if not balanced:
+        for expert, load in enumerate(loads):
+            per_gpu[expert * n // experts] += load
+    else:
+        copies = [1] * experts
+        for _ in range(redundant):
+            hottest = max(range(experts), key=lambda e: loads[e] / copies[e])
+            copies[hottest] += 1
+        items = sorted((loads[e] / copies[e] for e in range(experts) for _ in range(copies[e])),
+                       reverse=True)
+        slots = [(experts + redundant) // n] * n
+        for load in items:
+            gpu = min((g for g in range(n) if slots[g]), key=lambda g: per_gpu[g])
+            per_gpu[gpu] += load
+            slots[gpu] -= 1
+    mean = sum(per_gpu) / n
+    return max(per_gpu) / mean if mean else 1.0

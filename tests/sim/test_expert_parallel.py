@@ -5,7 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from minicb.sim.expert_parallel import QWEN3_30B_A3B, ep_decode_parts, experts_touched
+from minicb.sim.expert_parallel import (
+    QWEN3_30B_A3B,
+    ep_decode_parts,
+    experts_touched,
+    placement_imbalance,
+)
 
 
 def test_experts_touched_matches_uniform_routing():
@@ -37,3 +42,18 @@ def test_bad_splits_are_refused():
         ep_decode_parts(QWEN3_30B_A3B, batch=8, n=3)
     with pytest.raises(ValueError, match="imbalance=0.5 is below 1"):
         ep_decode_parts(QWEN3_30B_A3B, batch=8, n=2, imbalance=0.5)
+
+
+def test_a_balanced_placement_with_redundant_experts_evens_a_skewed_load():
+    """Even loads: every placement is even. A Zipf-skewed load of 64 experts on 8 GPUs: the
+    contiguous split is uneven, a balanced one less so, and 8 redundant copies of the hottest
+    experts less still."""
+    assert placement_imbalance([5.0] * 64, 8) == pytest.approx(1.0)
+    skewed = [1000 / (rank + 1) for rank in range(64)]
+    contiguous = placement_imbalance(skewed, 8)
+    balanced = placement_imbalance(skewed, 8, balanced=True)
+    replicated = placement_imbalance(skewed, 8, redundant=8, balanced=True)
+    assert contiguous > balanced > replicated >= 1.0
+    assert replicated < 1.1
+    with pytest.raises(ValueError, match="do not fill 8 GPUs' slots evenly"):
+        placement_imbalance(skewed, 8, redundant=3, balanced=True)
