@@ -266,7 +266,9 @@ def grade_batch(folder: Path, out: Path, chapter: str | None, milestone: str | N
             writer.writerow([path.name, *per_chapter, passed, len(checks),
                              f"{100 * passed / max(len(checks), 1):.1f}",
                              *(course_grade.csv_row(result) if result else []), problems(checks)])
-            print(f"{path.name}: {passed}/{len(checks)}", flush=True)
+            points = (", performance {:g}/{:g}".format(*course_grade.performance_points(result))
+                      if result else "")
+            print(f"{path.name}: {passed}/{len(checks)}{points}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
