@@ -124,11 +124,16 @@ class APIKeyMiddleware:
                         "servers and proxies); send it in the header 'Authorization: Bearer "
                         "<key>' and revoke the one that was sent.", "api_key_in_url")
         values = [value for name, value in scope["headers"] if name == b"authorization"]
-        scheme, _, presented = (values[0] if len(values) == 1 else b"").partition(b" ")
         if not values:
             return ("this server needs an API key: send the header 'Authorization: Bearer "
                     "<key>' (the openai client's api_key).", "invalid_api_key")
-        if scheme.lower() != b"bearer" or not self._matches(presented.strip()):
+        # every Authorization header must carry a key (a router may add its own beside the
+        # client's, as sglang-router does)
+        valid = True
+        for value in values:
+            scheme, _, presented = value.partition(b" ")
+            valid &= scheme.lower() == b"bearer" and self._matches(presented.strip())
+        if not valid:
             return ("the API key is not valid for this server; send 'Authorization: Bearer "
                     "<key>' with a key the server was started with.", "invalid_api_key")
         return None

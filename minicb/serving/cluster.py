@@ -24,6 +24,9 @@ send it with its load probes), so it is not given the key; its own endpoints (wo
 management, its Prometheus port) answer whoever reaches its port: keep it on 127.0.0.1, or
 behind a proxy that checks keys. Under a key, power_of_two's load probes (GET /get_load, which
 needs the key like every route but /health) are refused, so that policy routes without loads.
+sglang-router (--router-kind sglang) does check clients: it gets the key as --api-key (one key;
+with several, the replicas alone check) and as --control-plane-api-keys for its worker
+management, through its environment (hidden_arguments), never its command line.
 
 The routing policies are the router's own (`--policy`):
   round_robin     each request to the next replica in turn
@@ -38,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import json
 import os
 import shutil
 import signal
@@ -224,10 +228,22 @@ class Cluster:
                    "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()),
                    "--health-check-interval-secs", str(self.health_check_interval),
                    "--log-level", warning, *self.router_args]
+        command, env = hidden_arguments(command, self._router_key_args())
         host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
-        self.router_process = self._spawn("router", command, f"http://{host}:{port}")
+        self.router_process = self._spawn("router", command, f"http://{host}:{port}", env=env)
         wait_healthy(self.router_process, "/v1/models", time.monotonic() + 60,
                      key=self.api_keys[0] if self.api_keys else None)
+
+    def _router_key_args(self) -> list[str]:
+        """The router's own key options: sglang-router checks clients against --api-key (one
+        key; with several, the replicas alone check) and guards its worker management with
+        --control-plane-api-keys. vllm-router has no client check (its --api-key is what it
+        would send to workers, and it does not with its load probes): none."""
+        if self.router_kind != "sglang" or not self.api_keys:
+            return []
+        own = ["--api-key", self.api_keys[0]] if len(self.api_keys) == 1 else []
+        return own + ["--control-plane-api-keys",
+                      *(f"key{i}:minicb:admin:{key}" for i, key in enumerate(self.api_keys))]
 
     def kill_replica(self, index: int, sig: int = signal.SIGKILL) -> None:
         """A replica dies (SIGKILL: no goodbye to its clients or the router)."""
@@ -270,6 +286,30 @@ def spawn(name: str, command: list[str], url: str, cores: list[int] | None = Non
     if log:
         out.close()
     return Process(name, popen, url, log)
+
+
+# runs a router's Python entry script with arguments appended from the environment, so that
+# secrets never appear on a command line (`ps` shows those to every user of the machine)
+_BOOTSTRAP = ("import json, os, runpy, sys; sys.argv = sys.argv[1:] + json.loads("
+              "os.environ.pop('MINICB_HIDDEN_ARGS')); runpy.run_path(sys.argv[0], "
+              "run_name='__main__')")
+
+
+def hidden_arguments(command: list[str], secret: list[str]) -> tuple[list[str], dict | None]:
+    """`command` with `secret` arguments added where no command line shows them: through the
+    environment, to a Python entry script (a router installed by pip) run by a bootstrap. An
+    executable that is not a Python script cannot take them: ValueError."""
+    if not secret:
+        return command, None
+    with open(command[0], "rb") as script:
+        shebang = script.readline().decode(errors="replace")
+    if not (shebang.startswith("#!") and "python" in shebang):
+        raise ValueError(f"{command[0]} is not a Python entry script, so it cannot be given a "
+                         "key without showing it on its command line; use the router that "
+                         "`make router-setup` installs.")
+    interpreter = shebang[2:].split()[0]
+    return ([interpreter, "-c", _BOOTSTRAP, *command],
+            {**os.environ, "MINICB_HIDDEN_ARGS": json.dumps(secret)})
 
 
 def stop_processes(processes: list[Process], timeout: float = 20.0) -> None:

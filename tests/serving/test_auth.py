@@ -64,6 +64,10 @@ def test_either_key_is_served_and_no_key_or_a_wrong_one_is_refused(server):
     for header in (f"Basic {KEYS[0]}", KEYS[0], f"Bearer {KEYS[0]}, Bearer {KEYS[1]}"):
         response = httpx.get(server.url + "/v1/models", headers={"Authorization": header})
         assert response.status_code == 401 and response.headers["www-authenticate"]
+    # several Authorization headers (a router adding its own): every one must hold a key
+    for second, status in ((KEYS[1], 200), (WRONG, 401)):
+        headers = [("Authorization", f"Bearer {KEYS[0]}"), ("Authorization", f"Bearer {second}")]
+        assert httpx.get(server.url + "/v1/models", headers=headers).status_code == status
 
 
 def test_a_key_in_the_query_string_is_refused_even_beside_the_right_header(server):

@@ -20,28 +20,35 @@ import httpx
 import openai
 import pytest
 
+from minicb import default_model_path
 from minicb.bench.routing_trace import TraceConfig, through_router
 from minicb.serving import cluster as cluster_module
-from minicb.serving.cluster import ROUTER_SPEC, Cluster, core_sets, scrape
+from minicb.serving.cluster import ROUTER_SPECS, Cluster, core_sets, scrape
+from minicb.serving.server import ServerThread, build_app
 
 REPO = Path(__file__).resolve().parents[2]
 SERVE_ARGS = ["--max-num-seqs", "4", "--max-model-len", "256", "--enable-prefix-caching"]
 
 
-@pytest.fixture(scope="module")
-def router() -> str:
-    executable = cluster_module.router_executable()
+def _installed_router(kind: str) -> str:
+    """The router's executable, installed with pip into its environment if missing."""
+    executable = cluster_module.router_executable(kind)
     if executable is None:
-        venv = REPO / cluster_module.ROUTER_VENV
+        spec, venv = ROUTER_SPECS[kind], REPO / cluster_module.ROUTERS[kind][3]
         started = time.perf_counter()
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-        install = subprocess.run([str(venv / "bin" / "pip"), "install", "--quiet", ROUTER_SPEC],
+        install = subprocess.run([str(venv / "bin" / "pip"), "install", "--quiet", spec],
                                  capture_output=True, text=True)
-        assert install.returncode == 0, f"could not install {ROUTER_SPEC}: {install.stderr[-800:]}"
-        print(f"installed {ROUTER_SPEC} in {time.perf_counter() - started:.0f} s")
-        executable = cluster_module.router_executable()
+        assert install.returncode == 0, f"could not install {spec}: {install.stderr[-800:]}"
+        print(f"installed {spec} in {time.perf_counter() - started:.0f} s")
+        executable = cluster_module.router_executable(kind)
     assert executable is not None
     return executable
+
+
+@pytest.fixture(scope="module")
+def router() -> str:
+    return _installed_router("vllm")
 
 
 def _served(url: str, key: str | None = None) -> float:
@@ -99,6 +106,28 @@ def test_the_cluster_routes_the_openai_client_over_both_replicas_and_stops_clean
         assert sum(served) == 7 and min(served) >= 2, served     # round robin used both
         pids = c.pids
     assert all(_gone(pid) for pid in pids), "a process of the cluster is still running"
+
+
+@pytest.mark.slow   # installs sglang-router into .venv-router-sglang if missing (once, ~40 s)
+def test_sglang_router_checks_clients_itself_with_the_key_kept_off_command_lines():
+    """sglang-router has options to check clients and guard its worker management: the cluster
+    gives it the key there, through its environment; a keyless client is refused by the router
+    itself, and the key shows on no command line."""
+    key = "sglang-test-key"
+    app = build_app(default_model_path(), served_model_name="minicb", max_model_len=128,
+                    max_num_seqs=2, api_keys=[key])
+    with ServerThread(app) as replica, Cluster(worker_urls=[replica.url], router_kind="sglang",
+                                               router=_installed_router("sglang"),
+                                               api_keys=[key]) as c:
+        client = openai.OpenAI(base_url=c.url + "/v1", api_key=key, max_retries=0)
+        assert client.completions.create(model="minicb", prompt="hi", max_tokens=2).choices
+        assert client.chat.completions.create(
+            model="minicb", messages=[{"role": "user", "content": "hi"}], max_tokens=2).choices
+        refused = httpx.post(c.url + "/v1/completions", json={"model": "minicb", "prompt": "hi"})
+        assert refused.status_code == 401 and "invalid_api_key" not in refused.text  # the router's
+        assert httpx.get(c.url + "/workers").status_code == 401
+        assert httpx.get(c.url + "/workers", headers={"Authorization": f"Bearer {key}"}).is_success
+        assert not any(key in _cmdline(p) for p in Path("/proc").iterdir() if p.name.isdigit())
 
 
 @pytest.mark.slow
