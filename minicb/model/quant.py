@@ -94,8 +94,9 @@ def pack_kv_int8(x: torch.Tensor) -> torch.Tensor:
 
 def unpack_kv_int8(rows: torch.Tensor) -> torch.Tensor:
     """float32 [..., head_dim] of int8 cache rows [..., head_dim + 4] (pack_kv_int8)."""
-    rows = rows.contiguous()
-    scale = rows[..., -KV_SCALE_BYTES:].view(torch.float32)
+    # the scale's 4 bytes copied out (a view of them may sit at an offset float32 cannot use)
+    scale = rows[..., -KV_SCALE_BYTES:].clone(memory_format=torch.contiguous_format)
+    scale = scale.view(torch.float32)
     return rows[..., :-KV_SCALE_BYTES].float() * scale
 
 

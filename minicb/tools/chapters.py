@@ -26,6 +26,7 @@ CHAPTERS = {
     "08": "ch08_speculative",
     "09": "ch09_routing",
     "10": "ch10_overlap",
+    "12": "ch12_quantize",
     "14": "ch14_moe",
 }
 

@@ -94,6 +94,10 @@ class TestChapter10Mutants(MutantsOfOneChapter):
     CHAPTER = "10"
 
 
+class TestChapter12Mutants(MutantsOfOneChapter):
+    CHAPTER = "12"
+
+
 class TestChapter14Mutants(MutantsOfOneChapter):
     CHAPTER = "14"
 
