@@ -387,8 +387,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="leave the replicas unpinned (the OS places their threads)")
     parser.add_argument("--log-dir", default=None, help="each process's output goes here")
     parser.add_argument("--api-key", action="append", default=None, metavar="KEY",
-                        help="every replica requires it (several allowed; also "
-                             f"{ENV_VAR}, comma-separated); clients send it through the router")
+                        help="every replica requires it (several allowed); clients send it "
+                             f"through the router. {ENV_VAR} (comma-separated) is better: a "
+                             "command line shows in `ps`")
     return parser
 
 

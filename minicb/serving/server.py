@@ -510,8 +510,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"connections at once; more get 503 (default {LIMIT_CONCURRENCY})")
     parser.add_argument("--api-key", action="append", default=None, metavar="KEY",
                         help="clients must send 'Authorization: Bearer KEY' on every route but "
-                             "/health; give it again for several keys (also MINICB_API_KEY, "
-                             "comma-separated)")
+                             "/health; give it again for several keys; MINICB_API_KEY (comma-"
+                             "separated) is better: a command line shows in `ps`")
     parser.add_argument("--log-level", default="info")
     EngineConfig.add_cli_args(parser)
     return parser
