@@ -73,7 +73,7 @@ MILESTONES = {m.number: m for m in [
         "minicb's engine with your scheduler as its continuous scheduler",
         ("scheduler",), {},
         (Bar("scheduler step", "512 requests at once on 512 slots (8-token prompts, 4 out), in "
-             "the cost-model simulator", "CPU time per step in schedule() and update()",
+             "the cost-model simulator", "CPU time of the median step in schedule() and update()",
              "scheduler_step_us", "us/step"),)),
     Milestone(
         "2", "the paged KV cache", ("04", "05"),
