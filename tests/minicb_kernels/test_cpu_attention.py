@@ -139,7 +139,7 @@ PLANTED = r"""
 __attribute__((constructor)) static void planted(void) {
     FILE *f = fopen(MARKER, "w"); if (f) { fputs("loaded", f); fclose(f); }
 }
-int minicb_paged_attention_f32(void) { return 0; }
+int minicb_paged_attention(void) { return 0; }
 """
 
 

@@ -253,11 +253,11 @@ def test_show_file_shows_a_c_function_from_its_first_line_to_its_closing_brace()
     from minicb.kernels import cpu
 
     path = Path(cpu.__file__).with_name("cpu_decode_layer.c")
-    shown = viz.show_file(path, "int minicb_decode_layer_f32", "}")
+    shown = viz.show_file(path, "int minicb_decode_layer(", "}")
     assert shown.path == "kernels/cpu_decode_layer.c"
     file_lines = path.read_text().splitlines(keepends=True)
     assert file_lines[shown.first_line - 1:shown.last_line] == shown.lines
-    assert shown.lines[0].startswith("int minicb_decode_layer_f32")
+    assert shown.lines[0].startswith("int minicb_decode_layer(")
     assert shown.lines[-1] == "}\n"               # the function's own brace, not an inner one
     assert "return failed" in shown.lines[-2]
     assert shown._repr_markdown_().split("\n")[2] == "```c"
