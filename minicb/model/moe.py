@@ -166,9 +166,8 @@ class SparseMoeBlock(nn.Module):
         self.shared_expert = shared_expert
         self.shared_expert_gate = (nn.Linear(hidden, 1, bias=False)
                                    if shared_expert is not None else None)
-        self.load = None          # an ExpertLoad (minicb.model.expert_load) and this layer's row
+        self.load, self.load_row = None, 0   # an ExpertLoad (model/expert_load.py), our row
         self.first_expert, self.group = 0, None   # the experts held, from split_experts
-        self.load_row = 0
 
     def split_experts(self, rank: int, size: int, group) -> None:
         """Expert parallelism: keep only this rank's num_experts / size whole experts (the
