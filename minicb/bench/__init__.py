@@ -50,8 +50,6 @@ BENCHMARKS = {
                 "lm-evaluation-harness through minicb serve against its hf model, item by item"),
     "structured": ("minicb.bench.structured",
                    "the per-step cost of grammar masks and penalties, and tokens/s with them"),
-    "tensor-parallel": ("minicb.bench.tensor_parallel",
-                        "gloo's all-reduce, and a model split over two processes against one"),
     "moe": ("minicb.bench.moe",
             "experts touched and weights read per decode step against batch size; MoE vs dense"),
     "quant": ("minicb.bench.quant",

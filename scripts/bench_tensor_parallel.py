@@ -18,7 +18,9 @@ and one plan broadcast, each at its measured median:
 
 The default one-rank engine (the fused decode layer, two threads) is measured beside them.
 
-    python -m minicb bench tensor-parallel --random-model llama-100m --repeats 5
+    .venv/bin/python scripts/bench_tensor_parallel.py --random-model llama-100m --repeats 5
+
+(A script beside the package rather than a `minicb bench` command: minicb/bench is capped.)
 """
 
 from __future__ import annotations
@@ -115,6 +117,7 @@ def decode_step_seconds(llm, rows: int, steps: int = STEPS) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     parser = bench_parser("tensor-parallel", __doc__)
+    parser.prog = "scripts/bench_tensor_parallel.py"
     add_flags(parser, "model", "random_model", "repeats", "out_dir", random_model="llama-100m")
     args = parser.parse_args(argv)
     from minicb import LLM
