@@ -31,7 +31,7 @@ from torch import nn
 
 from minicb.config import QUANTIZATIONS
 from minicb.kernels.cpu import KV_SCALE_BYTES
-from minicb.model.llama import LlamaForCausalLM
+from minicb.model.llama import MLP, LlamaForCausalLM
 
 
 def auto_dtype(path: Path, device: str) -> str:
@@ -161,8 +161,12 @@ def quantize_model(model: LlamaForCausalLM, quantization: str) -> LlamaForCausal
     if model.model.embed_tokens.weight.device.type != "cpu":
         raise ValueError(f"quantization={quantization!r} runs on the CPU (its kernels are C and "
                          "torch's CPU int8 product); use device='cpu'.")
-    for layer in model.model.layers:
+    for number, layer in enumerate(model.model.layers):
         attn, mlp = layer.self_attn, layer.mlp
+        if not isinstance(mlp, MLP):
+            raise ValueError(f"quantization={quantization!r} quantizes dense layers; layer "
+                             f"{number}'s MLP is a {type(mlp).__name__} (mixture of experts), "
+                             "whose experts it does not quantize. Leave quantization=None.")
         if attn.qkv_proj is None or mlp.gate_up_proj is None:
             raise ValueError("quantize_model expects the fused projections: call "
                              "fuse_projections() first.")

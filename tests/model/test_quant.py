@@ -14,7 +14,7 @@ from reference import NEAR_TIE_BF16, check_all, greedy, hf_greedy
 from minicb import LLM
 from minicb.config import EngineConfig
 from minicb.model.loader import load_model
-from minicb.model.quant import Int8Linear, auto_dtype, quantize_int8
+from minicb.model.quant import Int8Linear, auto_dtype, quantize_int8, quantize_model
 from minicb.registry import KV_CACHES, SCHEDULERS
 
 torchao = pytest.importorskip("torchao", reason="torchao is the int8 reference (pyproject dev)")
@@ -75,6 +75,14 @@ def test_the_quantized_model_holds_int8_views_and_no_float_matrix(tiny_qwen2):
     matrices = [name for name, t in model.named_buffers() | dict(model.named_parameters()).items()
                 if t.dim() == 2 and t.is_floating_point() and "layers" in name]
     assert not matrices, matrices
+
+
+def test_a_mixture_of_experts_is_refused_by_name(tiny_qwen3_moe):
+    with pytest.raises(ValueError, match="mixture of experts"):
+        load_model(Path(tiny_qwen3_moe), quantization="int8")
+    model = load_model(Path(tiny_qwen3_moe))
+    with pytest.raises(ValueError, match="layer 0's MLP is a SparseMoeBlock"):
+        quantize_model(model, "int8")
 
 
 @pytest.mark.parametrize("kv_cache", KV_CACHES.choices)
