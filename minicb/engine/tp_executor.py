@@ -107,6 +107,8 @@ def _worker(rank: int, port: int, config: ResolvedConfig, model_path: str, threa
     device = f"cuda:{rank}" if config.device.startswith("cuda") else config.device
     try:
         torch.set_num_threads(threads)
+        if device.startswith("cuda"):      # NCCL and the shard's tensors on this rank's GPU
+            torch.cuda.set_device(rank)
         group = TPGroup(rank, size, port, device)
         model = load_model(Path(model_path), device, config.dtype, config.attention)
         runner = _shard_runner(model, rank, group, config, device)
