@@ -171,6 +171,9 @@ class Scheduler:
         if sampled.prompt_logprobs:
             self._record_prompt_logprobs(output, sampled)
         tokens, rows = sampled.sampled_token_ids, len(output.seqs)
+        # plain, told by counts rather than row by row: as many rows sampled as there are rows,
+        # each of one query (no ghost, no prompt chunk before the last, no verification row),
+        # none failed, none asked for a logprob, and no live request has logits state
         if (len(tokens) == rows == output.num_decode_rows and not self.num_host_state_requests
                 and sampled.errors.count(None) == rows and sampled.logprobs.count(None) == rows):
             touched = self._apply_plain_tokens(output, tokens, now, step)

@@ -83,15 +83,15 @@ class ContinuousScheduler(Scheduler):
         one, a prompt (or a recompute) its next chunk, a decode with a proposal its verification
         row. When the KV cache has no room for them, running requests are preempted until it
         has. The steady decodes at the head of the queue take a fast path first
-        (`_schedule_steady_decodes`, which plans for each what this loop would); this loop
-        plans the rest."""
+        (`_schedule_steady_decodes`, which plans for each what this loop would)."""
         scheduled, running = budget.scheduled, RequestStatus.RUNNING
         speculative = self.config.speculative_method is not None
         # (what a proposal may spend depends on how many requests still wait for their token)
         pending = sum(r.status is running and r.request_id not in scheduled
                       for r in self.running) if speculative else 0
-        rest = list(self.running) if speculative else self._schedule_steady_decodes(output,
-                                                                                    budget)
+        # the fast path first, except under speculation (any decode may verify a proposal)
+        rest = (list(self.running) if speculative
+                else self._schedule_steady_decodes(output, budget))
         for request in rest:
             if request.status is not running or request.request_id in scheduled:
                 continue

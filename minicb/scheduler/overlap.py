@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from functools import cache
 
-from minicb.plan import ModelRunnerOutput, ScheduledSeq, SchedulerOutput
+from minicb.plan import Logprob, ModelRunnerOutput, ScheduledSeq, SchedulerOutput
 from minicb.request import Request, RequestStatus
 from minicb.scheduler.base import Scheduler
 
@@ -103,8 +103,8 @@ class OverlapScheduler(Scheduler):
         self.after_update(output)
         return touched
 
-    def _resolve_placeholder(self, request: Request, token: int, logprob, now: float,
-                             step: int) -> None:
+    def _resolve_placeholder(self, request: Request, token: int, logprob: Logprob | None,
+                             now: float, step: int) -> None:
         """A committed step's token arrives: it replaces the request's oldest placeholder, and
         the stop rule runs on it now, one step late (what ends the request also discards the
         token computed past it: `_mark_finished` drops the placeholders left)."""
