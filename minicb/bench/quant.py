@@ -1,9 +1,10 @@
 """`python -m minicb bench quant`: fewer bytes per token on a CPU, measured. One linear layer
 in float32, bfloat16 and int8 (minicb's C kernels and torch's), then whole-engine tokens/s with
 float32, bfloat16, int8 weights and the int8 KV cache, each against float32 in alternated
-repeats.
+repeats; and one decode step's attention over a long context with the cache in each format.
 
     python -m minicb bench quant [--rows 1 16 48] [--requests 24] [--repeats 5]
+                                 [--parts linear engine attention]
 
 The linear is the 100M Llama's MLP up-projection (1024 -> 2816); the engine runs the shipped
 model (or --model). The build of the C kernels (kernels/isa.py) is recorded with the load.
@@ -41,6 +42,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--requests", type=int, default=24)
     p.add_argument("--prompt-len", type=int, default=64)
     p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--context", type=int, default=4096, help="keys per row (attention)")
+    p.add_argument("--parts", nargs="+", default=list(PARTS), choices=list(PARTS),
+                   help="what to measure (a subset is written to quant-PART.json)")
     return p.parse_args(argv)
 
 
@@ -109,6 +113,39 @@ def engine_table(args) -> dict:
         [r / b for r, b in zip(v, base)], "faster", "slower")} for name, v in rates.items()}
 
 
+def attention_table(args) -> dict:
+    """One decode step of the 100M Llama's attention (16 query heads on 8 KV heads of 64): each
+    of `rows` rows attends over `context` keys, the cache float32, bfloat16 or int8 (C kernel)."""
+    import torch
+
+    from minicb.kernels.cpu import paged_attention_cpu
+    from minicb.model.quant import pack_kv_int8
+
+    rows, block = 8, 16
+    blocks = rows * args.context // block
+    gen = torch.Generator().manual_seed(args.seed)
+    k, v = (torch.randn(blocks, block, 8, 64, generator=gen) for _ in range(2))
+    caches = {"float32": (k, v), "bfloat16": (k.bfloat16(), v.bfloat16()),
+              "int8": (pack_kv_int8(k), pack_kv_int8(v))}
+    q = torch.randn(rows, 16, 64, generator=gen)
+    cu = torch.arange(rows + 1, dtype=torch.int32)
+    lens = torch.full((rows,), args.context, dtype=torch.int32)
+    tables = torch.randperm(blocks, generator=gen).int().view(rows, -1)
+    micros = {name: [] for name in caches}
+    for _, name in alternate(args.repeats, list(caches), rotate=True):
+        micros[name].append(time_call(
+            lambda kv=caches[name]: paged_attention_cpu(q, *kv, cu, lens, tables, 0.125),
+            args.calls))
+    base = micros["float32"]
+    return {"rows": rows, "context": args.context, **{
+        name: {"us": spread(t), "vs float32": reading([b / x for b, x in zip(base, t)],
+                                                      "faster", "slower")}
+        for name, t in micros.items()}}
+
+
+PARTS = {"linear": linear_table, "engine": engine_table, "attention": attention_table}
+
+
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     import torch
@@ -121,9 +158,12 @@ def main(argv: list[str]) -> int:
     announce(f"bench quant: C kernels {build}; {torch.get_num_threads()} threads")
     load_before = load_average()
     payload = {"build": build, "threads": torch.get_num_threads(), "load_before": load_before,
-               "linear": linear_table(args), "engine": engine_table(args),
-               "load_after": load_average()}
-    for name, row in payload["engine"].items():
+               **{part: PARTS[part](args) for part in args.parts}, "load_after": load_average()}
+    for name, row in payload.get("engine", {}).items():
         print(f"{name:>24}: {row['tokens_per_s']['median']:.0f} tok/s, {row['vs float32']}")
-    write_results(args.out_dir, "quant", payload)
+    for name, row in payload.get("attention", {}).items():
+        if isinstance(row, dict):
+            print(f"attention, {name} cache: {row['us']['median']:.0f} µs, {row['vs float32']}")
+    stem = "quant" if set(args.parts) == set(PARTS) else "-".join(["quant", *args.parts])
+    write_results(args.out_dir, stem, payload)
     return 0
