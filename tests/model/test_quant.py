@@ -17,7 +17,11 @@ from minicb.model.loader import load_model
 from minicb.model.quant import Int8Linear, auto_dtype, quantize_int8, quantize_model
 from minicb.registry import KV_CACHES, SCHEDULERS
 
-torchao = pytest.importorskip("torchao", reason="torchao is the int8 reference (pyproject dev)")
+
+@pytest.fixture
+def torchao():
+    """torchao, the int8 reference (a test dependency); only its tests need it."""
+    return pytest.importorskip("torchao", reason="torchao is the int8 reference (pyproject dev)")
 
 PROMPTS = [[3 + (7 * i + j) % 500 for j in range(5 + 9 * i)] for i in range(5)]
 MAX_TOKENS = [30, 4, 22, 30, 12]
@@ -33,7 +37,7 @@ def torchao_int8(model: torch.nn.Module) -> None:
               and "lm_head" not in name)
 
 
-def test_the_quantizer_equals_torchaos_bit_for_bit():
+def test_the_quantizer_equals_torchaos_bit_for_bit(torchao):
     from torchao.quantization import Int8WeightOnlyConfig, quantize_
 
     torch.manual_seed(0)
@@ -87,7 +91,8 @@ def test_a_mixture_of_experts_is_refused_by_name(tiny_qwen3_moe):
 
 @pytest.mark.parametrize("kv_cache", KV_CACHES.choices)
 @pytest.mark.parametrize("scheduler", SCHEDULERS.choices)
-def test_int8_weights_equal_transformers_with_torchaos_int8(tiny_llama, scheduler, kv_cache):
+def test_int8_weights_equal_transformers_with_torchaos_int8(tiny_llama, scheduler, kv_cache,
+                                                           torchao):
     references = hf_greedy(tiny_llama, PROMPTS, MAX_TOKENS, prepare=torchao_int8)
     llm = LLM(tiny_llama, quantization="int8", scheduler=scheduler, kv_cache=kv_cache,
               max_num_seqs=3)
@@ -96,7 +101,7 @@ def test_int8_weights_equal_transformers_with_torchaos_int8(tiny_llama, schedule
     assert verdicts.count("equal") >= len(PROMPTS) - 1, verdicts
 
 
-def test_int8_weights_equal_torchao_on_every_family(any_tiny_model):
+def test_int8_weights_equal_torchao_on_every_family(any_tiny_model, torchao):
     references = hf_greedy(any_tiny_model, PROMPTS, MAX_TOKENS, prepare=torchao_int8)
     llm = LLM(any_tiny_model, quantization="int8", max_num_seqs=3)
     outputs = llm.generate(PROMPTS, [greedy(n) for n in MAX_TOKENS], use_tqdm=False)
