@@ -36,12 +36,20 @@ class SmallBatchLinear(nn.Linear):
     (minicb/runner/threads.py) changes the thread count with the machine's load between steps. Which
     arithmetic a step runs depends only on its shape, so greedy outputs never depend on what else
     the machine is doing; the threads change only how fast it runs.
+
+    bfloat16 weights have their own limit: torch's bfloat16 product (oneDNN, AVX-512 BF16) reaches
+    the machine's peak sooner. On a 2-core AMD EPYC (Zen 4 flags), one thread, the 1024 -> 2816
+    product: the C kernel 2.8x faster at 1 row, 1.15x at 8, oneDNN 1.09x faster at 16 and about
+    2x at 48 (benchmarks/quant.md).
     """
 
     kernel_rows = 64
+    bfloat16_kernel_rows = 8
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dim() == 2 and x.shape[0] <= self.kernel_rows:
+        limit = self.bfloat16_kernel_rows if self.weight.dtype == torch.bfloat16 else \
+            self.kernel_rows
+        if x.dim() == 2 and x.shape[0] <= limit:
             from minicb.kernels.cpu import linear_cpu
 
             # the kernel takes float32 rows and float32, bfloat16 (or int8) weights

@@ -81,6 +81,23 @@ def test_int8_weights_need_their_scales_and_nothing_else_takes_one():
         cpu.linear_cpu(torch.randn(2, 16), q.half())
 
 
+def test_bfloat16_products_go_to_onednn_from_its_crossover(monkeypatch):
+    """A bfloat16 weight's products of more than bfloat16_kernel_rows rows go to torch's bfloat16
+    product, fewer to the C kernel; a float32 weight keeps its own limit."""
+    from minicb.model.fused_cpu import SmallBatchLinear
+
+    calls = []
+    real = cpu.linear_cpu
+    monkeypatch.setattr(cpu, "linear_cpu", lambda x, *a: calls.append(x.shape[0]) or real(x, *a))
+    layer = SmallBatchLinear(16, 4).to(torch.bfloat16)
+    limit = SmallBatchLinear.bfloat16_kernel_rows
+    with torch.inference_mode():
+        outs = [layer(torch.randn(rows, 16).bfloat16()) for rows in (1, limit, limit + 1)]
+        SmallBatchLinear(16, 4)(torch.randn(limit + 1, 16))
+    assert calls == [1, limit, limit + 1]
+    assert all(out.dtype == torch.bfloat16 for out in outs)
+
+
 def _caches(fmt: str, k_cache: torch.Tensor, v_cache: torch.Tensor):
     """(k, v) stored as fmt, and the float32 caches they stand for."""
     if fmt == "bfloat16":
