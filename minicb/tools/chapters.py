@@ -27,6 +27,7 @@ CHAPTERS = {
     "09": "ch09_routing",
     "10": "ch10_overlap",
     "12": "ch12_quantize",
+    "13": "ch13_tensor_parallel",
     "14": "ch14_moe",
 }
 

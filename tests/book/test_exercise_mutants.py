@@ -98,6 +98,10 @@ class TestChapter12Mutants(MutantsOfOneChapter):
     CHAPTER = "12"
 
 
+class TestChapter13Mutants(MutantsOfOneChapter):
+    CHAPTER = "13"
+
+
 class TestChapter14Mutants(MutantsOfOneChapter):
     CHAPTER = "14"
 

@@ -1,0 +1,77 @@
+"""Chapter 13 exercise: the row-parallel linear and its all-reduce.
+
+A linear y = x Wᵀ + b, with W of shape [out_features, in_features], split over `size` ranks by
+its input features: rank r holds W's columns [start, stop), the matching slice of x (what the
+column-parallel layer before it produced, with no communication) and the whole bias. Its product
+is a partial sum of every output feature; an all-reduce adds the ranks' partial sums, and the
+bias is added once, after the sum:
+
+    W = [[1, 2, 3, 4]], x = [[1, 1, 1, 1]], b = [10], two ranks
+    rank 0 holds columns 0-1: partial 1 + 2 = 3     rank 1 holds columns 2-3: partial 3 + 4 = 7
+    the all-reduce leaves 10 on both ranks; plus the bias once: 20, the unsplit layer's answer
+
+The grader runs your functions in two real processes joined by a gloo process group, and compares
+what every rank returns with the unsplit layer.
+
+Grade it: make grade CH=13
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+
+def feature_range(num_features: int, rank: int, size: int) -> tuple[int, int]:
+    """Rank `rank`'s share [start, stop) of `num_features` features split evenly over `size`
+    ranks; a ValueError when they do not split evenly.
+
+    >>> feature_range(8, 0, 2), feature_range(8, 1, 2)
+    ((0, 4), (4, 8))
+    >>> feature_range(6, 2, 3)
+    (4, 6)
+    >>> feature_range(7, 0, 2)
+    Traceback (most recent call last):
+    ...
+    ValueError: 7 features do not split evenly over 2 ranks.
+    """
+    # BEGIN SOLUTION: refuse an uneven split, else the rank's equal share
+    if num_features % size:
+        raise ValueError(f"{num_features} features do not split evenly over {size} ranks.")
+    share = num_features // size
+    return rank * share, (rank + 1) * share
+    # END SOLUTION
+
+
+def shard_columns(weight: torch.Tensor, rank: int, size: int) -> torch.Tensor:
+    """This rank's input-feature columns of `weight` ([out_features, in_features]).
+
+    >>> shard_columns(torch.arange(8.0).reshape(2, 4), 1, 2)
+    tensor([[2., 3.],
+            [6., 7.]])
+    """
+    # BEGIN SOLUTION: the columns feature_range gives this rank
+    start, stop = feature_range(weight.shape[1], rank, size)
+    return weight[:, start:stop]
+    # END SOLUTION
+
+
+def row_parallel_linear(x_shard: torch.Tensor, weight_shard: torch.Tensor,
+                        bias: torch.Tensor | None,
+                        all_reduce: Callable[[torch.Tensor], None]) -> torch.Tensor:
+    """The layer's output on this rank: the partial product x_shard @ weight_shardᵀ, summed over
+    the ranks by `all_reduce` (which replaces a tensor, in place, by the sum of every rank's), then
+    `bias` (None: no bias) added once.
+
+    >>> def alone(tensor):  # one rank: the sum over the ranks is its own tensor
+    ...     pass
+    >>> row_parallel_linear(torch.ones(1, 4), torch.tensor([[1.0, 2.0, 3.0, 4.0]]),
+    ...                     torch.tensor([10.0]), alone)
+    tensor([[20.]])
+    """
+    # BEGIN SOLUTION: the partial product, the all-reduce, then the bias once
+    partial = x_shard @ weight_shard.T
+    all_reduce(partial)
+    return partial if bias is None else partial + bias
+    # END SOLUTION
