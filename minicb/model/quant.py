@@ -31,7 +31,7 @@ from torch import nn
 
 from minicb.config import QUANTIZATIONS
 from minicb.kernels.cpu import KV_SCALE_BYTES
-from minicb.model.llama import MLP, LlamaForCausalLM
+from minicb.model.moe import SparseMoeBlock
 
 
 def auto_dtype(path: Path, device: str) -> str:
@@ -154,7 +154,7 @@ def _views(fused: Int8Linear, parts: list[nn.Linear]) -> list[Int8Linear]:
     return views
 
 
-def quantize_model(model: LlamaForCausalLM, quantization: str) -> LlamaForCausalLM:
+def quantize_model(model: nn.Module, quantization: str) -> nn.Module:
     """Quantize every decoder matrix of a loaded model in place (after fuse_projections), and
     free the float weights. The embedding and the head are left as they are."""
     check_quantization(quantization)
@@ -163,7 +163,7 @@ def quantize_model(model: LlamaForCausalLM, quantization: str) -> LlamaForCausal
                          "torch's CPU int8 product); use device='cpu'.")
     for number, layer in enumerate(model.model.layers):
         attn, mlp = layer.self_attn, layer.mlp
-        if not isinstance(mlp, MLP):
+        if isinstance(mlp, SparseMoeBlock):
             raise ValueError(f"quantization={quantization!r} quantizes dense layers; layer "
                              f"{number}'s MLP is a {type(mlp).__name__} (mixture of experts), "
                              "whose experts it does not quantize. Leave quantization=None.")

@@ -7,9 +7,9 @@ import time
 import pytest
 import torch
 
-from minicb.runner import threads as policy_module
 from minicb.bench.neighbour import BusyNeighbour
 from minicb.config import EngineConfig
+from minicb.runner import threads as policy_module
 from minicb.runner.threads import ThreadPolicy, machine_busy_seconds, threads_for
 
 
