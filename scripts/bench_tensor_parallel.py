@@ -60,6 +60,8 @@ def _collectives(group, sizes: list[int], iterations: int) -> dict[str, float]:
             group.all_reduce(tensor)
             times.append(time.perf_counter() - start)
         medians[f"allreduce {size}"] = statistics.median(times[10:])
+    if not hasattr(group, "send"):           # a shared-memory group carries no plan
+        return medians
     times = []
     plan = bytes(PLAN_BYTES)
     for _ in range(iterations + 10):
@@ -73,29 +75,83 @@ def _collectives(group, sizes: list[int], iterations: int) -> dict[str, float]:
     return medians
 
 
-def _peer(port: int, sizes: list[int], iterations: int, repeats: int) -> None:
-    from minicb.engine.tp_group import TPGroup
+class SharedMemoryAllReduce:
+    """Two ranks on one host summing through shared memory (the idea of vLLM's CPU all-reduce):
+    each rank copies its tensor into its own slot, raises its flag to the call's number, waits
+    (spinning) for the other's flag, then adds the two slots in rank order, the same sum on both
+    ranks. Slots alternate between two buffers, so a fast rank never overwrites a slot that the
+    other is still reading: it waits for the other's next flag before it writes that buffer
+    again."""
 
+    def __init__(self, rank: int, slots: torch.Tensor, flags: torch.Tensor):
+        self.rank, self.slots, self.flags = rank, slots, flags.numpy()
+        self.calls = 0
+
+    def all_reduce(self, tensor: torch.Tensor) -> None:
+        self.calls += 1
+        buffer, n = self.slots[self.calls % 2], tensor.numel()
+        buffer[self.rank, :n].copy_(tensor)
+        self.flags[self.rank] = self.calls              # after the data: x86 keeps store order
+        while self.flags[1 - self.rank] < self.calls:
+            pass
+        torch.add(buffer[0, :n], buffer[1, :n], out=tensor)
+
+
+def _peer(kind: str, link, sizes: list[int], iterations: int, repeats: int) -> None:
     torch.set_num_threads(1)
-    group = TPGroup(1, 2, port, "cpu")
-    group.connect()
+    if kind == "gloo":
+        from minicb.engine.tp_group import TPGroup
+
+        group = TPGroup(1, 2, link, "cpu")
+        group.connect()
+    else:
+        group = SharedMemoryAllReduce(1, *link)
     for _ in range(repeats):
         _collectives(group, sizes, iterations)
 
 
-def measure_collectives(sizes: list[int], repeats: int) -> list[dict[str, float]]:
-    """gloo between this process and a spawned one: per repeat, each size's median time."""
+def measure_collectives(sizes: list[int], repeats: int,
+                        kind: str = "gloo") -> list[dict[str, float]]:
+    """gloo (or shared memory) between this process and a spawned one: per repeat, each size's
+    median time."""
     from minicb.engine.tp_group import TPGroup, master_store
 
-    store = master_store(2)
+    if kind == "gloo":
+        store = master_store(2)
+        link = store.port
+    else:
+        link = (torch.zeros(2, 2, max(sizes) // 4).share_memory_(),
+                torch.zeros(2, dtype=torch.int64).share_memory_())
     peer = mp.get_context("spawn").Process(target=_peer, daemon=True,
-                                           args=(store.port, sizes, ITERATIONS, repeats))
+                                           args=(kind, link, sizes, ITERATIONS, repeats))
     peer.start()
-    group = TPGroup(0, 2, store.port, "cpu", store)
-    group.connect()
+    if kind == "gloo":
+        group = TPGroup(0, 2, store.port, "cpu", store)
+        group.connect()
+    else:
+        group = SharedMemoryAllReduce(0, *link)
     results = [_collectives(group, sizes, ITERATIONS) for _ in range(repeats)]
     peer.join(timeout=60)
     return results
+
+
+def compare_collectives(sizes: list[int], repeats: int, out_dir: str) -> None:
+    """gloo's all-reduce against the shared-memory one, a run of each per repeat, alternated."""
+    runs = {"gloo": [], "shared memory": []}
+    for _, kind in alternate(repeats, list(runs)):
+        runs[kind] += measure_collectives(sizes, 1, "gloo" if kind == "gloo" else "shm")
+    table = []
+    for size in sizes:
+        key = f"allreduce {size}"
+        row = {"bytes": size, **{kind: statistics.median(r[key] for r in results) * 1e6
+                                 for kind, results in runs.items()}}
+        row["gain"] = row["gloo"] / row["shared memory"]
+        table.append(row)
+    print(format_table(table, [("bytes", "message bytes", "d"), ("gloo", "gloo us", ".0f"),
+                               ("shared memory", "shared memory us", ".1f"),
+                               ("gain", "gloo / shared memory", ".1f")]))
+    write_results(out_dir, "tensor_parallel_allreduce", {"runs": runs, "table": table,
+                                                          "load_average": load_average()})
 
 
 def decode_step_seconds(llm, rows: int, steps: int = STEPS) -> float:
@@ -119,7 +175,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = bench_parser("tensor-parallel", __doc__)
     parser.prog = "scripts/bench_tensor_parallel.py"
     add_flags(parser, "model", "random_model", "repeats", "out_dir", random_model="llama-100m")
+    parser.add_argument("--collectives-only", action="store_true",
+                        help="only gloo's all-reduce against a shared-memory one, at decode sizes")
     args = parser.parse_args(argv)
+    if args.collectives_only:
+        announce("gloo's all-reduce against a shared-memory one between two processes")
+        compare_collectives([rows * 1024 * 4 for rows in ROWS] + [1 << 20], args.repeats,
+                            args.out_dir)
+        return 0
     from minicb import LLM
     from minicb.bench.common import resolve_model
 
