@@ -9,7 +9,7 @@ prompts, at each batch size B (B requests at once, all with the same output leng
 B until at least `--min-requests` are served), taking the methods in a rotated order in each
 repeat. Greedy, end-of-sequence ignored, so every run does the same work and every output can be
 compared token for token: with no speculation, and with transformers' `generate` on the first
-few prompts of each workload. The A100 curve is a PREDICTION (`minicb.bench.spec_model`).
+few prompts of each workload. The A100 curve is a PREDICTION (`minicb.sim.speculative`).
 
 The JSON's fields are listed in benchmarks/speculative.md ("The JSON").
 """
@@ -33,16 +33,15 @@ from minicb.bench.harness import (
     write_results,
 )
 from minicb.bench.spec_model import (
-    break_even,
     markdown_tables,
     measurements,
-    predictions,
     report,
     summarize_runs,
     tokens_per_step,
 )
 from minicb.config import SPECULATIVE_METHODS
 from minicb.repeats import MIN_REPEATS
+from minicb.sim.speculative import break_even, predictions
 from minicb.sim.workload import code_completion, fixed
 
 METHODS = ("none", "ngram", "draft_model")

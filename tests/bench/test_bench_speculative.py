@@ -20,18 +20,13 @@ import pytest
 
 from minicb.bench import main as bench_main
 from minicb.bench import vllm_peer
-from minicb.bench.spec_model import (
-    break_even,
-    markdown_tables,
-    predicted_speedup,
-    summarize_runs,
-    tokens_per_step,
-)
+from minicb.bench.spec_model import markdown_tables, summarize_runs, tokens_per_step
 from minicb.bench.speculative import add_agreement, requests_at
 from minicb.bench.vllm_peer import driver_request
 from minicb.config import SPECULATIVE_METHODS
 from minicb.metrics import RequestMetrics
 from minicb.sim import CostModel
+from minicb.sim.speculative import break_even, predicted_speedup
 from minicb.sim.workload import code_completion
 from tests.bench.test_vllm_peer import FakeEngine, fake_config, load_driver
 
