@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable
 
 from minicb.config import EngineConfig
 from minicb.kv.base import KVManager
+from minicb.params import SamplingParams
 from minicb.plan import Logprob, ModelRunnerOutput, ScheduledSeq, SchedulerOutput
 from minicb.request import Request, RequestStatus
 from minicb.scheduler.queue import WaitingQueue
@@ -71,18 +72,22 @@ class Scheduler:
             self.num_host_state_requests += 1
         self.waiting.append(request)
 
-    def admit_transferred(self, request: Request) -> bool:
+    def admit_transferred(self, request: Request, params: SamplingParams | None = None) -> bool:
         """Admit a request whose KV cache another engine computed (a disaggregated cluster's
         prefill instance, which finished it at its first token) straight into the running
-        batch, to decode the rest here: if a slot is free, no request of ours waits to be
-        recomputed, and the pool has blocks for its cache and its next token (keeping the
-        watermark). False: not now (nothing changed). Its blocks here hold the arrived KV."""
+        batch, to decode the rest here, under `params` (the settings its client asked for; the
+        prefill instance served it capped at one token): if a slot is free, no request of ours
+        waits to be recomputed, and the pool has blocks for its cache and its next token
+        (keeping the watermark). False: not now (nothing changed). Its blocks here hold the
+        arrived KV."""
         config = self.config
         if self.waiting or len(self.running) >= config.max_num_seqs or not self.kv.can_allocate(
                 request, request.num_computed_tokens + 1, reserve_blocks=config.watermark_blocks):
             return False
         self.kv.allocate(request, request.num_computed_tokens)
         request.times.finished = request.times.finished_step = None    # it goes on here
+        if params is not None:
+            request.params = params
         if request.logits_state is not None:
             self.num_host_state_requests += 1
         self.running.append(request)

@@ -70,7 +70,8 @@ class Instance:
         self.executor = CostModelExecutor(pool.cost)
         self.scheduler = make_scheduler(self.config, self.kv, self.executor.clock)
         self.core = EngineCore(self.scheduler, self.executor)
-        self.arrived: deque[Request] = deque()    # KV here, waiting for a decode slot
+        # KV here, waiting for a decode slot: (request, the settings it goes on under)
+        self.arrived: deque[tuple[Request, SamplingParams]] = deque()
         self.in_flight: InFlightStep | None = None
         self.busy_time = 0.0
         # (start, end, prompt tokens, decode rows) of every step, for pictures
@@ -84,14 +85,17 @@ class Instance:
     def has_work(self) -> bool:
         return self.scheduler.has_unfinished() or bool(self.arrived)
 
-    def add(self, request: Request) -> None:
+    def add(self, request: Request, params: SamplingParams | None = None) -> None:
+        """A request arriving here: a new one, or (a decode instance) one whose KV arrives, with
+        the settings it goes on under (`params`)."""
+        params = params or request.params
         try:   # the engine's own admission rule on lengths, not a copy of it
-            self.scheduler.check_fits(request.num_prompt_tokens, request.params.max_tokens)
+            self.scheduler.check_fits(request.num_prompt_tokens, params.max_tokens)
         except ValueError as error:
             raise ValueError(f"request {request.request_id} on {self.name}: {error}") from None
         self.assigned += 1
         if self.role == "decode":
-            self.arrived.append(request)
+            self.arrived.append((request, params))
         else:
             self.scheduler.add_request(request)
 
@@ -99,7 +103,7 @@ class Instance:
         """Arrived KV caches join the running batch as decodes, in order of arrival, while the
         scheduler has a slot and blocks for them (Scheduler.admit_transferred: a request of ours
         waiting to be recomputed goes first)."""
-        while self.arrived and self.scheduler.admit_transferred(self.arrived[0]):
+        while self.arrived and self.scheduler.admit_transferred(*self.arrived[0]):
             self.arrived.popleft()
 
     def begin_step(self, now: float) -> float | None:
@@ -196,35 +200,34 @@ def simulate_cluster(workload: Workload, colocated: Pool | None = None,
         heapq.heappush(events, (time, kind, order, what, payload))
 
     requests: list[Request] = []
+    # each request's own settings; a disaggregated cluster's prefill instance serves it capped at
+    # its first token (as vLLM's disaggregation proxy sends it), and the decode instance that
+    # admits its KV restores them (Scheduler.admit_transferred)
+    asked: dict[str, SamplingParams] = {}
     for index, spec in enumerate(workload.requests):
+        params = SamplingParams(max_tokens=spec.output_len, temperature=0, ignore_eos=True)
+        asked[str(index)] = params
         request = Request(str(index), [1] * spec.prompt_len,
-                          SamplingParams(max_tokens=spec.output_len, temperature=0,
-                                         ignore_eos=True),
+                          replace(params, max_tokens=1) if disaggregated else params,
                           arrival_time=spec.arrival, priority=spec.priority, arrival_index=index)
         requests.append(request)
         push(spec.arrival, 1, "arrive", request)
     transfers: list[Transfer] = []
     finished_on: dict[str, list[str]] = {r.request_id: [] for r in requests}
-    # a request's own settings while a prefill instance serves it capped at its first token
-    asked: dict[str, SamplingParams] = {}
 
     def handle(what: str, payload: object) -> None:
         if what == "arrive":
-            if disaggregated:
-                asked[payload.request_id] = payload.params
-                payload.params = replace(payload.params, max_tokens=1)
             _least_loaded(entry).add(payload)
         elif what == "step":
             for request in payload.end_step():
                 finished_on[request.request_id].append(payload.name)
-                if payload.role == "prefill":
-                    request.params = asked.pop(request.request_id)
-                    if request.num_output_tokens < request.params.max_tokens:
-                        send(request, payload)
+                if (payload.role == "prefill"
+                        and request.num_output_tokens < asked[request.request_id].max_tokens):
+                    send(request, payload)
         else:
             request, destination = payload
             destination.assigned -= 1
-            destination.add(request)
+            destination.add(request, asked[request.request_id])
 
     def send(request: Request, source: Instance) -> None:
         destination = _least_loaded(exits)

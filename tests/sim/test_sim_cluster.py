@@ -274,7 +274,7 @@ def test_the_simulators_change_scheduler_and_request_state_only_through_the_sche
 
     sim = Path(__file__).resolve().parents[2] / "minicb" / "sim"
     owned = {"status", "finished", "finished_step", "num_computed_tokens", "output_token_ids",
-             "running", "waiting", "placeholders"}
+             "running", "waiting", "placeholders", "params", "times"}
     found = []
     for path in sorted(sim.glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
