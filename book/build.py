@@ -10,7 +10,8 @@ into DIR/src (the configuration stays in book/):
                             interview), each with a note that links its .ipynb for download and
                             says how to open it in JupyterLab; a cell whose input is hidden in
                             JupyterLab (`jupyter.source_hidden`) shows only its output;
-* docs/ARCHITECTURE.md, exercises/README.md, benchmarks/*.md with benchmarks/results/;
+* docs/ARCHITECTURE.md, exercises/README.md, course/ (the course track), benchmarks/*.md with
+  benchmarks/results/;
 * facts.md                  the cited facts table, rendered from minicb/facts.py;
 * source/...                one page per source file of minicb/ and kernels/ (Python, and the C
                             kernels with their header), each line with an anchor (#L12), which
@@ -197,8 +198,9 @@ def stage(src: Path) -> None:
         if page.name != "index.md":
             shutil.copy(page, src / page.name)
     benchmarks = sorted((ROOT / "benchmarks").glob("*.md"))
+    course = sorted((ROOT / "course").rglob("*.md"))
     for page in (["docs/ARCHITECTURE.md", "exercises/README.md"]
-                 + [p.relative_to(ROOT).as_posix() for p in benchmarks]):
+                 + [p.relative_to(ROOT).as_posix() for p in benchmarks + course]):
         text = promote_headings((ROOT / page).read_text(encoding="utf-8"))
         # a link to the results folder lands on the page that lists it
         write(src / page, text.replace("](results/)", "](results/index.md)"))

@@ -5,6 +5,8 @@
     outs = llm.generate(["def add(a, b):"], SamplingParams(max_tokens=32, temperature=0))
 """
 
+import logging
+
 from minicb.config import EngineConfig
 from minicb.engine.llm import LLM
 from minicb.engine.llm_engine import LLMEngine
@@ -14,6 +16,17 @@ from minicb.params import SamplingParams
 __all__ = ["LLM", "LLMEngine", "EngineConfig", "SamplingParams", "RequestOutput",
            "CompletionOutput", "default_model_path"]
 __version__ = "0.1.0"
+
+# transformers imports torchao (installed for the int8 proofs) when it loads a model. On a CPU
+# build of torch, torchao logs a warning for each CUDA extension it cannot load, and torch one
+# for each enum it registers the old way; both would land, with paths and process ids, in every
+# notebook that loads a model. minicb uses neither; these two messages alone are dropped.
+def _drop(logger: str, text: str) -> None:
+    logging.getLogger(logger).addFilter(lambda record: text not in record.getMessage())
+
+
+_drop("torchao", "Failed to load")
+_drop("torch.utils._pytree", "register_constant()")
 
 
 def default_model_path() -> str:

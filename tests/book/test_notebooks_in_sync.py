@@ -128,7 +128,9 @@ def test_execute_notebooks_runs_cleans_and_keeps_the_pair(tmp_path):
     assert [c.id for c in nb.cells] == ["c000", "c001", "c002"]
     assert nb.cells[1].outputs[0]["text"] == "42\n" and nb.cells[1].execution_count == 1
     assert "execution" not in nb.cells[1].metadata and "widgets" not in nb.metadata
-    assert set(nb.metadata) == {"jupytext", "kernelspec", "language_info"}
+    # the load record (scripts/execute_notebooks.py's guard): this chapter times nothing
+    assert set(nb.metadata) == {"jupytext", "kernelspec", "language_info", "minicb"}
+    assert nb.metadata["minicb"]["execution"]["timing_cells"] == []
     hidden = nb.cells[2]                   # a sentence built from a value: only its prose shows
     assert hidden.outputs[0]["data"]["text/markdown"] == "**42** tokens"
     assert hidden.metadata == {"jupyter": {"source_hidden": True}, "tags": ["remove-input"]}
