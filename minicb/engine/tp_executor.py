@@ -229,8 +229,11 @@ class TensorParallelRunner(ModelRunner):
 
     def eager_forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                       meta: AttentionMetadata, logits_indices: torch.Tensor) -> torch.Tensor:
-        self.workers.send(step_message(input_ids, positions, meta))
+        self.workers.check()           # a failure noticed between steps raises its own error
         try:
+            # from the moment the plan goes out the workers are in this step's collectives, so
+            # an interruption anywhere after it leaves the ranks out of step
+            self.workers.send(step_message(input_ids, positions, meta))
             return super().eager_forward(input_ids, positions, meta, logits_indices)
         except RuntimeError as error:      # a collective failed: most likely a rank died
             self.workers.fail(error)
