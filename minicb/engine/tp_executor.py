@@ -200,14 +200,10 @@ class Workers:
         if self.closed:
             return
         self.closed = True
-        if self.error is None:
-            try:
-                self.group.send(("stop",))
-            except Exception:    # noqa: S110 (a worker already gone: it is killed below anyway)
-                pass
+        # no stop message: a worker may be inside a collective rank 0 left (a Ctrl-C mid-step),
+        # where a broadcast would wait for it forever; a worker holds nothing worth saving
         for process in self.processes:
-            # a rank that failed left the others waiting in a collective: no point waiting
-            process.join(timeout=5.0 if self.error is None else 0.1)
+            process.join(timeout=0.1)
             if process.is_alive():
                 process.kill()
                 process.join()
