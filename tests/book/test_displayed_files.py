@@ -38,3 +38,31 @@ def test_the_architecture_lists_every_displayed_file():
     assert listed == expected_block(), (
         "docs/ARCHITECTURE.md's list of displayed files is stale; put this between its "
         f"displayed-files markers:\n{expected_block()}")
+
+
+LISTING = re.compile(r"\*\*`((?:minicb|kernels)/[\w/]+\.\w+), lines (\d+)-(\d+)`\*\*\n\n```\w*\n(.*?)\n```",
+                     re.DOTALL)
+
+
+def test_every_committed_listing_still_matches_its_lines():
+    """A change to a displayed file that moves or edits the lines a chapter shows makes that
+    chapter's committed listing stale; this names the chapter to re-execute, in a fraction of
+    a second, before the notebook checks would."""
+    stale, seen = [], 0
+    for notebook in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        for cell in json.loads(notebook.read_text())["cells"]:
+            for output in cell.get("outputs", []):
+                text = output.get("data", {}).get("text/markdown", "")
+                text = "".join(text) if isinstance(text, list) else text
+                for path, first, last, body in LISTING.findall(text):
+                    seen += 1
+                    source = (ROOT / path).read_text().splitlines()
+                    shown = [re.sub(r"^ *\d+ ?", "", line, count=1)
+                             for line in body.splitlines()]
+                    wanted = [line.strip() for line in source[int(first) - 1:int(last)]]
+                    if [line.strip() for line in shown] != wanted:
+                        stale.append(f"{notebook.name}: {path}, lines {first}-{last}")
+    assert seen > 20, f"only {seen} listings found: the listing format changed?"
+    assert not stale, ("these chapters show lines that have since changed; re-execute them "
+                       "(scripts/execute_notebooks.py NN) and run scripts/displayed_files.py:\n"
+                       + "\n".join(stale))
