@@ -3,8 +3,9 @@ through ctypes: paged attention (``cpu_attention.c``), the small-batch matrix pr
 (``cpu_linear.c``) and a whole decoder layer for decode steps (``cpu_decode_layer.c``). Their
 entry points, and the fused layer's arguments as one struct, are declared in ``cpu_kernels.h``;
 :class:`LayerArgs` mirrors that struct field by field. Activations are float32; weights may be
-float32, bfloat16 or int8 with per-channel scales, the KV cache float32, bfloat16 or int8 with
-a scale per (token, KV head) inside its block (``DTYPE_CODES``, ``KV_SCALE_BYTES``).
+float32, bfloat16, int8 with per-channel scales, or int4 (two to a byte) with a scale and an
+offset per group of 32; the KV cache float32, bfloat16 or int8 with a scale per (token, KV head)
+inside its block (``DTYPE_CODES``, ``KV_SCALE_BYTES``, ``I4_GROUP``).
 
 The library is built once per instruction set (kernels/isa.py: AVX2, AVX-512, AVX-512 BF16) and
 the widest build the CPU runs is loaded; ``$MINICB_CPU_ISA`` forces one.
@@ -40,10 +41,12 @@ from minicb.kernels import isa
 HEADERS = tuple(Path(__file__).with_name(name) for name in ("cpu_kernels.h", "cpu_simd.h"))
 # each compiles on its own; they are linked into one library
 SOURCES = tuple(Path(__file__).with_name(name) for name in
-                ("cpu_attention.c", "cpu_linear.c", "cpu_decode_layer.c"))
+                ("cpu_attention.c", "cpu_linear.c", "cpu_decode_layer.c", "cpu_moe.c"))
 LIBRARY = "libminicb_cpu_kernels"
 # enum minicb_dtype (cpu_kernels.h): how a weight matrix or the KV cache is stored
-DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2}
+# (uint8: int4 weights, two values a byte in groups of I4_GROUP; weights only, never a cache)
+DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2, torch.uint8: 3}
+I4_GROUP = 32           # MINICB_I4_GROUP: values of an int4 row sharing a scale and an offset
 MAX_HEAD_DIM = 256      # MINICB_MAX_HEAD_DIM: the attention kernel's scratch row for one head
 # MINICB_KV_SCALE_BYTES: an int8 cache row is head_dim values, then its float32 scale's 4 bytes
 KV_SCALE_BYTES = 4
@@ -226,8 +229,8 @@ def _require_typed(name: str, t: torch.Tensor, fix: str = "") -> int:
     """A weight or cache the C code reads in one of its formats (DTYPE_CODES): its format's
     code."""
     if t.dtype not in DTYPE_CODES:
-        raise ValueError(f"{name} is {t.dtype}; the CPU kernels read float32, bfloat16 or int8"
-                         f"{'; ' + fix if fix else ''}.")
+        raise ValueError(f"{name} is {t.dtype}; the CPU kernels read float32, bfloat16, int8 or "
+                         f"int4 packed as uint8{'; ' + fix if fix else ''}.")
     _require(name, t, t.dtype, fix)
     return DTYPE_CODES[t.dtype]
 
@@ -236,6 +239,9 @@ def cache_format(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[int, int
     """(format code, head_dim) of a KV cache [num_blocks, block_size, kv_heads, row]: a row is
     head_dim float32 or bfloat16 values, or for int8 head_dim values and then the 4 bytes of
     their float32 scale (minicb.model.quant.pack_kv_int8)."""
+    if k_cache.dtype == torch.uint8:
+        raise ValueError("k_cache is uint8 (the int4 weight format); a KV cache is float32, "
+                         "bfloat16 or int8.")
     code = _require_typed("k_cache", k_cache)
     if v_cache.dtype != k_cache.dtype or v_cache.shape != k_cache.shape:
         raise ValueError(f"k_cache {tuple(k_cache.shape)} {k_cache.dtype} and v_cache "
@@ -297,20 +303,30 @@ def linear_cpu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
                scale: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` for a few rows (cpu_linear.c): x [m, k] a contiguous float32
     CPU tensor; weight [n, k] float32, bfloat16, or int8 with its per-output-channel float32
-    ``scale`` [n] (the product is then ``x (weight * scale[:, None])^T``); bias [n] float32 or
-    None. Returns float32 [m, n]."""
+    ``scale`` [n] (the product is then ``x (weight * scale[:, None])^T``), or int4: uint8
+    [n, k / 2] in groups of 32 (minicb.model.quant.pack_int4) with ``scale`` [n, k / 32, 2], each
+    group's (scale, offset); bias [n] float32 or None. Returns float32 [m, n]."""
     _require("x", x, torch.float32, "use torch.nn.functional.linear")
     w_dtype = _require_typed("weight", weight, "use torch.nn.functional.linear")
-    for name, t in (("bias", bias), ("scale", scale)):
+    int4 = weight.dtype == torch.uint8
+    # an int4 row holds two values a byte
+    k_weight = weight.shape[-1] * (2 if int4 else 1)
+    if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != k_weight:
+        raise ValueError(f"x {tuple(x.shape)} and weight {tuple(weight.shape)} do not multiply: "
+                         "x is [rows, in_features], weight [out_features, in_features] "
+                         "(in_features / 2 bytes for int4).")
+    if int4 and k_weight % I4_GROUP:
+        raise ValueError(f"int4 weights come in groups of {I4_GROUP} along a row; in_features "
+                         f"{k_weight} is no multiple of {I4_GROUP}.")
+    scale_shape = (weight.shape[0], k_weight // I4_GROUP, 2) if int4 else (weight.shape[0],)
+    for name, t, shape in (("bias", bias, (weight.shape[0],)), ("scale", scale, scale_shape)):
         if t is not None:
             _require(name, t, torch.float32)
-            if t.shape != (weight.shape[0],):
-                raise ValueError(f"{name} {tuple(t.shape)} must be [{weight.shape[0]}].")
-    if (weight.dtype == torch.int8) != (scale is not None):
-        raise ValueError("int8 weights need their per-channel scale, and only they take one.")
-    if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
-        raise ValueError(f"x {tuple(x.shape)} and weight {tuple(weight.shape)} do not multiply: "
-                         "x is [rows, in_features], weight [out_features, in_features].")
+            if t.shape != shape:
+                raise ValueError(f"{name} {tuple(t.shape)} must be {list(shape)}.")
+    if (weight.dtype in (torch.int8, torch.uint8)) != (scale is not None):
+        raise ValueError("int8 weights need their per-channel scale and int4 weights their "
+                         "per-group (scale, offset) pairs, and only they take one.")
     (m, k), n = x.shape, weight.shape[0]
     out = torch.empty(m, n, dtype=torch.float32)
     if m and _library().minicb_linear(
@@ -384,8 +400,8 @@ def decode_step_cpu(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor
 def check_layer_weights(layer: dict[str, torch.Tensor | None]) -> int:
     """Refuse a layer the fused layer cannot run as it is: a tensor it has no slot for, a
     required one missing, or one the C code cannot read. The four matrices share one format
-    (float32, bfloat16, or int8 with their scales); norms, biases and scales are float32. Returns
-    the matrices' format code."""
+    (float32, bfloat16, int8 or int4 with their scales); norms, biases and scales are float32.
+    Returns the matrices' format code."""
     unknown = sorted(set(layer) - set(WEIGHTS))
     if unknown:
         raise ValueError(f"the fused decode layer has no slot for {', '.join(unknown)}; it reads "
@@ -396,12 +412,15 @@ def check_layer_weights(layer: dict[str, torch.Tensor | None]) -> int:
     formats = {layer[name].dtype for name in MATRICES}
     if len(formats) != 1 or not formats <= set(DTYPE_CODES):
         raise ValueError(f"the fused decode layer's four matrices share one format of "
-                         f"float32, bfloat16 or int8; got {sorted(map(str, formats))}.")
-    quantized = formats == {torch.int8}
+                         f"float32, bfloat16, int8 or int4 (uint8); got "
+                         f"{sorted(map(str, formats))}.")
+    quantized = formats in ({torch.int8}, {torch.uint8})
     for matrix, scale in MATRICES.items():
         if quantized != (layer.get(scale) is not None):
-            raise ValueError(f"{matrix} is {layer[matrix].dtype}: int8 matrices need their "
-                             f"scales ({scale}), and only they take one.")
+            raise ValueError(f"{matrix} is {layer[matrix].dtype}: int8 and int4 matrices need "
+                             f"their scales ({scale}), and only they take one.")
+    if formats == {torch.uint8} and any(layer[m].shape[1] * 2 % I4_GROUP for m in MATRICES):
+        raise ValueError(f"int4 matrices come in groups of {I4_GROUP} along a row.")
     fix = "Use attention='torch' for other dtypes and devices."
     for name, tensor in layer.items():   # the C code reads them as plain arrays
         if tensor is None:

@@ -55,8 +55,9 @@ ATTENTION_BACKENDS = Registry("attention", {"torch": "minicb.model.attention:tor
                                             "triton": "minicb.model.attention:triton_backend",
                                             "cpu": "minicb.model.attention:cpu_backend"},
                               aliases=("auto",))
-# the experts' part of the fused mixture-of-experts product (minicb.model.moe): torch on a CPU,
-# Triton on a GPU
+# the experts' part of the fused mixture-of-experts product (minicb.model.moe): torch on a CPU
+# (the reference), C for a CPU engine's small steps, Triton on a GPU
 MOE_KERNELS = Registry("moe_kernel",
                        {"torch": "minicb.kernels.fused_moe_reference:moe_experts_torch",
+                        "cpu": "minicb.kernels.cpu_moe:moe_experts_cpu",
                         "triton": "minicb.kernels.fused_moe:moe_experts_triton"})

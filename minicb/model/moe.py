@@ -14,7 +14,8 @@ The experts' weights are stacked ([num_experts, 2 * expert_size, hidden] for gat
 [num_experts, hidden, expert_size] for down) as transformers holds them, so one tensor index
 picks an expert. The step's tokens are grouped by expert (`align_by_expert`, vLLM's
 moe_align_block_size) and each expert the step touched runs once on its rows: in torch on a CPU
-(minicb/kernels/fused_moe_reference.py), in a Triton kernel on a GPU (minicb/kernels/fused_moe.py).
+(minicb/kernels/fused_moe_reference.py, the reference), in one C call for a CPU engine's small
+steps (kernels/cpu_moe.c, `use_cpu_moe`), in a Triton kernel on a GPU (minicb/kernels/fused_moe.py).
 
 Accumulation order: a token's k weighted expert outputs are summed one after another in
 ascending expert id, starting from the smallest. That is transformers' eager order (it loops
@@ -168,6 +169,7 @@ class SparseMoeBlock(nn.Module):
                                    if shared_expert is not None else None)
         self.load, self.load_row = None, 0   # an ExpertLoad (model/expert_load.py), our row
         self.first_expert, self.group = 0, None   # the experts held, from split_experts
+        self.cpu_rows = 0     # steps of up to this many float32 rows run the C experts
 
     def split_experts(self, rank: int, size: int, group) -> None:
         """Expert parallelism: keep only this rank's num_experts / size whole experts (the
@@ -186,6 +188,8 @@ class SparseMoeBlock(nn.Module):
         weights, ids = route(self.gate(x), self.moe.top_k, self.moe.renormalize,
                              self.moe.float32_weights)
         kernel = "triton" if x.is_cuda else "torch"
+        if kernel == "torch" and x.shape[0] <= self.cpu_rows and x.dtype == torch.float32:
+            kernel = "cpu"     # a rule on the step's shape only, as SmallBatchLinear's
         align = align_by_expert(ids, self.moe.num_experts, 16 if kernel == "triton" else 1)
         if self.load is not None:
             self.load.record(self.load_row, align.counts)
@@ -197,3 +201,14 @@ class SparseMoeBlock(nn.Module):
         if self.shared_expert is not None:
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
         return out
+
+
+def use_cpu_moe(model: nn.Module, max_rows: int) -> None:
+    """A CPU engine's sparse blocks run steps of up to `max_rows` float32 rows through the C
+    experts (kernels/cpu_moe.c), bigger ones through torch; 0: torch always. A decode step of a
+    few rows is where one C call beats the torch path's handful of operations per touched
+    expert; the choice depends on the step's shape alone, never on the machine's load, so greedy
+    outputs do not change with it."""
+    for module in model.modules():
+        if isinstance(module, SparseMoeBlock):
+            module.cpu_rows = max_rows

@@ -19,9 +19,10 @@ import torch
 from minicb.config import ResolvedConfig
 from minicb.model.attention import AttentionMetadata
 from minicb.model.cuda_graphs import DecodeGraphs, graph_memory_bytes
-from minicb.model.fused_cpu import FusedCpuDecoder
+from minicb.model.fused_cpu import FusedCpuDecoder, use_small_batch_linear
 from minicb.model.llama import LlamaForCausalLM
 from minicb.model.loader import DTYPES
+from minicb.model.moe import use_cpu_moe
 from minicb.model.quant import kv_cache_layout
 from minicb.plan import Logprob, ModelRunnerOutput, ScheduledSeq, SchedulerOutput
 from minicb.runner.input_batch import DecodeInputs, InputBatch
@@ -99,6 +100,12 @@ class ModelRunner:
         self.fused = (FusedCpuDecoder(model, config.max_fused_decode_rows)
                       if config.attention == "cpu" and model.args.moe is None
                       and config.tensor_parallel_size == 1 else None)
+        if config.attention == "cpu" and model.args.moe is not None \
+                and config.tensor_parallel_size == 1:
+            # its steps of up to as many rows run the experts in one C call (kernels/cpu_moe.c)
+            # and its other small products through the small-batch kernel
+            use_small_batch_linear(model)
+            use_cpu_moe(model, config.max_fused_decode_rows)
         self.graphs: DecodeGraphs | None = None     # decode-only steps through CUDA graphs
 
     def use_cuda_graphs(self, capture: bool = True) -> None:

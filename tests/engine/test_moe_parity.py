@@ -10,6 +10,7 @@ import pytest
 from reference import check_all, hf_greedy, run_with_arrivals
 
 from minicb import LLM
+from minicb.model.moe import SparseMoeBlock
 
 LAYOUTS = [(scheduler, kv) for scheduler in ("naive", "static", "continuous")
            for kv in ("contiguous", "paged")]
@@ -49,10 +50,14 @@ def _check(llm, workload, references) -> None:
 
 @pytest.mark.parametrize("scheduler,kv_cache,attention",
                          [(*layout, "torch") for layout in LAYOUTS]
-                         + [("continuous", "paged", "cpu")])   # the C attention kernel
+                         + [("continuous", "paged", "cpu")])   # the C attention and experts
 def test_greedy_equals_transformers(cases, scheduler, kv_cache, attention):
     llm = LLM(cases["model"], scheduler=scheduler, kv_cache=kv_cache, attention=attention,
               max_num_seqs=4, max_num_batched_tokens=64, max_model_len=128, block_size=16)
+    if attention == "cpu":   # every decode step (4 rows at most) through kernels/cpu_moe.c
+        blocks = [layer.mlp for layer in llm.llm_engine.model.model.layers
+                  if isinstance(layer.mlp, SparseMoeBlock)]
+        assert blocks and all(block.cpu_rows >= 4 for block in blocks)
     _check(llm, *cases["plain"])
 
 
