@@ -23,7 +23,7 @@ LOCK       := constraints.txt
 export MPLCONFIGDIR := $(abspath $(VENV))/matplotlib
 CH         ?=
 
-.PHONY: setup lock browser-setup test test-fast test-gpu lab demo lint grade env-check guidellm peer-vllm clean \
+.PHONY: setup lock browser-setup test test-fast test-gpu lab demo lint grade env-check guidellm peer-vllm peer-llamacpp clean \
 	book notebooks router-setup cluster schemathesis-setup schemathesis guidellm-cluster \
 	lm-eval-setup lm-eval
 
@@ -186,6 +186,26 @@ peer-vllm: setup
 	    apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libtcmalloc-minimal4 >/dev/null; \
 	  else echo "note: install tcmalloc (Debian/Ubuntu: libtcmalloc-minimal4) for vLLM's best CPU speed"; fi; fi
 	@v=$$(peers/vllm_python peers/vllm_driver.py --version) && echo "vLLM $$v ready in .venv-vllm"
+
+# llama.cpp as a measured peer (benchmarks/quant.md), in its own environment: llama-cpp-python
+# built from its source distribution for this CPU's instruction set (GGML_NATIVE), about 7 minutes
+# on 2 cores. The source stays in .venv-llamacpp/src: its vendored convert_hf_to_gguf.py (which
+# needs torch, transformers and sentencepiece) writes the GGUF files. The multimodal library is
+# not built: no peer run uses it.
+LLAMACPP_SPEC ?= llama-cpp-python==0.3.36
+peer-llamacpp:
+	@if [ ! -e .venv-llamacpp/.installed ]; then \
+	  echo "setup: llama.cpp through $(LLAMACPP_SPEC), built from source in .venv-llamacpp (about 7 minutes)"; \
+	  $(PYTHON) -m venv .venv-llamacpp && .venv-llamacpp/bin/pip install --quiet --upgrade pip && \
+	  rm -rf .venv-llamacpp/src && .venv-llamacpp/bin/pip download --quiet --no-deps --no-binary :all: \
+	    $(LLAMACPP_SPEC) -d .venv-llamacpp/src && tar -xzf .venv-llamacpp/src/*.tar.gz -C .venv-llamacpp/src && \
+	  .venv-llamacpp/bin/pip install --quiet $(TORCH_SPEC) && \
+	  .venv-llamacpp/bin/pip install --quiet -c $(LOCK) transformers sentencepiece \
+	    .venv-llamacpp/src/*/vendor/llama.cpp/gguf-py && \
+	  CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAVA_BUILD=OFF" .venv-llamacpp/bin/pip install --quiet \
+	    .venv-llamacpp/src/*.tar.gz && \
+	  touch .venv-llamacpp/.installed; fi
+	@v=$$(.venv-llamacpp/bin/python peers/llamacpp_driver.py --version) && echo "llama.cpp $$v ready in .venv-llamacpp"
 
 # Replicas behind a real router (benchmarks/cluster.md): vLLM's router, a Rust binary from the
 # package index, in its own environment (it pins its own fastapi and uvicorn). About a minute, once.

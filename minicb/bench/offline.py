@@ -54,7 +54,12 @@ SYSTEMS = {
     "continuous-paged": "minicb continuous batching, paged KV",
 }
 # systems outside this process and environment, added with --peers
-PEERS = {"vllm": "vLLM's CPU build (its own environment: make peer-vllm)"}
+PEERS = {"vllm": "vLLM's CPU build at --dtype (its own environment: make peer-vllm)",
+         "vllm-bfloat16": "vLLM's CPU build, bfloat16 (make peer-vllm)",
+         "vllm-float32": "vLLM's CPU build, float32 (make peer-vllm)",
+         "llamacpp-f32": "llama.cpp, F32 GGUF, batched API (make peer-llamacpp)",
+         "llamacpp-bf16": "llama.cpp, BF16 GGUF, batched API (make peer-llamacpp)",
+         "llamacpp-q8_0": "llama.cpp, Q8_0 GGUF, batched API (make peer-llamacpp)"}
 MINICB_KNOBS = {"naive": dict(scheduler="naive", kv_cache="contiguous"),
                 "static": dict(scheduler="static", kv_cache="contiguous"),
                 "continuous-contiguous": dict(scheduler="continuous", kv_cache="contiguous"),
@@ -73,7 +78,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=list(SYSTEMS))
     p.add_argument("--peers", nargs="+", default=[], choices=list(PEERS),
                    help="also run these engines, each in its own environment, on the same "
-                        "weights, prompts and lengths (vllm: build it with `make peer-vllm`)")
+                        "weights, prompts and lengths and as many requests at once (vllm-*: "
+                        "build it with `make peer-vllm`; llamacpp-*: `make peer-llamacpp`)")
     p.add_argument("--hf-page-size", type=int, default=256,
                    help="page size of transformers' paged cache")
     p.add_argument("--hf-max-batch-tokens", type=int, default=512,
@@ -133,12 +139,8 @@ def run_system(name: str, model_path: str, hf_model, args, prompts: list[list[in
     if name in MINICB_KNOBS:
         run = run_minicb(name, model_path, args, prompts, output_lens, progress)
         return run, run.settings["peak_growth_bytes"] + run.settings["kv_pool_bytes"]
-    if name == "vllm":
-        from minicb.bench.vllm_peer import run_vllm
-
-        run = run_vllm(model_path, prompts, output_lens, args.max_model_len,
-                       {"max_num_seqs": args.max_num_seqs, "dtype": args.dtype})
-        return run, 0
+    if name in PEERS:
+        return run_peer(name, model_path, args, prompts, output_lens), 0
     pad = hf_model.generation_config.pad_token_id or 0
     with tqdm(total=len(prompts), desc="requests", disable=not progress) as bar, \
             PeakMemory(args.device) as probe:
@@ -154,6 +156,40 @@ def run_system(name: str, model_path: str, hf_model, args, prompts: list[list[in
             run = hf_continuous(hf_model, prompts, output_lens, pad, args.max_num_seqs,
                                 args.hf_max_batch_tokens, kv_tokens, args.hf_page_size, bar.update)
     return run, probe.peak_bytes
+
+
+def run_peer(name: str, model_path: str, args, prompts: list[list[int]],
+             output_lens: list[int]) -> SystemRun:
+    """A peer in its own environment, with minicb's request slots, context and step budget."""
+    if name.startswith("vllm"):
+        from minicb.bench.vllm_peer import run_vllm
+
+        dtype = args.dtype if name == "vllm" else name.removeprefix("vllm-")
+        return run_vllm(model_path, prompts, output_lens, args.max_model_len,
+                        {"max_num_seqs": args.max_num_seqs, "dtype": dtype})
+    from minicb.bench.llamacpp_peer import run_llamacpp
+
+    return run_llamacpp(model_path, prompts, output_lens, name.removeprefix("llamacpp-"),
+                        llamacpp_settings(args))
+
+
+def llamacpp_settings(args) -> dict:
+    """llama.cpp's knobs from minicb's: one sequence per request slot, a context of
+    max_model_len for each, the step's token budget as its batch, the same threads."""
+    return {"parallel": args.max_num_seqs, "n_ctx_seq": args.max_model_len,
+            "n_batch": args.max_num_batched_tokens, "threads": torch.get_num_threads()}
+
+
+def check_peers(peers: list[str]) -> None:
+    """Before any system runs: a peer whose environment is missing fails at once."""
+    if any(p.startswith("vllm") for p in peers):
+        from minicb.bench.vllm_peer import check_available
+
+        check_available()
+    if any(p.startswith("llamacpp") for p in peers):
+        from minicb.bench.llamacpp_peer import check_available
+
+        check_available()
 
 
 def summarize_run(name: str, run: SystemRun, peak_bytes: int) -> dict:
@@ -184,9 +220,7 @@ def check_targets(rows: dict[str, dict]) -> list[dict]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv or [])
     if args.peers:
-        from minicb.bench.vllm_peer import check_available
-
-        check_available()           # before any system runs: a missing peer fails at once
+        check_peers(args.peers)
         args.systems = [*args.systems, *[p for p in args.peers if p not in args.systems]]
     if args.threads:
         torch.set_num_threads(args.threads)

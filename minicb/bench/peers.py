@@ -16,9 +16,15 @@ tokens appear, so TTFT and TPOT mean the same thing for every system.
 
 from __future__ import annotations
 
+import json
+import math
+import os
+import subprocess
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
@@ -70,6 +76,49 @@ def _check_length(name: str, index: int, tokens: list[int], wanted: int) -> None
         raise RuntimeError(f"{name} returned {len(tokens)} tokens for request {index}, not "
                            f"{wanted}: it stopped early, so the systems would not be doing the "
                            "same work.")
+
+
+def external_run(peer: str, result: dict, prompts: list[list[int]], output_lens: list[int],
+                 settings: dict) -> SystemRun:
+    """What a peer's driver produced in its own environment (every request's tokens and token
+    times, `arrival`, `finished`, optionally `cpu_seconds`) as a SystemRun, refused unless every
+    request has exactly its output length."""
+    outputs, token_times = result["outputs"], result["token_times"]
+    if len(outputs) != len(prompts) or any(o is None for o in outputs):
+        missing = [i for i, o in enumerate(outputs) if o is None]
+        raise RuntimeError(f"{peer} finished {len(prompts) - len(missing)} of {len(prompts)} "
+                           f"requests (missing {missing[:5]}).")
+    for index, (tokens, wanted) in enumerate(zip(outputs, output_lens)):
+        _check_length(peer, index, tokens, wanted)
+    metrics = [request_metrics(result["arrival"], times, finished, len(prompt))
+               for times, finished, prompt in zip(token_times, result["finished"], prompts)]
+    return SystemRun(outputs, metrics, settings, cpu_seconds=result.get("cpu_seconds", math.nan))
+
+
+# variables that would point a peer's python at another environment's packages
+FOREIGN_PYTHON_VARS = ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "VIRTUAL_ENV")
+
+
+def peer_environment(base: dict[str, str] | None = None) -> dict[str, str]:
+    """A peer driver's environment: this one (or `base`) without what would mix minicb's
+    environment into the peer's."""
+    return {k: v for k, v in (os.environ if base is None else base).items()
+            if k not in FOREIGN_PYTHON_VARS}
+
+
+def run_driver(peer: str, command: Callable[[Path, Path], list[str]], request: dict,
+               env: dict[str, str], timeout: float) -> dict:
+    """Run a peer's driver, `command(request_file, result_file)`, on `request`; return its
+    result, or raise with the end of what it printed."""
+    with tempfile.TemporaryDirectory(prefix="minicb-peer-") as work:
+        request_file, result_file = Path(work) / "request.json", Path(work) / "result.json"
+        request_file.write_text(json.dumps(request))
+        done = subprocess.run(command(request_file, result_file),
+                              capture_output=True, text=True, timeout=timeout, env=env)
+        if done.returncode != 0 or not result_file.exists():
+            tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-15:])
+            raise RuntimeError(f"{peer}'s run failed (exit {done.returncode}):\n{tail}")
+        return json.loads(result_file.read_text())
 
 
 def hf_one_at_a_time(model, prompts: list[list[int]], output_lens: list[int], pad_token_id: int,

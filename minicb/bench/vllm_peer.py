@@ -12,14 +12,11 @@ same table, the same greedy-agreement check against transformers.
 
 from __future__ import annotations
 
-import json
-import math
 import os
 import subprocess
-import tempfile
 from pathlib import Path
 
-from minicb.bench.peers import SystemRun, request_metrics
+from minicb.bench.peers import SystemRun, external_run, peer_environment, run_driver
 
 ROOT = Path(__file__).resolve().parents[2]
 PEERS = ROOT / "peers"          # what runs in a peer's environment, outside the package
@@ -63,54 +60,30 @@ def command(driver: Path, request_file: Path, result_file: Path) -> list[str]:
     return [str(LAUNCHER), str(driver), str(request_file), str(result_file)]
 
 
-# variables that would point vLLM's python at another environment's packages
-FOREIGN_PYTHON_VARS = ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "VIRTUAL_ENV")
-
-
 def environment(base: dict[str, str] | None = None) -> dict[str, str]:
     """The driver's environment: this one, without what would mix minicb's environment into
     vLLM's, and naming the vLLM environment the launcher must use (the one checked)."""
-    env = {k: v for k, v in (os.environ if base is None else base).items()
-           if k not in FOREIGN_PYTHON_VARS}
-    env["MINICB_VLLM_VENV"] = str(venv_dir())
-    return env
+    return {**peer_environment(base), "MINICB_VLLM_VENV": str(venv_dir())}
 
 
 def parse_result(result: dict, prompts: list[list[int]], output_lens: list[int]) -> SystemRun:
     """vLLM's result as a SystemRun (token ids, and per-request metrics from token times)."""
-    outputs, token_times = result["outputs"], result["token_times"]
-    if len(outputs) != len(prompts) or any(o is None for o in outputs):
-        missing = [i for i, o in enumerate(outputs) if o is None]
-        raise RuntimeError(f"vLLM finished {len(prompts) - len(missing)} of {len(prompts)} "
-                           f"requests (missing {missing[:5]}).")
-    for index, (tokens, wanted) in enumerate(zip(outputs, output_lens)):
-        if len(tokens) != wanted:
-            raise RuntimeError(f"vLLM returned {len(tokens)} tokens for request {index}, not "
-                               f"{wanted}: the systems would not be doing the same work.")
-    metrics = [request_metrics(result["arrival"], times, finished, len(prompt))
-               for times, finished, prompt in zip(token_times, result["finished"], prompts)]
     settings = {"vllm_version": result["vllm_version"], **result["settings"],
                 "startup_s": result["startup_s"]}
     for key in ("engine", "load_average", "processes"):       # what the driver read back
         if key in result:
             settings[key] = result[key]
-    return SystemRun(outputs, metrics, settings, cpu_seconds=result.get("cpu_seconds", math.nan))
+    return external_run("vLLM", result, prompts, output_lens, settings)
 
 
 def drive(request: dict, timeout: float = 3600) -> dict:
     """Run the driver on `request` in vLLM's environment; return its result."""
     check_available()
-    with tempfile.TemporaryDirectory(prefix="minicb-vllm-") as work:
-        request_file, result_file = Path(work) / "request.json", Path(work) / "result.json"
-        request_file.write_text(json.dumps(request))
-        # python puts the script's folder first on the path: peers/ holds no module that could
-        # shadow one vLLM imports
-        done = subprocess.run(command(DRIVER, request_file, result_file), capture_output=True,
-                              text=True, timeout=timeout, env=environment())
-        if done.returncode != 0 or not result_file.exists():
-            tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-15:])
-            raise RuntimeError(f"vLLM's run failed (exit {done.returncode}):\n{tail}")
-        return json.loads(result_file.read_text())
+    # python puts the script's folder first on the path: peers/ holds no module that could
+    # shadow one vLLM imports
+    return run_driver("vLLM", lambda request_file, result_file: command(DRIVER, request_file,
+                                                                        result_file),
+                      request, environment(), timeout)
 
 
 def version() -> str:
