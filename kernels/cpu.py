@@ -229,8 +229,8 @@ def _require_typed(name: str, t: torch.Tensor, fix: str = "") -> int:
     """A weight or cache the C code reads in one of its formats (DTYPE_CODES): its format's
     code."""
     if t.dtype not in DTYPE_CODES:
-        raise ValueError(f"{name} is {t.dtype}; the CPU kernels read float32, bfloat16, int8 or "
-                         f"int4 packed as uint8{'; ' + fix if fix else ''}.")
+        raise ValueError(f"{name} is {t.dtype}; the CPU kernels read float32, bfloat16 or int8 "
+                         f"(or int4 weights packed as uint8){'; ' + fix if fix else ''}.")
     _require(name, t, t.dtype, fix)
     return DTYPE_CODES[t.dtype]
 
@@ -325,8 +325,8 @@ def linear_cpu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
             if t.shape != shape:
                 raise ValueError(f"{name} {tuple(t.shape)} must be {list(shape)}.")
     if (weight.dtype in (torch.int8, torch.uint8)) != (scale is not None):
-        raise ValueError("int8 weights need their per-channel scale and int4 weights their "
-                         "per-group (scale, offset) pairs, and only they take one.")
+        raise ValueError("int8 weights need their per-channel scale (int4 weights their per-group "
+                         "(scale, offset) pairs), and only they take one.")
     (m, k), n = x.shape, weight.shape[0]
     out = torch.empty(m, n, dtype=torch.float32)
     if m and _library().minicb_linear(

@@ -13,8 +13,8 @@
  *   h = rmsnorm(x) ; g, u = h Wgu^T [+ bgu] ; x += (silu(g) * u) Wd^T [+ bd]
  * Each matrix product splits its weight rows among the threads (cpu_linear.c); attention runs one
  * query per work item (cpu_attention.c). Activations and sums are float32; the matrices may be
- * stored as bfloat16 or int8 and the cache as bfloat16 or int8 (w_dtype, kv_dtype), widened in
- * registers as they are read. Sums run in a different order from torch's, so in float32 results
+ * stored as bfloat16, int8 or int4 and the cache as bfloat16 or int8 (w_dtype, kv_dtype), widened
+ * (int4: dequantized by its group's scale and offset) in registers as they are read. Sums run in a different order from torch's, so in float32 results
  * agree with the module path to about 1e-6, not bit for bit.
  *
  * The arguments come as one struct (struct minicb_layer_args in cpu_kernels.h), mirrored field by

@@ -22,7 +22,10 @@
  * output channel ([n], beside it). An int8 cache keeps one float32 scale per token and KV head
  * inside its block, right after that head's values: a cache row (one token's one KV head) is
  * head_dim int8 values then the 4 bytes of its scale, so copying a block copies its scales. */
-enum minicb_dtype { MINICB_F32 = 0, MINICB_BF16 = 1, MINICB_I8 = 2 };
+enum minicb_dtype { MINICB_F32 = 0, MINICB_BF16 = 1, MINICB_I8 = 2, MINICB_I4 = 3 };
+/* An int4 weight (uint8 [n, k / 2]) comes in groups of MINICB_I4_GROUP values along a row, with a
+ * float32 (scale, offset) pair per group ([n, k / 32, 2], passed as the scale): cpu_simd.h. */
+#define MINICB_I4_GROUP 32
 #define MINICB_KV_SCALE_BYTES 4
 
 /* the largest head the attention kernel takes (its scratch row for a widened key) */
@@ -50,7 +53,7 @@ int minicb_paged_attention(
 int minicb_linear(
     const float *x,      /* [m, k] */
     const void *w,       /* [n, k] as w_dtype: torch's Linear weight, one output per row */
-    const float *scale,  /* [n] for int8 weights, else NULL */
+    const float *scale,  /* [n] for int8 weights, [n, k / 32, 2] for int4, else NULL */
     int32_t w_dtype,
     const float *bias,   /* [n] or NULL */
     float *y,            /* [m, n] */
@@ -74,7 +77,8 @@ struct minicb_layer_args {
     const float *b_gate_up;      /* [2 intermediate] or NULL */
     const void *w_down;          /* [hidden, intermediate] */
     const float *b_down;         /* [hidden] or NULL */
-    /* int8 weights' per-output-channel scales (NULL for float weights) */
+    /* int8 weights' per-output-channel scales, int4's per-group (scale, offset) pairs (NULL for
+     * float weights) */
     const float *s_qkv, *s_o, *s_gate_up, *s_down;
     /* the step, shared by every layer */
     const float *cos;            /* [m, head_dim] */

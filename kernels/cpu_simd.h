@@ -10,7 +10,11 @@
  *   float32;
  *   bfloat16: float32's top 16 bits, so widening is a shift and exact;
  *   int8 with a float32 scale (per output channel of a weight, per token and KV head of the
- *   cache): the value is q * scale, and the scale is applied once to a finished sum.
+ *   cache): the value is q * scale, and the scale is applied once to a finished sum;
+ *   int4 (weights only), groups of MINICB_I4_GROUP values along a row, each group 16 bytes: byte
+ *   b holds value b in its low nibble and value b + 16 in its high one, so one load of VW bytes
+ *   widens into two vectors of VW consecutive values (the low nibbles, then the high ones). A
+ *   group's value is q * scale + offset (q in 0..15), both float32, [n][k / 32][2] beside it.
  */
 #ifndef MINICB_CPU_SIMD_H
 #define MINICB_CPU_SIMD_H
@@ -39,6 +43,12 @@ static inline uint16_t f32_to_bf16(float f) {
     return (uint16_t)(u >> 16);
 }
 
+/* value i of an int4 row (its group's q, before scale and offset) */
+static inline float i4_at(const uint8_t *row, int64_t i) {
+    const uint8_t b = row[i / MINICB_I4_GROUP * 16 + i % 16];
+    return (float)(i % MINICB_I4_GROUP < 16 ? b & 15 : b >> 4);
+}
+
 /* element i of a weight or cache row stored as dtype, as float32 (before any scale) */
 static inline __attribute__((always_inline)) float load_scalar(const void *p, int64_t i,
                                                                const int dtype) {
@@ -58,6 +68,15 @@ typedef __m512 vf;
 #define vload_bf16(p) _mm512_castsi512_ps(_mm512_slli_epi32( \
     _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p))), 16))
 #define vload_i8(p) _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p))))
+#define vset1(f) _mm512_set1_ps(f)
+/* 16 bytes of an int4 group, dequantized in registers: values b..b+15 and b+16..b+31 */
+static inline __attribute__((always_inline)) void vload_i4(const uint8_t *p, vf scale, vf offset,
+                                                           vf *lo, vf *hi) {
+    const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
+    *lo = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(b, _mm512_set1_epi32(15))), scale,
+                          offset);
+    *hi = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(b, 4)), scale, offset);
+}
 #elif defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #define VW 8
@@ -74,6 +93,15 @@ static inline float vsum(__m256 a) {
 #define vload_bf16(p) _mm256_castsi256_ps(_mm256_slli_epi32( \
     _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p))), 16))
 #define vload_i8(p) _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p))))
+#define vset1(f) _mm256_set1_ps(f)
+/* 8 bytes of an int4 group, dequantized in registers: values b..b+7 and b+16..b+23 */
+static inline __attribute__((always_inline)) void vload_i4(const uint8_t *p, vf scale, vf offset,
+                                                           vf *lo, vf *hi) {
+    const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
+    *lo = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(b, _mm256_set1_epi32(15))), scale,
+                          offset);
+    *hi = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4)), scale, offset);
+}
 #else
 #define VW 0
 #endif

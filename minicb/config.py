@@ -18,10 +18,11 @@ from minicb.registry import ATTENTION_BACKENDS, KV_CACHES, SCHEDULERS
 
 DTYPES = ("float32", "float16", "bfloat16")
 # weight-only quantization applied at load (minicb/model/quant.py), named as vLLM's knob names it
-QUANTIZATIONS = ("int8",)
+QUANTIZATIONS = ("int8", "int4")
 # the KV cache's storage, vLLM's kv_cache_dtype: auto = the model's dtype; int8 = one float32
-# scale per (token, KV head) inside its block (CPU)
-KV_CACHE_DTYPES = ("auto", "int8")
+# scale per (token, KV head) inside its block (CPU); fp8 (alias fp8_e4m3) = FP8 e4m3 with the
+# same scale per row (the Triton kernels on a GPU; the torch backend anywhere)
+KV_CACHE_DTYPES = ("auto", "int8", "fp8", "fp8_e4m3")
 POLICIES = ("fcfs", "priority", "shortest_prompt_first")
 STEP_ORDERS = ("decode_first", "prefill_first")
 SPECULATIVE_METHODS = ("ngram", "draft_model")
@@ -90,11 +91,13 @@ class EngineConfig:
                       "else float32 (minicb/model/quant.py)", ("auto", *DTYPES))
     quantization: str | None = knob(
         None, "weight-only quantization of the decoder's matrices at load: int8 (one scale per "
-        "output channel, CPU; default: none)", QUANTIZATIONS)
+        "output channel) or int4 (groups of 32), CPU; default: none, or what a compressed-tensors "
+        "checkpoint stores", QUANTIZATIONS)
     kv_cache_dtype: str = knob(
-        "auto", "KV cache storage: auto (the model's dtype) or int8 (one float32 scale per token "
+        "auto", "KV cache storage: auto (the model's dtype), int8 (one float32 scale per token "
         "and KV head, kept in its block: about 3.8x float32's tokens per byte at head_dim 64; "
-        "CPU)", KV_CACHE_DTYPES)
+        "CPU) or fp8 / fp8_e4m3 (FP8 e4m3 with the same scales; attention 'triton' on a GPU, "
+        "'torch' anywhere)", KV_CACHE_DTYPES)
     max_num_seqs: int = knob(32, "requests that may be running at once (the batch's slots)")
     max_num_batched_tokens: int = knob(2048, "tokens one step may carry (prompt chunks + decodes)")
     max_model_len: int | None = knob(None, "longest sequence (prompt + output) a request may reach "
@@ -201,11 +204,16 @@ class EngineConfig:
         _check(self.kv_cache_dtype in KV_CACHE_DTYPES,
                f"kv_cache_dtype={self.kv_cache_dtype!r} is not one of {KV_CACHE_DTYPES}; pick one "
                "of those.")
-        _check(self.kv_cache_dtype == "auto" or (self.device == "cpu"
+        _check(self.kv_cache_dtype != "int8" or (self.device == "cpu"
                                                  and self.attention in ("auto", "cpu", "torch")),
                f"kv_cache_dtype={self.kv_cache_dtype!r} runs on the CPU, with attention 'cpu' or "
                f"'torch' (got device={self.device!r}, attention={self.attention!r}); use those, "
-               "or kv_cache_dtype='auto'.")
+               "or kv_cache_dtype='fp8' on a GPU, or 'auto'.")
+        _check(not self.kv_cache_dtype.startswith("fp8") or self.attention != "cpu",
+               f"kv_cache_dtype={self.kv_cache_dtype!r} is read by the Triton kernels (attention="
+               "'triton', a GPU) and the torch backend (attention='torch', any device), not by "
+               "the C kernel (attention='cpu'); use one of those, or kv_cache_dtype='int8' for "
+               "the C kernel on a CPU.")
         narrow = [f"{name}={getattr(self, name)!r}" for name, plain in
                   (("quantization", None), ("kv_cache_dtype", "auto"))
                   if getattr(self, name) != plain]

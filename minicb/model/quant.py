@@ -1,10 +1,11 @@
-"""Weight-only int8: fewer bytes per weight, so fewer bytes per decode step.
+"""Weight-only int8 and int4: fewer bytes per weight, so fewer bytes per decode step.
 
 A decode step reads every weight once for a handful of rows: its speed is the bytes it reads.
 int8 weights with one float32 scale per output channel read a quarter of float32's bytes (half
 of bfloat16's). ``quantization="int8"`` (vLLM's knob name) quantizes a loaded model's decoder
 matrices (q/k/v, o, gate/up, down) this way; the embedding and the head stay as they are, as in
-vLLM's and torchao's defaults for a tied head.
+vLLM's and torchao's defaults for a tied head. ``quantization="int4"`` stores them as 4-bit
+codes in groups of 32 with a scale and offset each (minicb/model/int4.py).
 
 The arithmetic is torchao's ``Int8WeightOnlyConfig``, so the two can be compared weight for
 weight: per output channel j, ``scale_j = max|W_j| / 127.5`` and ``q = clamp(round(W * (1 /
@@ -24,13 +25,16 @@ does not pay.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from minicb.config import QUANTIZATIONS
+from minicb.kernels import fp8
 from minicb.kernels.cpu import KV_SCALE_BYTES
+from minicb.model.int4 import Int4Linear
 from minicb.model.moe import SparseMoeBlock
 
 
@@ -77,6 +81,8 @@ def kv_cache_layout(num_kv_heads: int, head_dim: int, dtype: torch.dtype,
     the same memory holds 3.76 times the tokens."""
     if kv_cache_dtype == "int8":
         return (num_kv_heads, head_dim + KV_SCALE_BYTES), torch.int8
+    if kv_cache_dtype in fp8.KV_CACHE_DTYPE_NAMES:   # e4m3 bytes, then the same 4-byte scale
+        return (num_kv_heads, head_dim + fp8.SCALE_BYTES), fp8.FP8
     return (num_kv_heads, head_dim), dtype
 
 
@@ -120,7 +126,11 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
-        if _c_kernel():
+        if rows.is_cuda:   # the Triton kernel (kernels/quant_matmul.py): int8 tiles widened inside
+            from minicb import kernels
+
+            out = kernels.int8_matmul(rows.contiguous(), self.weight, self.scale, self.bias)
+        elif _c_kernel():
             from minicb.kernels.cpu import linear_cpu
 
             out = linear_cpu(rows.float().contiguous(), self.weight, self.bias, self.scale)
@@ -141,26 +151,36 @@ def _c_kernel() -> bool:
     return available()[0]
 
 
-def _views(fused: Int8Linear, parts: list[nn.Linear]) -> list[Int8Linear]:
-    """Each part of a fused projection as an Int8Linear whose tensors are views of the fused
-    one's (per-channel scales split along the output rows as the weights do)."""
+LINEARS = {"int8": Int8Linear, "int4": Int4Linear}
+
+
+def _views(fused: Int8Linear | Int4Linear, parts: list[nn.Module]) -> list[nn.Module]:
+    """Each part of a fused projection as a quantized Linear of the fused one's class whose
+    tensors are views of the fused one's (scales split along the output rows as the weights
+    do)."""
     views, start = [], 0
     for part in parts:
         rows = part.weight.shape[0]
         bias = None if fused.bias is None else fused.bias[start:start + rows]
-        views.append(Int8Linear(fused.weight[start:start + rows], fused.scale[start:start + rows],
-                                bias))
+        views.append(type(fused)(fused.weight[start:start + rows],
+                                 fused.scale[start:start + rows], bias))
         start += rows
     return views
 
 
-def quantize_model(model: nn.Module, quantization: str) -> nn.Module:
+def quantize_model(model: nn.Module, quantization: str,
+                   quantized: Callable[[str], nn.Module] | None = None) -> nn.Module:
     """Quantize every decoder matrix of a loaded model in place (after fuse_projections), and
-    free the float weights. The embedding and the head are left as they are."""
-    check_quantization(quantization)
-    if model.model.embed_tokens.weight.device.type != "cpu":
+    free the float weights. The embedding and the head are left as they are. ``quantized``, for
+    a checkpoint stored quantized (minicb/model/compressed.py), gives the quantized Linear of a
+    fused projection by its name (``model.layers.0.self_attn.qkv_proj``) instead of quantizing
+    the float one."""
+    if quantized is None:
+        check_quantization(quantization)
+    device = model.model.embed_tokens.weight.device.type
+    if device != "cpu" and not (device == "cuda" and quantization == "int8"):
         raise ValueError(f"quantization={quantization!r} runs on the CPU (its kernels are C and "
-                         "torch's CPU int8 product); use device='cpu'.")
+                         "torch's CPU int8 and int4 products); use device='cpu', or int8 on a GPU.")
     for number, layer in enumerate(model.model.layers):
         attn, mlp = layer.self_attn, layer.mlp
         if isinstance(mlp, SparseMoeBlock):
@@ -170,11 +190,16 @@ def quantize_model(model: nn.Module, quantization: str) -> nn.Module:
         if attn.qkv_proj is None or mlp.gate_up_proj is None:
             raise ValueError("quantize_model expects the fused projections: call "
                              "fuse_projections() first.")
-        attn.qkv_proj = Int8Linear.from_linear(attn.qkv_proj)
+        def convert(name: str, linear: nn.Linear, number: int = number) -> nn.Module:
+            if quantized is not None:
+                return quantized(f"model.layers.{number}.{name}")
+            return LINEARS[quantization].from_linear(linear)
+
+        attn.qkv_proj = convert("self_attn.qkv_proj", attn.qkv_proj)
         attn.q_proj, attn.k_proj, attn.v_proj = _views(attn.qkv_proj,
                                                        [attn.q_proj, attn.k_proj, attn.v_proj])
-        mlp.gate_up_proj = Int8Linear.from_linear(mlp.gate_up_proj)
+        mlp.gate_up_proj = convert("mlp.gate_up_proj", mlp.gate_up_proj)
         mlp.gate_proj, mlp.up_proj = _views(mlp.gate_up_proj, [mlp.gate_proj, mlp.up_proj])
-        attn.o_proj = Int8Linear.from_linear(attn.o_proj)
-        mlp.down_proj = Int8Linear.from_linear(mlp.down_proj)
+        attn.o_proj = convert("self_attn.o_proj", attn.o_proj)
+        mlp.down_proj = convert("mlp.down_proj", mlp.down_proj)
     return model

@@ -136,8 +136,8 @@ def test_auto_dtype_is_bfloat16_where_the_cpu_computes_it(tiny_llama, monkeypatc
 
 
 @pytest.mark.parametrize("knobs, message", [
-    ({"quantization": "int4"}, r"quantization='int4' is not one of \('int8',\)"),
-    ({"quantization": "INT8"}, r"not one of \('int8',\)"),
+    ({"quantization": "int3"}, r"quantization='int3' is not one of \('int8', 'int4'\)"),
+    ({"quantization": "INT4"}, r"not one of \('int8', 'int4'\)"),
     ({"dtype": "fp8"}, r"dtype='fp8' is not one of \('auto', 'float32', 'float16', 'bfloat16'\)"),
 ])
 def test_a_bad_choice_names_the_choices(knobs, message):
