@@ -105,9 +105,11 @@ notebooks: setup
 	@$(BIN)/python scripts/execute_notebooks.py $(CH)
 	@$(BIN)/python scripts/displayed_files.py
 
-# Jupyter refuses to run as root unless told; in a container you often are root.
+# Jupyter refuses to run as root unless told; in a container you often are root. LAB_ARGS
+# passes JupyterLab's own options: make lab LAB_ARGS="--port 8890 --no-browser"
+LAB_ARGS ?=
 lab: setup
-	$(BIN)/jupyter lab notebooks/ $(if $(filter 0,$(shell id -u)),--allow-root)
+	$(BIN)/jupyter lab notebooks/ $(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS)
 
 demo: setup
 	$(BIN)/python -m minicb demo

@@ -183,7 +183,10 @@ async def run_benchmark(config: BenchConfig) -> dict:
         model = config.model or await first_model(client, config.base_url)
         url = config.base_url.rstrip("/") + config.endpoint
         gate = asyncio.Semaphore(config.max_concurrency or len(prompts))
-        bar = tqdm(total=len(prompts), desc="requests", disable=config.disable_tqdm)
+        # disable=None: tqdm draws no bar when the output is not a terminal (a log, a pipe),
+        # where each redraw would be a line of its own
+        bar = tqdm(total=len(prompts), desc="requests", disable=True if config.disable_tqdm
+                   else None)
 
         async def one(prompt, max_tokens: int) -> RequestResult:
             async with gate:
@@ -301,34 +304,58 @@ def parse_goodput(items: list[str]) -> dict[str, float]:
     return slo
 
 
+class _HelpWithDefaults(argparse.ArgumentDefaultsHelpFormatter):
+    """Each option's default after its help, unless the help already says it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if "(default" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m minicb bench serve",
-                                     description=__doc__.split("\n\n")[0])
+                                     description=__doc__.split("\n\n")[0],
+                                     formatter_class=_HelpWithDefaults)
     defaults = BenchConfig("")
-    parser.add_argument("--base-url", default="http://127.0.0.1:8000")
-    parser.add_argument("--endpoint", default=defaults.endpoint)
-    parser.add_argument("--model", default=None)
-    parser.add_argument("--num-prompts", type=int, default=defaults.num_prompts)
-    parser.add_argument("--request-rate", type=float, default=defaults.request_rate)
-    parser.add_argument("--burstiness", type=float, default=defaults.burstiness)
-    parser.add_argument("--max-concurrency", type=int, default=None)
-    parser.add_argument("--workload", choices=["random", *SIZED_WORKLOADS], default="random")
-    parser.add_argument("--input-len", type=int, default=defaults.input_len)
-    parser.add_argument("--output-len", type=int, default=defaults.output_len)
-    parser.add_argument("--range-ratio", type=float, default=defaults.range_ratio)
-    parser.add_argument("--prompt-format", choices=["text", "tokens"],
-                        default=defaults.prompt_format)
-    parser.add_argument("--vocab-size", type=int, default=defaults.vocab_size)
-    parser.add_argument("--ignore-eos", action="store_true",
-                        help="force output lengths (vLLM/SGLang/minicb)")
-    parser.add_argument("--temperature", type=float, default=defaults.temperature)
-    parser.add_argument("--seed", type=int, default=defaults.seed)
-    parser.add_argument("--goodput", nargs="*", default=[], metavar="NAME:MS",
-                        help="SLOs: ttft:MS tpot:MS")
-    parser.add_argument("--out-dir", default="benchmarks/results")
-    parser.add_argument("--result-name", default="bench-serve")
-    parser.add_argument("--no-plot", action="store_true")
-    parser.add_argument("--disable-tqdm", action="store_true")
+    add = parser.add_argument
+    add("--base-url", default="http://127.0.0.1:8000", help="the server to measure")
+    add("--endpoint", default=defaults.endpoint,
+        help="/v1/completions or /v1/chat/completions")
+    add("--model", default=None, help="the model name to send (default: the first one the "
+        "server's GET /v1/models lists)")
+    add("--num-prompts", type=int, default=defaults.num_prompts, help="requests to send")
+    add("--request-rate", type=float, default=defaults.request_rate,
+        help="requests per second on average; inf sends them all at once")
+    add("--burstiness", type=float, default=defaults.burstiness,
+        help="the gaps' Gamma shape: 1 is Poisson, below 1 burstier, above 1 more regular")
+    add("--max-concurrency", type=int, default=None,
+        help="requests in flight at most (default: no cap)")
+    add("--workload", choices=["random", *SIZED_WORKLOADS], default="random",
+        help="random: lengths from --input-len/--output-len; the others: minicb's seeded "
+        "workloads (minicb.sim.workload)")
+    add("--input-len", type=int, default=defaults.input_len,
+        help="prompt length (words or token ids) for --workload random")
+    add("--output-len", type=int, default=defaults.output_len,
+        help="max_tokens per request for --workload random")
+    add("--range-ratio", type=float, default=defaults.range_ratio,
+        help="random lengths uniform in [len*(1-r), len*(1+r)]")
+    add("--prompt-format", choices=["text", "tokens"], default=defaults.prompt_format,
+        help="text (any server) or random token ids (servers that take them)")
+    add("--vocab-size", type=int, default=defaults.vocab_size,
+        help="token ids are drawn below this, for --prompt-format tokens")
+    add("--ignore-eos", action="store_true",
+        help="force output lengths (an extension vLLM, SGLang and minicb accept)")
+    add("--temperature", type=float, default=defaults.temperature, help="0 is greedy")
+    add("--seed", type=int, default=defaults.seed, help="seeds the prompts and the arrivals")
+    add("--goodput", nargs="*", default=[], metavar="NAME:MS",
+        help="SLOs a request must meet to count in goodput: ttft:MS tpot:MS")
+    add("--out-dir", default=None, help="write NAME.json (every request's latencies and the "
+        "summary) and NAME.png here (default: print the summary, write nothing)")
+    add("--result-name", default="bench-serve", help="NAME of the files --out-dir writes")
+    add("--no-plot", action="store_true", help="with --out-dir, write the JSON only")
+    add("--disable-tqdm", action="store_true", help="no progress bar (there is none anyway "
+        "when the output is not a terminal)")
     args = parser.parse_args(argv)
     try:
         goodput = parse_goodput(args.goodput)
@@ -339,12 +366,13 @@ def main(argv: list[str] | None = None) -> int:
     config = BenchConfig(goodput=goodput, **options)
     result = benchmark(config)
     print(format_results(result))
-    out_dir = Path(args.out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    json_path = out_dir / f"{args.result_name}.json"
-    json_path.write_text(json.dumps(result, indent=1, default=float))
-    print(f"results: {json_path}")
-    if not args.no_plot:
-        plot(result, out_dir / f"{args.result_name}.png")
-        print(f"plot: {out_dir / (args.result_name + '.png')}")
+    if args.out_dir is not None:
+        out_dir = Path(args.out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        json_path = out_dir / f"{args.result_name}.json"
+        json_path.write_text(json.dumps(result, indent=1, default=float))
+        print(f"results: {json_path}")
+        if not args.no_plot:
+            plot(result, out_dir / f"{args.result_name}.png")
+            print(f"plot: {out_dir / (args.result_name + '.png')}")
     return 0 if result["completed"] else 1

@@ -539,6 +539,9 @@ def main(argv: list[str] | None = None) -> int:
                         **EngineConfig.knobs_from_cli(args))
     except ValueError as error:     # a knob the config refuses (or a combination): a usage error
         parser.error(str(error))
+    # the name clients must send as "model" (a wrong one is refused), said before they guess
+    print(f"serving model '{app.state.model_name}' ({app.state.engine.model_path}) at "
+          f"http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
                 timeout_keep_alive=args.timeout_keep_alive,
                 limit_concurrency=args.limit_concurrency, http=DeadlineH11Protocol)

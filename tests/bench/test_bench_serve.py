@@ -152,6 +152,19 @@ def test_the_command_line_writes_json_and_a_plot(other, tmp_path):
         main(["--base-url", server.url, "--goodput", "latency:5"])
 
 
+def test_the_command_line_writes_nothing_unless_asked_and_draws_no_bar_into_a_log(
+        other, tmp_path, monkeypatch, capsys):
+    server, _ = other
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    code = main(["--base-url", server.url, "--num-prompts", "3", "--input-len", "3",
+                 "--output-len", "2"])
+    out, err = capsys.readouterr()
+    assert code == 0 and "requests" in out      # the summary is printed
+    assert list(tmp_path.rglob("*")) == []       # no results file, no plot, no folder
+    assert "it/s" not in err and "\r" not in err   # captured output is no terminal: no bar
+
+
 def test_against_minicb_every_request_is_measured(tiny_llama, tmp_path):
     app = build_app(tiny_llama, max_model_len=64, max_num_seqs=4)
     with ServerThread(app) as server:
