@@ -4,7 +4,9 @@ A number from a paper, a data sheet or another engine's defaults lives here once
 and its source, and the chapters, the simulator and the benchmarks read it from here
 (`fact("a100_hbm_bandwidth").value`), so a sentence that quotes it and the code that uses it can
 never disagree. Numbers this project measures, simulates or fits do not belong here: they are
-rendered from the values that produced them.
+rendered from the values that produced them. The one exception is an input the cost model needs
+beside a cited one (gloo's all-reduce on the book's machine, beside NCCL's): its source is the
+committed JSON that measured it, and tests/book/test_facts.py holds the two equal.
 """
 
 from __future__ import annotations
@@ -33,6 +35,9 @@ _VLLM_CUSTOM_AR = ("vllm-project/vllm, csrc/custom_all_reduce.cuh and vllm/distr
 _CUSTOM_AR_TIMES = ("sgl-project/sglang pull request 2904 (2025-01-15), table 'vllm': vLLM's custom "
                     "all-reduce measured on H100s (NVSwitch), without CUDA graphs, "
                     "https://github.com/sgl-project/sglang/pull/2904")
+
+_GLOO_MEASURED = ("measured on this project's 2-core CPU machine by scripts/bench_tensor_parallel.py, "
+                  "benchmarks/results/gloo_allreduce.json")
 
 _HF_ASYNC = ("Ouazan Reboul, Cuenca, Roy Gosthipaty, Unlocking asynchronicity in continuous "
              "batching, Hugging Face blog (2026-05-14), the section 'Does it actually work?', "
@@ -99,6 +104,13 @@ FACTS: dict[str, Fact] = {
                                            "bytes"),
     "vllm_custom_allreduce_tp8_1mib": Fact(45.0, "us", _CUSTOM_AR_TIMES + ": TP 8, 1,048,576 "
                                            "bytes"),
+    # gloo's all-reduce between two processes on the book's 2-core CPU machine: measured here,
+    # not cited (the medians of the repeats in the JSON; its load average is beside them there)
+    **{f"gloo_allreduce_{name}": Fact(value, "us", _GLOO_MEASURED + f": median all-reduce of "
+                                      f"{label} of float32 between two processes")
+       for name, label, value in (("4kib", "4 KiB", 0.0), ("32kib", "32 KiB", 0.0),
+                                  ("128kib", "128 KiB", 0.0), ("1mib", "1 MiB", 0.0),
+                                  ("8mib", "8 MiB", 0.0))},
     # --- models (the checkpoints' config.json on the Hugging Face hub) ---
     "qwen3_30b_a3b_layers": Fact(48, "layers", "Qwen/Qwen3-30B-A3B config.json: "
                                  "num_hidden_layers, https://huggingface.co/Qwen/Qwen3-30B-A3B"),
@@ -429,4 +441,49 @@ FACTS.update({
 })
 FACTS.update({
     "deepseek_v2_attention_heads": Fact(128, "heads", _DEEPSEEK_V2_CONFIG + ": num_attention_heads"),
+})
+# --- serving questions of the interview notebook (CUDA graphs, grammars, LoRA, determinism) ---
+_VLLM_GRAPHS_PR = ("vllm-project/vllm pull request 1440, 'CUDA graph for Llama' (2023-10-20): "
+                   "Llama-2-7B, no tensor parallelism, batch 1, 5 prompt and 100 output tokens, "
+                   "https://github.com/vllm-project/vllm/pull/1440")
+_TM_NONDETERMINISM = ("Horace He and Thinking Machines Lab, Defeating Nondeterminism in LLM "
+                      "Inference, Connectionism (2025-09-10), the section 'Experiments', "
+                      "https://thinkingmachines.ai/blog/defeating-nondeterminism-in-llm-inference/")
+FACTS.update({
+    "vllm_graphs_7b_eager_s": Fact(1.2, "s", _VLLM_GRAPHS_PR + ": about 1.2 s without CUDA graphs"),
+    "vllm_graphs_7b_graph_s": Fact(1.05, "s", _VLLM_GRAPHS_PR + ": about 1.05 s with CUDA graphs"),
+    "vllm_graphs_7b_output_tokens": Fact(100, "tokens", _VLLM_GRAPHS_PR + ": the output tokens "
+                                         "those times cover"),
+    "llguidance_mask_us": Fact(50, "µs", "guidance-ai/llguidance, README.md: mask computation "
+                               "takes approximately 50 µs of single-core CPU time for a 128k-token "
+                               "tokenizer, with no significant startup cost (masks computed on the "
+                               "fly, not precomputed), https://github.com/guidance-ai/llguidance"),
+    "punica_throughput_gain": Fact(12, "×", "Chen et al., Punica: Multi-Tenant LoRA Serving, "
+                                   "MLSys 2024 (arXiv:2310.18547), abstract: 12x higher throughput "
+                                   "serving multiple LoRA models than state-of-the-art systems"),
+    "punica_added_latency_ms": Fact(2, "ms per token", "Punica (arXiv:2310.18547), abstract: "
+                                    "while only adding 2 ms latency per token"),
+    "s_lora_throughput_gain": Fact(4, "×", "Sheng et al., S-LoRA: Serving Thousands of Concurrent "
+                                   "LoRA Adapters, MLSys 2024 (arXiv:2311.03285), abstract: up to "
+                                   "4 times the throughput of HuggingFace PEFT and vLLM with naive "
+                                   "LoRA support"),
+    "tm_nondeterminism_runs": Fact(1000, "completions", _TM_NONDETERMINISM + ": one prompt at "
+                                   "temperature 0 on Qwen3-235B-A22B-Instruct-2507, 1,000 times"),
+    "tm_nondeterminism_unique": Fact(80, "completions", _TM_NONDETERMINISM + ": 80 unique "
+                                     "completions among them; with batch-invariant kernels, all "
+                                     "1,000 identical"),
+})
+
+# --- expert parallelism's load balancing: DeepSeek-V3's redundant experts (EPLB) ---
+_DEEPSEEK_V3 = ("DeepSeek-AI, DeepSeek-V3 Technical Report, 2024, https://arxiv.org/abs/2412.19437")
+FACTS.update({
+    "deepseek_v3_routed_experts": Fact(256, "experts", "deepseek-ai/DeepSeek-V3 config.json: "
+                                       "n_routed_experts"),
+    "deepseek_v3_prefill_ep": Fact(32, "GPUs", _DEEPSEEK_V3 + ", section 3.4.1: the prefilling "
+                                   "stage's MoE part uses 32-way expert parallelism (EP32)"),
+    "deepseek_v3_redundant_experts": Fact(32, "experts", _DEEPSEEK_V3 + ", section 3.4.1: 32 "
+                                          "redundant experts for the prefilling stage, each GPU "
+                                          "hosting one besides its original 8; the high-load "
+                                          "experts re-detected periodically (e.g. every 10 "
+                                          "minutes)"),
 })

@@ -38,6 +38,8 @@ BENCHMARKS = {
     "prefix": ("minicb.bench.prefix", "prefix caching on shared-prefix traffic"),
     "calibrate": ("minicb.bench.calibrate",
                   "fit the cost model's four terms to this machine's real step times"),
+    "step-cost": ("minicb.bench.step_cost",
+                  "one decode step of 1, 16 and 64 rows on the wall clock and in CPU time"),
     "routing": ("minicb.bench.routing",
                 "replicas behind vllm-router: scaling, routing policies, a replica killed"),
     "neighbour": ("minicb.bench.neighbour",
