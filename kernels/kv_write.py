@@ -22,6 +22,12 @@ heads at once) to that slot::
 
 A slot of ``-1`` marks a padding token (left padding under static batching): nothing is
 written for it. One Triton program handles one token.
+
+An FP8 cache (``kv_cache_dtype="fp8"``, kernels/fp8.py) stores each (token, KV head) row as its
+e4m3 bytes and then its float32 scale: the kernel finds each head's largest magnitude, divides by
+its scale and rounds to e4m3 in registers (:func:`_float_to_e4m3`, integer arithmetic on the
+float's bits, so every target and the interpreter round alike, with or without FP8
+instructions).
 """
 
 from __future__ import annotations
@@ -29,6 +35,23 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from .fp8 import SCALE_BYTES, is_fp8, pack_kv_fp8
+
+
+@triton.jit
+def _float_to_e4m3(y):
+    """e4m3 bytes (uint8) of float32 ``y`` with |y| <= 448, rounded to nearest even."""
+    sign = (y.to(tl.int32, bitcast=True) >> 24) & 0x80
+    a = tl.abs(y)
+    bits = a.to(tl.int32, bitcast=True)
+    # Below 2**-6 (e4m3's smallest normal) the step is 2**-9: adding 2**14, whose float32 step
+    # is 2**-9, rounds |y| to it in hardware; the low bits then count the steps (0..8).
+    small = (a + 16384.0).to(tl.int32, bitcast=True) - (141 << 23)
+    # Otherwise keep 3 of float32's 23 mantissa bits, rounding to nearest even (add just under
+    # half a step, plus the kept lowest bit), and rebias the exponent from 127 to 7.
+    normal = (bits + ((7 - 127) << 23) + 0x7FFFF + ((bits >> 20) & 1)) >> 20
+    return (tl.where(bits < (121 << 23), small, normal) | sign).to(tl.uint8)
 
 
 @triton.jit
@@ -54,6 +77,7 @@ def _write_kv_kernel(
     BLOCK_SIZE: tl.constexpr,
     HEADS_PAD: tl.constexpr,
     DIM_PAD: tl.constexpr,
+    KV_FP8: tl.constexpr,
 ):
     token = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_mapping_ptr + token)
@@ -71,14 +95,31 @@ def _write_kv_kernel(
     heads_to_write = tl.where(slot_ok, NUM_KV_HEADS, 0)
     mask = (heads < heads_to_write) & (dims < HEAD_DIM)
 
-    k = tl.load(k_ptr + token * stride_k_token + heads * stride_k_head + dims, mask=mask)
-    v = tl.load(v_ptr + token * stride_v_token + heads * stride_v_head + dims, mask=mask)
+    k = tl.load(k_ptr + token * stride_k_token + heads * stride_k_head + dims, mask=mask,
+                other=0.0)
+    v = tl.load(v_ptr + token * stride_v_token + heads * stride_v_head + dims, mask=mask,
+                other=0.0)
     k_dst = (k_cache_ptr + block * stride_kc_block + offset * stride_kc_offset + heads
              * stride_kc_head)
     v_dst = (v_cache_ptr + block * stride_vc_block + offset * stride_vc_offset + heads
              * stride_vc_head)
-    tl.store(k_dst + dims, k, mask=mask)
-    tl.store(v_dst + dims, v, mask=mask)
+    if KV_FP8:   # e4m3 bytes of each head's row over its scale, then the scale after the row
+        _store_e4m3(k_dst, dims, k, mask, heads < heads_to_write, HEAD_DIM)
+        _store_e4m3(v_dst, dims, v, mask, heads < heads_to_write, HEAD_DIM)
+    else:
+        tl.store(k_dst + dims, k, mask=mask)
+        tl.store(v_dst + dims, v, mask=mask)
+
+
+@triton.jit
+def _store_e4m3(dst, dims, x, mask, head_ok, HEAD_DIM: tl.constexpr):
+    x = x.to(tl.float32)
+    amax = tl.max(tl.abs(x), 1)
+    scale = tl.where(amax > 0, amax / 448.0, 1.0)   # 448: e4m3's largest (kernels/fp8.py)
+    y = tl.minimum(tl.maximum(x * (1.0 / scale)[:, None], -448.0), 448.0)
+    tl.store(dst + dims, _float_to_e4m3(y), mask=mask)
+    scale_at = (dst + HEAD_DIM).to(tl.pointer_type(tl.float32), bitcast=True)
+    tl.store(scale_at, scale[:, None], mask=head_ok)
 
 
 def _check_write_args(
@@ -96,21 +137,29 @@ def _check_write_args(
     if k_cache.dim() != 4 or v_cache.shape != k_cache.shape:
         raise ValueError("k_cache and v_cache must both be [num_blocks, block_size, num_kv_heads, "
                          f"head_dim]; got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
-    if k.shape[1:] != k_cache.shape[2:]:
+    fp8 = is_fp8(k_cache)
+    row = (k_cache.shape[2], k_cache.shape[3] - (SCALE_BYTES if fp8 else 0))
+    if k.shape[1:] != row:
         raise ValueError(
             f"k has (num_kv_heads, head_dim) = {tuple(k.shape[1:])} but the cache holds "
-            f"{tuple(k_cache.shape[2:])}: the model config and the cache disagree"
+            f"{row}: the model config and the cache disagree"
         )
+    if fp8 and k.shape[2] % SCALE_BYTES:
+        raise ValueError(f"an FP8 cache needs head_dim a multiple of {SCALE_BYTES} (each row's "
+                         f"float32 scale must sit aligned after it); got {k.shape[2]}. Use "
+                         "kv_cache_dtype='auto'.")
     if slot_mapping.shape != (k.shape[0],):
         raise ValueError(
             f"slot_mapping must be [num_tokens] = [{k.shape[0]}]; got {tuple(slot_mapping.shape)}"
         )
     if slot_mapping.dtype != torch.int64:
         raise ValueError(f"slot_mapping must be int64; got {slot_mapping.dtype} (use .long())")
-    if not (k.dtype == v.dtype == k_cache.dtype == v_cache.dtype):
+    if k.dtype != v.dtype or k_cache.dtype != v_cache.dtype or (k.dtype != k_cache.dtype
+                                                                 and not fp8):
         raise ValueError(
-            f"k, v and the caches must share a dtype; got k {k.dtype}, v {v.dtype}, "
-            f"k_cache {k_cache.dtype}, v_cache {v_cache.dtype} (cast k and v to the cache dtype)"
+            f"k, v and the caches must share a dtype (or the caches be FP8); got k {k.dtype}, v "
+            f"{v.dtype}, k_cache {k_cache.dtype}, v_cache {v_cache.dtype} (cast k and v to the "
+            "cache dtype)"
         )
     devices = {t.device for t in (k, v, k_cache, v_cache, slot_mapping)}
     if len(devices) != 1:
@@ -121,12 +170,13 @@ def _check_write_args(
                              ".contiguous()")
 
 
-def write_launch(num_kv_heads: int, head_dim: int, block_size: int) -> dict:
+def write_launch(num_kv_heads: int, head_dim: int, block_size: int, fp8: bool = False) -> dict:
     """The write kernel's constexprs and launch options (the runtime and the compile check both
-    call this): one program per token copies a [kv_heads, head_dim] tile of K and one of V."""
+    call this): one program per token copies a [kv_heads, head_dim] tile of K and one of V
+    (``fp8``: rounds them to e4m3 with a scale per head)."""
     return dict(NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
                 HEADS_PAD=triton.next_power_of_2(num_kv_heads),
-                DIM_PAD=triton.next_power_of_2(head_dim), num_warps=4)
+                DIM_PAD=triton.next_power_of_2(head_dim), KV_FP8=fp8, num_warps=4)
 
 
 def write_kv(
@@ -139,11 +189,16 @@ def write_kv(
     """Scatter ``k, v: [num_tokens, num_kv_heads, head_dim]`` into the caches, in place.
 
     ``slot_mapping[t]`` is token t's slot (``block_id * block_size + offset``); ``-1`` skips it.
+    An FP8 cache (``torch.float8_e4m3fn`` rows of head_dim + 4 bytes) gets each row rounded to
+    e4m3 over its scale, and the scale.
     """
     _check_write_args(k, v, k_cache, v_cache, slot_mapping)
     num_tokens, num_kv_heads, head_dim = k.shape
     if num_tokens == 0:
         return
+    fp8 = is_fp8(k_cache)
+    if fp8:   # the kernel writes bytes: e4m3 values and the scale's four
+        k_cache, v_cache = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
     num_blocks, block_size = k_cache.shape[:2]
     _write_kv_kernel[(num_tokens,)](
         k,
@@ -162,7 +217,7 @@ def write_kv(
         v_cache.stride(0),
         v_cache.stride(1),
         v_cache.stride(2),
-        **write_launch(num_kv_heads, head_dim, block_size),
+        **write_launch(num_kv_heads, head_dim, block_size, fp8),
     )
 
 
@@ -175,6 +230,9 @@ def write_kv_reference(
 ) -> None:
     """The same scatter in plain torch: the correctness oracle for :func:`write_kv`."""
     _check_write_args(k, v, k_cache, v_cache, slot_mapping)
+    if is_fp8(k_cache):
+        k, v = pack_kv_fp8(k), pack_kv_fp8(v)
+        k_cache, v_cache = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
     num_slots = k_cache.shape[0] * k_cache.shape[1]
     real = slot_mapping >= 0
     slots = slot_mapping[real]

@@ -31,6 +31,14 @@ share one KV head (grouped-query attention): the K/V tile is loaded once and use
       ...                          ─┘
 
 Rows are padded to at least 16 (``tl.dot``'s smallest tile on a GPU); padding rows are masked.
+
+An FP8 cache (``kv_cache_dtype="fp8"``, kernels/fp8.py: e4m3 bytes, then a float32 scale per
+(token, KV head)) is dequantized inside the loop. The bytes become half-precision floats with two
+shifts and a bitcast (:func:`_e4m3_to_half`: exact, on every target, with or without FP8
+instructions), and each key's scale multiplies its column of scores, each value's scale its
+column of probabilities, so no tile is rescaled::
+
+    scores[:, j] = (q · e4m3(k_j)) * scale_k[j]        acc += (p * scale_v) · e4m3(v)
 """
 
 from __future__ import annotations
@@ -41,6 +49,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .fp8 import is_fp8
 from .reference import check_attention_args, paged_attention_reference
 from .split_kv import choose_num_splits, merge_splits
 from .targets import DoesNotFit, GpuLimits, limits_for_device
@@ -61,6 +70,31 @@ SHARED_SLACK = 1024
 
 
 @triton.jit
+def _e4m3_to_half(b):
+    """float16 of e4m3 bytes ``b`` (uint8), times 2**-8: e4m3's sign, 4 exponent and 3 mantissa
+    bits moved into float16's places (bias 15 for 7: the 2**-8) land exactly, subnormals
+    included. The caller folds the 256 back in with the row's scale."""
+    x = b.to(tl.int32)
+    return (((x & 0x80) << 8) | ((x & 0x7F) << 7)).to(tl.int16).to(tl.float16, bitcast=True)
+
+
+@triton.jit
+def _load_kv(cache_ptr, rows, dims, mask, key_ok, dtype, HEAD_DIM: tl.constexpr,
+             KV_FP8: tl.constexpr):
+    """A [keys, DIM_PAD] tile in ``dtype`` and each key's scale (1 unless FP8). ``rows``: each
+    key's row address in the cache (block, offset and head applied)."""
+    if KV_FP8:
+        tile = _e4m3_to_half(tl.load(cache_ptr + rows[:, None] + dims[None, :], mask=mask,
+                                     other=0)).to(dtype)
+        scale_at = (cache_ptr + rows + HEAD_DIM).to(tl.pointer_type(tl.float32), bitcast=True)
+        scale = tl.load(scale_at, mask=key_ok, other=0.0) * 256.0
+    else:
+        tile = tl.load(cache_ptr + rows[:, None] + dims[None, :], mask=mask, other=0.0)
+        scale = tl.full(rows.shape, 1.0, tl.float32)
+    return tile, scale
+
+
+@triton.jit
 def _paged_attention_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, lse_ptr,
     cu_seqlens_q_ptr, seq_lens_ptr, block_tables_ptr,
@@ -73,7 +107,7 @@ def _paged_attention_kernel(
     stride_lse_split, stride_lse_token,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    SPLIT_KV: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    SPLIT_KV: tl.constexpr, DOT_PRECISION: tl.constexpr, KV_FP8: tl.constexpr,
 ):
     seq = tl.program_id(0) // num_q_tiles
     q_tile = tl.program_id(0) % num_q_tiles
@@ -123,13 +157,14 @@ def _paged_attention_kernel(
             ).to(tl.int64)
             offset = keys % BLOCK_SIZE
             kv_mask = key_ok[:, None] & dim_ok
-            k = tl.load(
-                k_cache_ptr + block[:, None] * stride_kc_block + offset[:, None] * stride_kc_offset
-                + kv_head * stride_kc_head + dims[None, :],
-                mask=kv_mask,
-                other=0.0,
-            )
-            scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2
+            k, k_scale = _load_kv(
+                k_cache_ptr, block * stride_kc_block + offset * stride_kc_offset
+                + kv_head * stride_kc_head, dims, kv_mask, key_ok, q.dtype, HEAD_DIM, KV_FP8)
+            scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+            if KV_FP8:
+                scores = scores * (k_scale * scale_log2)[None, :]
+            else:
+                scores = scores * scale_log2
             visible = key_ok[None, :] & (keys[None, :] <= position[:, None])
             scores = tl.where(visible, scores, float("-inf"))
 
@@ -137,13 +172,12 @@ def _paged_attention_kernel(
             alpha = tl.exp2(m_i - m_new)
             p = tl.exp2(scores - m_new[:, None])
             l_i = l_i * alpha + tl.sum(p, 1)
-            v = tl.load(
-                v_cache_ptr + block[:, None] * stride_vc_block + offset[:, None] * stride_vc_offset
-                + kv_head * stride_vc_head + dims[None, :],
-                mask=kv_mask,
-                other=0.0,
-            )
+            v, v_scale = _load_kv(
+                v_cache_ptr, block * stride_vc_block + offset * stride_vc_offset
+                + kv_head * stride_vc_head, dims, kv_mask, key_ok, q.dtype, HEAD_DIM, KV_FP8)
             acc = acc * alpha[:, None]
+            if KV_FP8:
+                p = p * v_scale[None, :]
             acc = tl.dot(p.to(v.dtype), v, acc=acc, input_precision=DOT_PRECISION)
             m_i = m_new
 
@@ -198,14 +232,16 @@ def shared_estimate(rows: int, block_n: int, dim_pad: int, itemsize: int, stages
 
 
 def attention_launch(dtype: torch.dtype, head_dim: int, group: int, max_seqlen_q: int,
-                     block_size: int, split_kv: bool, limits: GpuLimits | None) -> dict:
+                     block_size: int, split_kv: bool, limits: GpuLimits | None,
+                     kv_fp8: bool = False) -> dict:
     """The attention kernel's tiles and launch options for one batch shape on one device.
 
     ``limits`` is the device's (``None`` under the interpreter: no limit, the largest tiles).
     Preferred: 64 rows of queries for long chunks (32 in float32), 64 keys per step, two
     pipeline stages for 2-byte dtypes. On a device whose shared memory per block cannot hold
     that (64 KiB on a T4 and the AMD parts), fewer keys per step, then fewer stages, then fewer
-    query rows, until :func:`shared_estimate` fits. Returns the kernel's
+    query rows, until :func:`shared_estimate` fits. ``kv_fp8``: the cache holds FP8 rows,
+    widened to ``dtype`` before the products, so the same tiles and estimate. Returns the kernel's
     constexprs with ``num_warps``, ``num_stages`` and ``shared_estimate``; the runtime and the
     compile check both call this.
     """
@@ -233,7 +269,7 @@ def attention_launch(dtype: torch.dtype, head_dim: int, group: int, max_seqlen_q
                         GROUP=group, GROUP_PAD=group_pad, BLOCK_M=block_m, BLOCK_N=block_n,
                         HEAD_DIM=head_dim, DIM_PAD=dim_pad, BLOCK_SIZE=block_size,
                         SPLIT_KV=split_kv,
-                        DOT_PRECISION=dot_precision,
+                        DOT_PRECISION=dot_precision, KV_FP8=kv_fp8,
                         # 8 warps spread the tiles over twice the threads: with 4, a 16 x 128
                         # float32 tile needs about 250 registers per thread, with 8 about 100
                         num_warps=8, num_stages=stages, shared_estimate=need)
@@ -265,6 +301,8 @@ def paged_attention(
     batches by :func:`choose_num_splits` on a GPU; an int forces that many key splits, for any
     batch. ``limits`` picks the tiles for that device (default: the live GPU's; none under the
     interpreter). Returns ``out`` (allocated when None), in q's dtype; accumulation is float32.
+    The caches are q's dtype, or FP8 rows (``torch.float8_e4m3fn``, head_dim + 4 bytes each:
+    kernels/fp8.py) dequantized inside the kernel.
     """
     check_attention_args(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, max_seqlen_q,
                          out)
@@ -274,6 +312,9 @@ def paged_attention(
     num_tokens, num_q_heads, head_dim = q.shape
     num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
     num_seqs = seq_lens.shape[0]
+    kv_fp8 = is_fp8(k_cache)
+    if kv_fp8:   # the kernel reads bytes: e4m3 values, then each row's scale
+        k_cache, v_cache = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
     out = torch.empty_like(q) if out is None else out
     if num_tokens == 0 or num_seqs == 0:
         return out
@@ -287,7 +328,7 @@ def paged_attention(
     if limits is None and q.is_cuda:
         limits = limits_for_device(q.device)
     launch = attention_launch(q.dtype, head_dim, num_q_heads // num_kv_heads, max_seqlen_q,
-                              block_size, num_splits > 1, limits)
+                              block_size, num_splits > 1, limits, kv_fp8)
     launch.pop("shared_estimate")
     num_q_tiles = triton.cdiv(max_seqlen_q, launch["BLOCK_M"])
     if num_splits > 1:

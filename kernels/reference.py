@@ -11,6 +11,8 @@ import math
 
 import torch
 
+from .fp8 import SCALE_BYTES, is_fp8, unpack_kv_fp8
+
 
 def check_attention_args(
     q: torch.Tensor,
@@ -30,14 +32,19 @@ def check_attention_args(
                          f"head_dim]; got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
     num_q_heads, head_dim = q.shape[1:]
     num_kv_heads = k_cache.shape[2]
-    if k_cache.shape[3] != head_dim:
-        raise ValueError(f"q has head_dim {head_dim} but the cache has {k_cache.shape[3]}")
+    fp8 = is_fp8(k_cache)
+    cache_dim = k_cache.shape[3] - (SCALE_BYTES if fp8 else 0)   # FP8 rows end in their scale
+    if cache_dim != head_dim:
+        raise ValueError(f"q has head_dim {head_dim} but the cache has {cache_dim}")
+    if fp8 and head_dim % SCALE_BYTES:
+        raise ValueError(f"an FP8 cache needs head_dim a multiple of {SCALE_BYTES} (each row's "
+                         f"float32 scale must sit aligned after it); got {head_dim}")
     if num_q_heads % num_kv_heads:
         raise ValueError(f"num_q_heads {num_q_heads} is not a multiple of num_kv_heads "
                          f"{num_kv_heads} (GQA groups)")
-    if not (q.dtype == k_cache.dtype == v_cache.dtype):
+    if k_cache.dtype != v_cache.dtype or (q.dtype != k_cache.dtype and not fp8):
         raise ValueError(f"q, k_cache, v_cache dtypes differ: {q.dtype}, {k_cache.dtype}, "
-                         f"{v_cache.dtype}")
+                         f"{v_cache.dtype} (the caches may be q's dtype, or both FP8)")
     if q.dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
         raise ValueError(f"unsupported dtype {q.dtype}; use float16, bfloat16 or float32")
     for name, t, dim in (("cu_seqlens_q", cu_seqlens_q, 1), ("seq_lens", seq_lens, 1),
@@ -85,10 +92,13 @@ def paged_attention_reference(
     """The same attention in plain torch, one request at a time: the correctness oracle.
 
     Gathers each request's keys through its block table, masks by the position rule, and does
-    the softmax in float32 (float64 when the inputs are float64).
+    the softmax in float32 (float64 when the inputs are float64). FP8 caches are dequantized
+    first, then attended: the oracle for the kernel that dequantizes inside.
     """
     check_attention_args(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, max_seqlen_q,
                          out)
+    if is_fp8(k_cache):
+        k_cache, v_cache = unpack_kv_fp8(k_cache), unpack_kv_fp8(v_cache)
     num_q_heads, head_dim = q.shape[1:]
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = num_q_heads // num_kv_heads

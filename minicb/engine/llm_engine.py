@@ -46,7 +46,8 @@ class LLMEngine:
         if config.device.startswith("cuda"):  # bfloat16 on a GPU without it: float16, stated
             from minicb.kernels.targets import resolve_dtype
             dtype = resolve_dtype(dtype, config.device)
-        attention = resolve_backend(config.asked("attention"), config.device, dtype)
+        attention = resolve_backend(config.asked("attention"), config.device, dtype,
+                                    config.kv_cache_dtype)
         self.model = load_model(path, config.device, dtype, attention, config.quantization)
         # on a CPU, how many threads each step uses: the cores other programs leave free. It
         # changes how many threads run a step, never which arithmetic: the fused decode layer's

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from minicb.config import blocks_for
+from minicb.kernels.fp8 import is_fp8, pack_kv_fp8, unpack_kv_fp8
 
 
 @dataclass
@@ -148,11 +149,14 @@ class TorchPlan:
 def write_kv_torch(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                    meta: AttentionMetadata) -> None:
     """Scatter K/V [num_tokens, kv_heads, head_dim] into the cache through meta.slot_mapping;
-    slot -1 (padding) is skipped. An int8 cache gets each row quantized with its scale."""
+    slot -1 (padding) is skipped. An int8 or FP8 cache gets each row quantized with its scale."""
     if k_cache.dtype == torch.int8:
         from minicb.model.quant import pack_kv_int8
 
         k, v = pack_kv_int8(k), pack_kv_int8(v)
+    elif is_fp8(k_cache):   # e4m3 bytes and the scale's four, written through byte views
+        k, v = pack_kv_fp8(k), pack_kv_fp8(v)
+        k_cache, v_cache = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
     num_kv_heads, head_dim = k.shape[1], k.shape[2]
     rows, slots = meta.writes()
     if rows is not None:
@@ -175,6 +179,8 @@ def gather_keys(cache: torch.Tensor, blocks: torch.Tensor, num_keys: int) -> tor
         from minicb.model.quant import unpack_kv_int8
 
         return unpack_kv_int8(whole[:, :num_keys])
+    if is_fp8(cache):               # FP8 rows with their scales: dequantized to float32
+        return unpack_kv_fp8(whole[:, :num_keys])
     return whole[:, :num_keys]
 
 
@@ -265,10 +271,12 @@ def _triton_installed() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
-def resolve_backend(attention: str, device: str, dtype: str) -> str:
+def resolve_backend(attention: str, device: str, dtype: str,
+                    kv_cache_dtype: str = "auto") -> str:
     """"auto" → "triton" on a GPU where Triton is installed (faster than the torch backend there:
     benchmarks/gpu.md), "cpu" where the C kernel serves (float32 or bfloat16 on a CPU, and it
-    compiles), else "torch". "triton" on a CPU runs only under Triton's interpreter.
+    compiles), else "torch". "triton" on a CPU runs only under Triton's interpreter. An FP8 cache
+    on a CPU gets "torch" (the C kernel reads float and int8 caches).
 
     An explicit "cpu" that cannot run raises, naming why and the alternative.
     """
@@ -283,7 +291,8 @@ def resolve_backend(attention: str, device: str, dtype: str) -> str:
         return attention
     if attention == "auto" and torch.device(device).type == "cuda":
         return "triton" if _triton_installed() else "torch"
-    fits = torch.device(device).type == "cpu" and dtype in ("float32", "bfloat16")
+    fits = (torch.device(device).type == "cpu" and dtype in ("float32", "bfloat16")
+            and not kv_cache_dtype.startswith("fp8"))
     if attention == "auto" and not fits:
         return "torch"
     if not fits:

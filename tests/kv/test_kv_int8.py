@@ -94,7 +94,7 @@ def test_the_engine_keeps_working_on_an_int8_cache(tiny_llama, knobs):
 
 
 @pytest.mark.parametrize("knobs, message", [
-    ({"kv_cache_dtype": "fp8"}, r"kv_cache_dtype='fp8' is not one of \('auto', 'int8'\)"),
+    ({"kv_cache_dtype": "fp4"}, r"kv_cache_dtype='fp4' is not one of \('auto', 'int8', 'fp8'"),
     ({"kv_cache_dtype": "int8", "device": "cuda"}, "runs on the CPU"),
     ({"kv_cache_dtype": "int8", "attention": "triton"}, "runs on the CPU"),
     ({"kv_cache_dtype": "int8", "tensor_parallel_size": 2}, "run in one process"),
