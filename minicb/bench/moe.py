@@ -2,6 +2,7 @@
 against batch size; tokens/s against dense models of the same active and the same total size.
 
     python -m minicb bench moe [--experts 64] [--top-k 8] [--batches 1 2 4 8 16 32 64]
+                               [--speed-batches 1 8 64] [--repeats 5]
 
 A random Qwen3-MoE with a real MoE's proportions, scaled to a CPU (Qwen3-30B-A3B: 128 experts,
 top-8, expert size 768 for hidden 2048; here E experts, top-k, expert size 0.375 x hidden)
@@ -10,6 +11,12 @@ decodes B requests at once. Each sparse layer counts the distinct experts a step
 independently and uniformly touch E·(1 − (1 − k/E)^B) on average: k at one row, all E soon after.
 So the batch that amortises a dense model's weights over B rows makes an MoE step read more of
 its weights: "an MoE costs its active parameters" holds at batch 1 only.
+
+The speed part runs every model on the CPU engine's own path (attention="cpu", every measured
+step within max_fused_decode_rows): the dense models through the fused C decode layer, the MoE
+through the C experts (kernels/cpu_moe.c) and, as a fourth system, through the torch experts,
+which says what the C path gains. The systems alternate, rotated each repeat; each run records
+the load average beside it, and each ratio's verdict is minicb.repeats'.
 """
 
 from __future__ import annotations
@@ -19,6 +26,8 @@ import tempfile
 import time
 
 from minicb.bench.harness import add_flags, alternate, announce, bench_parser, write_results
+from minicb.bench.machine import load_average
+from minicb.repeats import Repeats
 from minicb.sim.expert_parallel import experts_touched
 
 
@@ -84,6 +93,7 @@ def decode(llm, rows: int, steps: int, seed: int) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     from minicb import LLM
+    from minicb.model.moe import use_cpu_moe
 
     args = parse_args(argv or [])
     e, k = args.experts, args.top_k
@@ -94,11 +104,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.speed_batches:
         models["dense, same active"] = build(f"{work}/active", args, k * size)
         models["dense, same total"] = build(f"{work}/total", args, e * size)
+        models["moe, torch experts"] = models["moe"]
     top = max(args.batches + args.speed_batches)
-    # torch attention for all three: the CPU's fused decode layer runs dense models only
-    engines = {name: LLM(path, attention="torch", max_num_seqs=top,
+    engines = {name: LLM(path, attention="cpu", max_num_seqs=top, max_fused_decode_rows=top,
                          max_num_batched_tokens=16 * top, max_model_len=64)
                for name, path in models.items()}
+    if "moe, torch experts" in engines:
+        use_cpu_moe(engines["moe, torch experts"].llm_engine.model, 0)
     expert_bytes = 3 * args.hidden * size * 4          # gate, up, down in float32
     touched = []
     for rows in args.batches:
@@ -112,18 +124,40 @@ def main(argv: list[str] | None = None) -> int:
                         "expert_bytes_per_step": sum(per_layer) * expert_bytes})
         print(f"B={rows:3d}: touched {touched[-1]['touched']:.1f} per layer "
               f"(predicted {predicted:.1f}), imbalance {max(s['imbalance']):.2f}")
+    for name, rows in ((name, rows) for name in engines for rows in args.speed_batches):
+        decode(engines[name], rows, 1, 0)          # warm each system's path at each size once
     speed = []
-    for repeat, name in alternate(args.repeats, list(models)):
+    for repeat, name in alternate(args.repeats, list(models), rotate=True):
         for rows in args.speed_batches:
             seconds = decode(engines[name], rows, args.steps, 1000 * repeat + rows)
             speed.append({"model": name, "rows": rows, "repeat": repeat,
-                          "tokens_per_s": rows * args.steps / seconds})
+                          "tokens_per_s": rows * args.steps / seconds,
+                          "load_average": load_average()})
     payload = {"benchmark": "moe", "experts": e, "top_k": k, "hidden": args.hidden,
                "expert_size": size, "layers": args.layers, "steps": args.steps,
-               "expert_bytes": expert_bytes, "touched": touched, "speed": speed}
+               "repeats": args.repeats, "expert_bytes": expert_bytes, "touched": touched,
+               "speed": speed, "ratios": ratios(speed)}
+    for row in payload["ratios"]:
+        print(f"B={row['rows']:3d} moe / {row['against']}: {row['reading']}")
     json_path, png_path = write_results(args.out_dir, f"moe-E{e}-k{k}", payload, plot)
     print(f"results: {json_path}, {png_path}")
     return 0
+
+
+def ratios(speed: list[dict]) -> list[dict]:
+    """The MoE's tokens/s over each other system's, paired repeat by repeat, per row count,
+    with minicb.repeats' reading."""
+    rate = {(s["model"], s["rows"], s["repeat"]): s["tokens_per_s"] for s in speed}
+    out = []
+    for rows in sorted({s["rows"] for s in speed}):
+        for other in sorted({s["model"] for s in speed} - {"moe"}):
+            paired = [rate["moe", rows, r] / rate[other, rows, r]
+                      for m, b, r in rate if m == other and b == rows]
+            result = Repeats.of(paired)
+            out.append({"rows": rows, "against": other, "ratios": paired,
+                        "median": result.median, "verdict": result.verdict("faster", "slower"),
+                        "reading": result.describe("faster", "slower")})
+    return out
 
 
 def plot(record: dict):

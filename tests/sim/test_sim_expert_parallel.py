@@ -8,8 +8,12 @@ import torch
 from minicb.sim.expert_parallel import (
     QWEN3_30B_A3B,
     ep_decode_parts,
+    ep_layer_under_load,
+    eplb_scenarios,
+    expert_imbalance,
     experts_touched,
     placement_imbalance,
+    skewed_loads,
 )
 
 
@@ -57,3 +61,20 @@ def test_a_balanced_placement_with_redundant_experts_evens_a_skewed_load():
     assert replicated < 1.1
     with pytest.raises(ValueError, match="do not fill 8 GPUs' slots evenly"):
         placement_imbalance(skewed, 8, redundant=3, balanced=True)
+
+
+def test_a_skewed_workload_raises_the_imbalance_figure_and_eplb_brings_it_back():
+    """Skewed routing: the busiest expert far above the mean, the contiguous split's busiest GPU
+    slower than the balanced one's, and DeepSeek-V3's share of redundant copies nearly even."""
+    uniform = skewed_loads(64, 8, 2048, skew=0.0)
+    skewed = skewed_loads(64, 8, 2048, skew=1.2)
+    assert sum(uniform) == sum(skewed) == 2048 * 8 and max(skewed) <= 2048
+    assert expert_imbalance(uniform) < 1.3 < 3 < expert_imbalance(skewed)
+    contiguous = ep_layer_under_load(QWEN3_30B_A3B, skewed_loads(128, 8, 4096, 1.2), 8)
+    eplb = ep_layer_under_load(QWEN3_30B_A3B, skewed_loads(128, 8, 4096, 1.2), 8, 16, True)
+    assert contiguous["imbalance"] > 1.3 and eplb["imbalance"] < 1.01
+    assert contiguous["total"] > 1.3 * eplb["total"]
+    assert contiguous["all_to_all"] > eplb["all_to_all"] > 0
+    rows = eplb_scenarios(skews=(0.0, 1.2), tokens=1024)
+    assert rows[0]["redundant"] == 16, "an eighth of 128 experts, as DeepSeek-V3's 32 of 256"
+    assert rows[1]["contiguous"]["layer_us"] > rows[1]["eplb"]["layer_us"]
