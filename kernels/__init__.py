@@ -6,8 +6,9 @@ Triton kernels (for GPUs; on a CPU only through the interpreter, ``TRITON_INTERP
 - :func:`paged_attention` attends a packed batch of prefill chunks and decodes over the cache,
   splitting long decodes across programs (:func:`choose_num_splits`) and merging the splits.
   Both also take an FP8 cache (e4m3 rows with a scale each, :mod:`minicb.kernels.fp8`).
-- :func:`int8_matmul` multiplies by an int8 weight with one scale per output channel, widening
-  its tiles inside the product (weight-only ``quantization="int8"`` on a GPU).
+- :func:`int8_matmul` multiplies by an int8 weight with one scale per output channel, and
+  :func:`int4_matmul` by an int4 one in groups of 32, widening their tiles inside the product
+  (weight-only ``quantization="int8"`` and ``"int4"`` on a GPU).
 
 Each has a plain-torch twin (``*_reference``) that the tests hold it to. The CPU kernels, in C,
 are in :mod:`minicb.kernels.cpu`.
@@ -25,15 +26,15 @@ import importlib
 from .reference import paged_attention_reference
 
 # the names that live in a module importing Triton, and that module
-_TRITON_NAMES = {"choose_num_splits": "split_kv", "int8_matmul": "quant_matmul",
-                 "paged_attention": "paged_attention", "write_kv": "kv_write",
-                 "write_kv_reference": "kv_write"}
+_TRITON_NAMES = {"choose_num_splits": "split_kv", "int4_matmul": "quant_matmul",
+                 "int8_matmul": "quant_matmul", "paged_attention": "paged_attention",
+                 "write_kv": "kv_write", "write_kv_reference": "kv_write"}
 TRITON_MISSING = ("the Triton backend needs Triton, which is not installed: install minicb's "
                   "triton extra (pip install 'minicb[triton]'; make setup does), or use "
                   "attention='cpu' or 'torch'.")
 
-__all__ = ["choose_num_splits", "int8_matmul", "paged_attention", "paged_attention_reference",
-           "require_triton", "write_kv", "write_kv_reference"]
+__all__ = ["choose_num_splits", "int4_matmul", "int8_matmul", "paged_attention",
+           "paged_attention_reference", "require_triton", "write_kv", "write_kv_reference"]
 
 
 def require_triton() -> None:

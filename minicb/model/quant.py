@@ -178,9 +178,10 @@ def quantize_model(model: nn.Module, quantization: str,
     if quantized is None:
         check_quantization(quantization)
     device = model.model.embed_tokens.weight.device.type
-    if device != "cpu" and not (device == "cuda" and quantization == "int8"):
-        raise ValueError(f"quantization={quantization!r} runs on the CPU (its kernels are C and "
-                         "torch's CPU int8 and int4 products); use device='cpu', or int8 on a GPU.")
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"quantization={quantization!r} runs on a CPU (C kernels, torch's int8 "
+                         "and int4 products) or a CUDA GPU (Triton kernels, "
+                         f"kernels/quant_matmul.py); got device {device!r}: use 'cpu' or 'cuda'.")
     for number, layer in enumerate(model.model.layers):
         attn, mlp = layer.self_attn, layer.mlp
         if isinstance(mlp, SparseMoeBlock):
