@@ -203,15 +203,21 @@ class StructuredOutputsParams:
     `json_object=True`: any JSON object (OpenAI's response_format {"type": "json_object"});
     `regex`: a regular expression the whole output matches; `choice`: one of these strings;
     `grammar`: an EBNF grammar (xgrammar's, GBNF-like, with a `root` rule).
-    `disable_any_whitespace=True` allows no whitespace between JSON tokens beyond one space after
-    `:` and `,` (vLLM's switch; a small model tends to loop on whitespace otherwise)."""
+
+    `disable_any_whitespace` (vLLM's name) is the whitespace policy of JSON outputs. True, the
+    default here: one layout, `{"a": 1, "b": [2, 3]}` (one space after `:` and `,`, none
+    elsewhere). False: any run of spaces and newlines between JSON tokens, as JSON allows (vLLM's
+    default). Whitespace carries no value, costs tokens, and is where a model that has not
+    learned JSON layout drifts: on the shipped model free whitespace sent about half the outputs
+    into runs of newlines until max_tokens (chapter 11 shows it), so minicb defaults to the
+    compact layout and lets a client ask for free whitespace by sending False."""
 
     json: dict | str | None = None
     regex: str | None = None
     choice: list[str] | None = None
     grammar: str | None = None
     json_object: bool | None = None
-    disable_any_whitespace: bool = False
+    disable_any_whitespace: bool = True
 
     def __post_init__(self) -> None:
         given = [name for name in ("json", "regex", "choice", "grammar", "json_object")

@@ -50,8 +50,8 @@ def most_prompt_tokens(body: dict) -> int:
 def breaks_a_rule_beyond_the_schema(body: dict, max_model_len: int = MAX_MODEL_LEN) -> bool:
     """Whether a schema-valid body breaks one of the server's rules that relate two fields, or
     carries a constraint only the grammar library can judge (minicb.serving.openai_sampling):
-    top_logprobs without logprobs: true; min_tokens above max_tokens; two ways to ask for one
-    constraint; a constraint with ignore_eos or min_tokens; a JSON schema, regex or grammar
+    top_logprobs without logprobs: true; min_tokens above max_tokens; a constraint with
+    ignore_eos or min_tokens; a JSON schema, regex or grammar
     (compiled or refused with a 400 quoting xgrammar: the dedicated tests cover them)."""
     chat = "messages" in body
     if chat and body.get("top_logprobs") and body.get("logprobs") is not True:
@@ -67,11 +67,6 @@ def breaks_a_rule_beyond_the_schema(body: dict, max_model_len: int = MAX_MODEL_L
     response_format = body.get("response_format")
     kind = response_format.get("type") if isinstance(response_format, dict) else None
     extension = body.get("structured_outputs")
-    named = isinstance(extension, dict) and any(
-        value not in (None, False) for name, value in extension.items()
-        if name != "disable_any_whitespace")
-    if extension is not None and named == (kind in ("json_object", "json_schema")):
-        return True         # two constraints, or structured_outputs' options without one
     constrained = kind in ("json_object", "json_schema") or extension is not None
     if constrained and (body.get("ignore_eos") or min_tokens):
         return True

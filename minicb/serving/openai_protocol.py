@@ -24,7 +24,12 @@ from minicb.params import (
     SamplingParams,
 )
 from minicb.serving.errors import APIError
-from minicb.serving.openai_sampling import extra_schemas, request_sources, sampling_extras
+from minicb.serving.openai_sampling import (
+    extra_schemas,
+    one_constraint_rule,
+    request_sources,
+    sampling_extras,
+)
 
 log = logging.getLogger("minicb.serving")
 
@@ -462,7 +467,8 @@ def request_schemas(max_model_len: int, vocab_size: int, priority: bool) -> tupl
         properties = {name: (spec if name in required else _nullable(spec))
                       for name, spec in {**common, **own}.items()}
         # other fields are ignored (and logged), so they are allowed
-        bodies.append({"type": "object", "required": required, "properties": properties})
+        bodies.append({"type": "object", "required": required, "properties": properties,
+                       **one_constraint_rule()})
     return bodies[0], bodies[1]
 
 

@@ -136,7 +136,8 @@ def _constraint(body: dict) -> tuple[StructuredOutputsParams | None, str | None]
                        "a string holding one).", param="structured_outputs")
     field = "structured_outputs"
     if kind in ("json_object", "json_schema"):
-        if set(given) - {"disable_any_whitespace", "json_object"}:
+        if any(value is not False for name, value in given.items()
+               if name != "disable_any_whitespace"):
             raise APIError("send the constraint in 'response_format' or in 'structured_outputs', "
                            "not both.", param="structured_outputs")
         field = "response_format"
@@ -195,7 +196,6 @@ def _digits_below(limit: int) -> str:
 def extra_schemas(vocab_size: int, chat: bool) -> dict:
     """The request-body properties for the fields above, as JSON Schema."""
     number = {"type": "number"}
-    json_schema = {"type": "object"}
     response_format = {"anyOf": [
         {"type": "object", "required": ["type"], "properties": {"type": {"enum": ["text"]}}},
         {"type": "object", "required": ["type"], "properties": {"type": {"enum": ["json_object"]}}},
@@ -205,21 +205,7 @@ def extra_schemas(vocab_size: int, chat: bool) -> dict:
                 "name": {"type": "string"}, "description": {"type": "string"},
                 "schema": {"type": ["object", "null"]},
                 "strict": {"type": ["boolean", "null"]}}}}}]}
-    text = {"type": "string", "minLength": 1, "maxLength": MAX_CONSTRAINT_CHARS}
-    one_constraint = {"json": json_schema, "regex": text, "grammar": text,
-                      "choice": {"type": "array", "minItems": 1, "maxItems": MAX_CHOICES,
-                                 "items": {"type": "string", "minLength": 1}},
-                      "json_object": {"enum": [True]}}
-    # exactly one constraint; the others may be given as null (json_object as false)
-    unset = {name: {"enum": [None, False] if name == "json_object" else [None]}
-             for name in one_constraint}
-    options = {"disable_any_whitespace": {"type": ["boolean", "null"]}}
-    structured = {"anyOf": [{"type": "object", "additionalProperties": False, "required": [name],
-                             "properties": {**unset, name: spec, **options}}
-                            for name, spec in one_constraint.items()]
-                  # options alone, beside a response_format that names the constraint
-                  + [{"type": "object", "additionalProperties": False,
-                      "properties": {**unset, **options}}]}
+    named, options_alone = _structured_outputs_schemas()
     logprobs = ({"logprobs": {"type": "boolean"},
                  "top_logprobs": {"type": "integer", "minimum": 0, "maximum": MAX_LOGPROBS}}
                 if chat else
@@ -238,5 +224,43 @@ def extra_schemas(vocab_size: int, chat: bool) -> dict:
                        "additionalProperties": {**number, "minimum": -MAX_LOGIT_BIAS,
                                                 "maximum": MAX_LOGIT_BIAS}},
         "response_format": response_format,
-        "structured_outputs": structured,
+        "structured_outputs": {"anyOf": [*named, options_alone]},
     }
+
+
+def _structured_outputs_schemas() -> tuple[list[dict], dict]:
+    """structured_outputs as JSON Schema: one object per constraint it may name (exactly one, the
+    others null or, for json_object, false), and the object that names none (its options alone)."""
+    text = {"type": "string", "minLength": 1, "maxLength": MAX_CONSTRAINT_CHARS}
+    one_constraint = {"json": {"type": "object"}, "regex": text, "grammar": text,
+                      "choice": {"type": "array", "minItems": 1, "maxItems": MAX_CHOICES,
+                                 "items": {"type": "string", "minLength": 1}},
+                      "json_object": {"enum": [True]}}
+    unset = {name: {"enum": [None, False] if name == "json_object" else [None]}
+             for name in one_constraint}
+    options = {"disable_any_whitespace": {"type": ["boolean", "null"]}}
+    named = [{"type": "object", "additionalProperties": False, "required": [name],
+              "properties": {**unset, name: spec, **options}}
+             for name, spec in one_constraint.items()]
+    return named, {"type": "object", "additionalProperties": False,
+                   "properties": {**unset, **options}}
+
+
+def one_constraint_rule() -> dict:
+    """The body-level rule that a request names its constraint exactly once: either
+    response_format asks for JSON (json_object or json_schema) and structured_outputs, if sent,
+    carries options alone; or response_format does not, and structured_outputs, if sent, names
+    one constraint. So `"structured_outputs": {}` alone is outside the document, as the server
+    refuses it."""
+    named, options_alone = _structured_outputs_schemas()
+    null = {"type": "null"}
+    json_format = {"type": "object", "required": ["type"],
+                   "properties": {"type": {"enum": ["json_object", "json_schema"]}}}
+    other_format = {"anyOf": [null, {"type": "object", "required": ["type"],
+                                     "properties": {"type": {"enum": ["text"]}}}]}
+    return {"anyOf": [
+        {"properties": {"response_format": other_format,
+                        "structured_outputs": {"anyOf": [null, *named]}}},
+        {"required": ["response_format"],
+         "properties": {"response_format": json_format,
+                        "structured_outputs": {"anyOf": [null, options_alone]}}}]}

@@ -107,7 +107,7 @@ def test_json_schema_outputs_validate(llm, name):
 
 def test_json_schema_given_as_text_and_any_whitespace(llm):
     schema = SCHEMAS["pattern"]
-    params = StructuredOutputsParams(json=json.dumps(schema))
+    params = StructuredOutputsParams(json=json.dumps(schema), disable_any_whitespace=False)
     reasons = run(llm, params, lambda text: jsonschema.validate(json.loads(text), schema))
     assert "stop" in reasons
 

@@ -120,7 +120,8 @@ BROKEN = [("temperature", 100.5), ("temperature", -1), ("top_p", 0), ("top_k", 0
           ("logit_bias", {"5": -101}), ("logit_bias", {"05": 1}),
           ("structured_outputs", {"disable_any_whitespace": "yes"}),
           ("structured_outputs", {"regex": "a", "choice": ["b"]}),
-          ("structured_outputs", {"choice": []}), ("structured_outputs", {"json": "{}"})]
+          ("structured_outputs", {"choice": []}), ("structured_outputs", {"json": "{}"}),
+          ("structured_outputs", {}), ("structured_outputs", {"disable_any_whitespace": True})]
 # where the two endpoints differ: a completion may ask for 0 tokens (the prompt's logprobs, with
 # echo) and for logprobs as a number; a chat asks for logprobs with true and top_logprobs
 BROKEN_BY_PATH = {"/v1/completions": [("logprobs", True)],
