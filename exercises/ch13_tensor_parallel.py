@@ -1,6 +1,6 @@
 # Generated from solutions/ch13_tensor_parallel.py by scripts/make_exercises.py. Replace each
 # NotImplementedError with your code, then run `make grade CH=13`.
-"""Chapter 13 exercise: the row-parallel linear and its all-reduce.
+"""Chapter 13 exercise: the row-parallel linear and its all-reduce, then an all-reduce of your own.
 
 A linear y = x Wᵀ + b, with W of shape [out_features, in_features], split over `size` ranks by
 its input features: rank r holds W's columns [start, stop), the matching slice of x (what the
@@ -12,8 +12,16 @@ bias is added once, after the sum:
     rank 0 holds columns 0-1: partial 1 + 2 = 3     rank 1 holds columns 2-3: partial 3 + 4 = 7
     the all-reduce leaves 10 on both ranks; plus the bias once: 20, the unsplit layer's answer
 
-The grader runs your functions in two real processes joined by a gloo process group, and compares
-what every rank returns with the unsplit layer.
+The all-reduce itself, for ranks on one host: shared memory instead of gloo's loopback TCP (the
+design of vLLM's CPU all-reduce, minicb/engine/shm_allreduce.py). Every rank owns a slot of a
+shared buffer; it copies its tensor into its slot, raises its flag to the call's number, waits
+until every rank's flag has reached it, then adds all the slots in rank order. Two buffers
+alternate between calls, so a rank that runs ahead into the next call never overwrites a slot
+that a slower rank is still reading.
+
+The grader runs your functions in two real processes, joined by a gloo process group for the
+linear and by shared memory for your all-reduce, and compares what every rank returns with the
+unsplit layer and with the exact sum.
 
 Grade it: make grade CH=13
 """
@@ -68,3 +76,29 @@ def row_parallel_linear(x_shard: torch.Tensor, weight_shard: torch.Tensor,
     """
     raise NotImplementedError(
         "row_parallel_linear: the partial product, the all-reduce, then the bias once")
+
+
+def shared_memory_all_reduce(tensor: torch.Tensor, rank: int, slots: torch.Tensor,
+                             flags: torch.Tensor, call: int) -> None:
+    """Replace `tensor` (float32, 1-D) by its sum over every rank, in place, through shared
+    memory. `slots` is [2, ranks, numel] and `flags` [ranks] (int64), the same shared tensors in
+    every rank's process; `call` is this rank's call number, 1 for its first call. In order:
+
+    1. copy `tensor` into this rank's slot of buffer `call % 2`;
+    2. only then raise this rank's flag to `call` (the flag says "my slot is written");
+    3. wait until every rank's flag is at least `call` (a rank may already be one call ahead);
+    4. write the sum of the buffer's slots, in rank order, into `tensor`: every rank then holds
+       the same sum, bit for bit.
+
+    Faked in one process: rank 1 has already written its slot and raised its flag for call 1.
+
+    >>> slots, flags = torch.zeros(2, 2, 3), torch.zeros(2, dtype=torch.int64)
+    >>> slots[1, 1] = torch.tensor([10.0, 20.0, 30.0]); flags[1] = 1
+    >>> tensor = torch.tensor([1.0, 2.0, 3.0])
+    >>> shared_memory_all_reduce(tensor, 0, slots, flags, 1)
+    >>> tensor, flags.tolist()
+    (tensor([11., 22., 33.]), [1, 1])
+    """
+    raise NotImplementedError(
+        "shared_memory_all_reduce: copy into your slot, raise your flag, wait for every flag, sum "
+        "in rank order")

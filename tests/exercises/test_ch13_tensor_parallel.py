@@ -1,10 +1,12 @@
 """Chapter 13: the row-parallel linear, checked by its worked examples, then graded in two real
-processes joined by gloo against the unsplit layer (with a bias and without)."""
+processes joined by gloo against the unsplit layer (with a bias and without); in the same two
+processes, the shared-memory all-reduce against the exact sum."""
 
 from __future__ import annotations
 
 import json
 import socket
+import time
 
 import torch
 import torch.distributed as dist
@@ -19,9 +21,27 @@ def test_ch13_worked_examples():
     run_docstring_examples(ch13)
 
 
-def _rank(rank: int, port: int, out: str) -> None:
-    """One rank: the unsplit layer and the split one from the same seed, both biases. What it
-    raises is written down for the test to raise again (a stub's NotImplementedError too)."""
+SHM_CALLS = 40
+
+
+def _shared_memory_error(rank: int, slots: torch.Tensor, flags: torch.Tensor) -> float:
+    """The largest difference from the exact sum over SHM_CALLS shared-memory all-reduces of
+    fresh tensors. Rank 1 arrives late, so rank 0's first call must wait for its slot."""
+    if rank == 1:
+        time.sleep(0.3)
+    worst = 0.0
+    for call in range(1, SHM_CALLS + 1):
+        mine, *both = (torch.randn(48, generator=torch.Generator().manual_seed(100 * call + r))
+                       for r in (rank, 0, 1))
+        ch13.shared_memory_all_reduce(mine, rank, slots, flags, call)
+        worst = max(worst, (mine - (both[0] + both[1])).abs().max().item())
+    return worst
+
+
+def _rank(rank: int, port: int, out: str, slots: torch.Tensor, flags: torch.Tensor) -> None:
+    """One rank: the unsplit layer and the split one from the same seed, both biases, then the
+    shared-memory all-reduce. What it raises is written down for the test to raise again (a
+    stub's NotImplementedError too)."""
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=2)
@@ -34,6 +54,7 @@ def _rank(rank: int, port: int, out: str) -> None:
             y = ch13.row_parallel_linear(x[:, start:stop], ch13.shard_columns(weight, rank, 2), b,
                                          dist.all_reduce)
             report[name] = (y - F.linear(x, weight, b)).abs().max().item()
+        report["shared memory"] = _shared_memory_error(rank, slots, flags)
     except Exception as error:       # reported by the test, whatever it is
         report = {"raised": type(error).__name__, "message": str(error)}
     with open(f"{out}.{rank}", "w") as file:
@@ -45,7 +66,10 @@ def test_ch13_two_processes_equal_the_unsplit_linear(tmp_path):
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     context = mp.get_context("spawn")
-    ranks = [context.Process(target=_rank, args=(rank, port, str(tmp_path / "out")))
+    slots, flags = torch.zeros(2, 2, 48).share_memory_(), torch.zeros(2, dtype=torch.int64)
+    flags.share_memory_()
+    ranks = [context.Process(target=_rank,
+                             args=(rank, port, str(tmp_path / "out"), slots, flags))
              for rank in range(2)]
     for process in ranks:
         process.start()
@@ -53,6 +77,10 @@ def test_ch13_two_processes_equal_the_unsplit_linear(tmp_path):
         process.join(timeout=50)
         if process.is_alive():
             process.kill()
+    for rank in range(2):
+        assert (tmp_path / f"out.{rank}").exists(), (
+            f"rank {rank} did not finish in 50 s: does a wait never end (a flag never raised, or "
+            "compared with == where a rank may be a call ahead)?")
     reports = [json.loads((tmp_path / f"out.{rank}").read_text()) for rank in range(2)]
     for report in reports:
         if report.get("raised") == "NotImplementedError":
