@@ -69,15 +69,15 @@ PIECEWISE_TERMS = TERMS + ("fused_rows", "fused_overhead", "fused_decode_seq",
                            "fused_context_token")
 
 # This book's reference CPU, measured: `python -m minicb bench calibrate` on a shared 2-core AMD
-# EPYC virtual machine, minicb's default model, one torch thread (as the notebooks run), with the
-# engine as it runs today: decode-only steps of up to 64 rows through the fused C decode layer,
-# every other step through the torch modules (with the small-batch product); each step timed by
-# the stepping thread's CPU time, and each shape the least of its repeats, so the other work on
-# the shared machine inflates it as little as it can (the load average is recorded beside the
-# samples). The samples and the fit are in benchmarks/results/calibration.json
-# (tests/sim/test_sim.py holds these numbers to them).
-# The chapters use these numbers so that their outputs are the same on every run; `calibrate()`
-# measures the reader's machine.
+# EPYC VM, the default model, one torch thread (as the notebooks run), decode-only steps of up to
+# 64 rows through the fused C layer, the others through the torch modules; each step timed by the
+# stepping thread's CPU time, each shape the least of its repeats: the step with a core and the
+# caches to itself, the figure that repeats from run to run (calibration.json; tests/sim holds the
+# numbers to it). On a busy machine both clocks rise, the one-row step most (its weights come from
+# memory again once others fill the shared cache), so a step's fixed part is larger there: `python
+# -m minicb bench step-cost` measures both clocks with the load (chapter 06 reads it). The chapters
+# use these numbers so that their outputs are the same on every run; `calibrate()` measures the
+# reader's machine.
 REFERENCE_CPU = PiecewiseCostModel(
     step_overhead=1.3e-3, prefill_token=71.8e-6, decode_seq=0.0916e-3,
     context_token=0.457e-6, fused_rows=64, fused_overhead=0.294e-3,
