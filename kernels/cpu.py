@@ -47,6 +47,15 @@ LIBRARY = "libminicb_cpu_kernels"
 # (uint8: int4 weights, two values a byte in groups of I4_GROUP; weights only, never a cache)
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2, torch.uint8: 3}
 I4_GROUP = 32           # MINICB_I4_GROUP: values of an int4 row sharing a scale and an offset
+I8_GROUPED = 4          # MINICB_I8_GROUPED: int8 weights in groups of I4_GROUP, as int4's
+
+
+def weight_code(weight: torch.Tensor, scale: torch.Tensor | None) -> int:
+    """The C code's format of a weight (enum minicb_dtype): its dtype's, except int8 with
+    per-group (scale, offset) pairs [n, k / 32, 2] rather than per-channel scales [n]."""
+    if weight.dtype == torch.int8 and scale is not None and scale.dim() == 3:
+        return I8_GROUPED
+    return DTYPE_CODES[weight.dtype]
 MAX_HEAD_DIM = 256      # MINICB_MAX_HEAD_DIM: the attention kernel's scratch row for one head
 # MINICB_KV_SCALE_BYTES: an int8 cache row is head_dim values, then its float32 scale's 4 bytes
 KV_SCALE_BYTES = 4
@@ -307,18 +316,19 @@ def linear_cpu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     [n, k / 2] in groups of 32 (minicb.model.quant.pack_int4) with ``scale`` [n, k / 32, 2], each
     group's (scale, offset); bias [n] float32 or None. Returns float32 [m, n]."""
     _require("x", x, torch.float32, "use torch.nn.functional.linear")
-    w_dtype = _require_typed("weight", weight, "use torch.nn.functional.linear")
+    _require_typed("weight", weight, "use torch.nn.functional.linear")
     int4 = weight.dtype == torch.uint8
+    grouped = int4 or (weight.dtype == torch.int8 and scale is not None and scale.dim() == 3)
     # an int4 row holds two values a byte
     k_weight = weight.shape[-1] * (2 if int4 else 1)
     if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != k_weight:
         raise ValueError(f"x {tuple(x.shape)} and weight {tuple(weight.shape)} do not multiply: "
                          "x is [rows, in_features], weight [out_features, in_features] "
                          "(in_features / 2 bytes for int4).")
-    if int4 and k_weight % I4_GROUP:
-        raise ValueError(f"int4 weights come in groups of {I4_GROUP} along a row; in_features "
-                         f"{k_weight} is no multiple of {I4_GROUP}.")
-    scale_shape = (weight.shape[0], k_weight // I4_GROUP, 2) if int4 else (weight.shape[0],)
+    if grouped and k_weight % I4_GROUP:
+        raise ValueError(f"grouped weights come in groups of {I4_GROUP} along a row; "
+                         f"in_features {k_weight} is no multiple of {I4_GROUP}.")
+    scale_shape = (weight.shape[0], k_weight // I4_GROUP, 2) if grouped else (weight.shape[0],)
     for name, t, shape in (("bias", bias, (weight.shape[0],)), ("scale", scale, scale_shape)):
         if t is not None:
             _require(name, t, torch.float32)
@@ -331,7 +341,8 @@ def linear_cpu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     out = torch.empty(m, n, dtype=torch.float32)
     if m and _library().minicb_linear(
             x.data_ptr(), weight.data_ptr(), None if scale is None else scale.data_ptr(),
-            w_dtype, None if bias is None else bias.data_ptr(), out.data_ptr(), m, n, k) != 0:
+            weight_code(weight, scale), None if bias is None else bias.data_ptr(), out.data_ptr(),
+            m, n, k) != 0:
         raise MemoryError("the CPU linear kernel could not allocate its rounded input rows")
     return out
 
@@ -419,8 +430,14 @@ def check_layer_weights(layer: dict[str, torch.Tensor | None]) -> int:
         if quantized != (layer.get(scale) is not None):
             raise ValueError(f"{matrix} is {layer[matrix].dtype}: int8 and int4 matrices need "
                              f"their scales ({scale}), and only they take one.")
-    if formats == {torch.uint8} and any(layer[m].shape[1] * 2 % I4_GROUP for m in MATRICES):
-        raise ValueError(f"int4 matrices come in groups of {I4_GROUP} along a row.")
+    codes = {weight_code(layer[m], layer.get(s)) for m, s in MATRICES.items()}
+    if len(codes) != 1:
+        raise ValueError("the fused decode layer's int8 matrices share one kind of scales: per "
+                         "channel or per group.")
+    if codes & {DTYPE_CODES[torch.uint8], I8_GROUPED}:
+        if any(layer[m].shape[1] * (2 if layer[m].dtype == torch.uint8 else 1) % I4_GROUP
+               for m in MATRICES):
+            raise ValueError(f"grouped matrices come in groups of {I4_GROUP} along a row.")
     fix = "Use attention='torch' for other dtypes and devices."
     for name, tensor in layer.items():   # the C code reads them as plain arrays
         if tensor is None:
@@ -429,7 +446,7 @@ def check_layer_weights(layer: dict[str, torch.Tensor | None]) -> int:
             _require(name, tensor, tensor.dtype, fix)
         else:
             _require(name, tensor, torch.float32, f"norms, biases and scales are float32. {fix}")
-    return DTYPE_CODES[formats.pop()]
+    return codes.pop()
 
 
 def decode_layer_cpu(x: torch.Tensor, layer: dict[str, torch.Tensor | None],

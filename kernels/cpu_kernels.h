@@ -22,9 +22,11 @@
  * output channel ([n], beside it). An int8 cache keeps one float32 scale per token and KV head
  * inside its block, right after that head's values: a cache row (one token's one KV head) is
  * head_dim int8 values then the 4 bytes of its scale, so copying a block copies its scales. */
-enum minicb_dtype { MINICB_F32 = 0, MINICB_BF16 = 1, MINICB_I8 = 2, MINICB_I4 = 3 };
-/* An int4 weight (uint8 [n, k / 2]) comes in groups of MINICB_I4_GROUP values along a row, with a
- * float32 (scale, offset) pair per group ([n, k / 32, 2], passed as the scale): cpu_simd.h. */
+enum minicb_dtype { MINICB_F32 = 0, MINICB_BF16 = 1, MINICB_I8 = 2, MINICB_I4 = 3,
+                    MINICB_I8_GROUPED = 4 };
+/* An int4 weight (uint8 [n, k / 2]) or a grouped int8 one (int8 [n, k]) comes in groups of
+ * MINICB_I4_GROUP values along a row, with a float32 (scale, offset) pair per group
+ * ([n, k / 32, 2], passed as the scale): cpu_simd.h. */
 #define MINICB_I4_GROUP 32
 #define MINICB_KV_SCALE_BYTES 4
 
@@ -53,7 +55,7 @@ int minicb_paged_attention(
 int minicb_linear(
     const float *x,      /* [m, k] */
     const void *w,       /* [n, k] as w_dtype: torch's Linear weight, one output per row */
-    const float *scale,  /* [n] for int8 weights, [n, k / 32, 2] for int4, else NULL */
+    const float *scale,  /* [n] for int8 weights, [n, k / 32, 2] for grouped ones, else NULL */
     int32_t w_dtype,
     const float *bias,   /* [n] or NULL */
     float *y,            /* [m, n] */

@@ -21,8 +21,10 @@
  *     a different model, so it is not used here.)
  *   int4 (weight-only, groups of 32 values along a row, a float32 scale and offset per group):
  *     each load of VW bytes is widened to two vectors of nibbles and dequantized by one FMA each
- *     (q * scale + offset) in registers, then multiplied with x as above (tile_i4). An eighth of
- *     float32's bytes, half of int8's; no whole-weight conversion ever happens.
+ *     (q * scale + offset) in registers, then multiplied with x as above. An eighth of
+ *     float32's bytes, half of int8's; no whole-weight conversion ever happens (tile_grouped).
+ *     int8 in groups of 32 with the same pairs (a checkpoint quantized that way: compressed-
+ *     tensors' W8A16) runs the same tile, each vector of 16 int8 values dequantized alike.
  * The sums are float32 in a different order from torch's (the lanes, then the lanes added), so
  * results differ from torch's, and between builds, in the last bits (about 1e-6 relative).
  */
@@ -129,15 +131,16 @@ static void tile_4x3_dpbf16(const uint16_t *restrict xb, const uint16_t *restric
 #endif
 
 #if VW
-/* The int4 tile: rows (1-3) input rows x 4 weight rows, as tile_4x3, a group of 32 values at a
- * time (k is a multiple of 32). so holds each row's (scale, offset) pairs. The 4 rows' group
- * parameters are broadcast once per group; each weight vector is dequantized once and used for
- * every input row. */
-static void tile_i4(const float *restrict x, const uint8_t *restrict w, const float *so,
-                    float *restrict y, int64_t n, int64_t k, int rows, const float *bias,
-                    int64_t j0, int accumulate)
+/* The grouped tile (int4, or int8 in groups): rows (1-3) input rows x 4 weight rows, as
+ * tile_4x3, a group of 32 values at a time (k is a multiple of 32). so holds each row's (scale,
+ * offset) pairs. The 4 rows' group parameters are broadcast once per group; each weight vector is
+ * dequantized once and used for every input row. dtype is a constant where this is inlined. */
+static inline __attribute__((always_inline)) void tile_grouped(
+    const float *restrict x, const uint8_t *restrict w, const int dtype, const float *so,
+    float *restrict y, int64_t n, int64_t k, int rows, const float *bias, int64_t j0,
+    int accumulate)
 {
-    const int64_t groups = k / MINICB_I4_GROUP, bytes = k / 2;
+    const int64_t groups = k / MINICB_I4_GROUP, bytes = dtype == MINICB_I4 ? k / 2 : k;
     const uint8_t *w0 = w + j0 * bytes, *w1 = w0 + bytes, *w2 = w1 + bytes, *w3 = w2 + bytes;
     const float *p0 = so + j0 * groups * 2, *p1 = p0 + groups * 2, *p2 = p1 + groups * 2,
                 *p3 = p2 + groups * 2;
@@ -151,10 +154,12 @@ static void tile_i4(const float *restrict x, const uint8_t *restrict w, const fl
         const vf s2 = vset1(p2[2 * g]), o2 = vset1(p2[2 * g + 1]);
         const vf s3 = vset1(p3[2 * g]), o3 = vset1(p3[2 * g + 1]);
         for (int64_t c = 0; c < 16; c += VW) {
-            const int64_t b = g * 16 + c, d = g * MINICB_I4_GROUP + c;   /* byte, first value */
+            const int64_t d = g * MINICB_I4_GROUP + c;      /* the first value of lo */
             vf l0, h0, l1, h1, l2, h2, l3, h3;
-            vload_i4(w0 + b, s0, o0, &l0, &h0); vload_i4(w1 + b, s1, o1, &l1, &h1);
-            vload_i4(w2 + b, s2, o2, &l2, &h2); vload_i4(w3 + b, s3, o3, &l3, &h3);
+            vload_group(w0, g, c, s0, o0, &l0, &h0, dtype);
+            vload_group(w1, g, c, s1, o1, &l1, &h1, dtype);
+            vload_group(w2, g, c, s2, o2, &l2, &h2, dtype);
+            vload_group(w3, g, c, s3, o3, &l3, &h3, dtype);
             vf xl = vload(x0 + d), xh = vload(x0 + d + 16);
             a00 = vfma(xl, l0, a00); a01 = vfma(xl, l1, a01);
             a02 = vfma(xl, l2, a02); a03 = vfma(xl, l3, a03);
@@ -183,38 +188,42 @@ static void tile_i4(const float *restrict x, const uint8_t *restrict w, const fl
 }
 #endif
 
-/* one output of int4 weights: x_row . (q * scale + offset) over the row's groups */
-static float dot_i4(const float *restrict a, const uint8_t *restrict row, const float *so,
-                    int64_t k) {
+/* one output of a grouped row: x_row . (q * scale + offset) over the row's groups */
+static inline __attribute__((always_inline)) float dot_grouped(
+    const float *restrict a, const uint8_t *restrict row, const float *so, int64_t k,
+    const int dtype) {
     float s = 0.0f;
     for (int64_t g = 0; g < k / MINICB_I4_GROUP; g++) {
         const float scale = so[2 * g], offset = so[2 * g + 1];
         for (int64_t d = g * MINICB_I4_GROUP; d < (g + 1) * MINICB_I4_GROUP; d++)
-            s += a[d] * (i4_at(row, d) * scale + offset);
+            s += a[d] * (grouped_at(row, d, dtype) * scale + offset);
     }
     return s;
 }
 
-/* every int4 tile, shared out among the threads as rows_typed shares the others */
-static void rows_i4(const float *restrict x, const uint8_t *restrict w, const float *so,
-                    const float *restrict bias, float *restrict y, int64_t m, int64_t n,
-                    int64_t k, int accumulate)
+/* every grouped tile, shared out among the threads as rows_typed shares the others */
+static inline __attribute__((always_inline)) void rows_grouped(
+    const float *restrict x, const uint8_t *restrict w, const int dtype, const float *so,
+    const float *restrict bias, float *restrict y, int64_t m, int64_t n, int64_t k,
+    int accumulate)
 {
     const int64_t tiles = (n + TILE_ROWS - 1) / TILE_ROWS, groups = k / MINICB_I4_GROUP;
+    const int64_t bytes = dtype == MINICB_I4 ? k / 2 : k;
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < tiles; t++) {
         const int64_t j0 = t * TILE_ROWS;
 #if VW
         if (j0 + 4 <= n) {
             for (int64_t i0 = 0; i0 < m; i0 += 3)
-                tile_i4(x + i0 * k, w, so, y + i0 * n + j0, n, k, m - i0 < 3 ? (int)(m - i0) : 3,
-                        bias, j0, accumulate);
+                tile_grouped(x + i0 * k, w, dtype, so, y + i0 * n + j0, n, k,
+                             m - i0 < 3 ? (int)(m - i0) : 3, bias, j0, accumulate);
             continue;
         }
 #endif
         for (int64_t j = j0; j < n && j < j0 + TILE_ROWS; j++)
             for (int64_t i = 0; i < m; i++)
-                store(y + i * n + j, dot_i4(x + i * k, w + j * (k / 2), so + j * groups * 2, k),
+                store(y + i * n + j,
+                      dot_grouped(x + i * k, w + j * bytes, so + j * groups * 2, k, dtype),
                       NULL, bias, j, accumulate);
     }
 }
@@ -264,7 +273,11 @@ void minicb_linear_rows(const float *x, const void *w, const float *scale, int w
         return;
     }
     if (w_dtype == MINICB_I4) {
-        rows_i4(x, w, scale, bias, y, m, n, k, accumulate);
+        rows_grouped(x, w, MINICB_I4, scale, bias, y, m, n, k, accumulate);
+        return;
+    }
+    if (w_dtype == MINICB_I8_GROUPED) {
+        rows_grouped(x, w, MINICB_I8_GROUPED, scale, bias, y, m, n, k, accumulate);
         return;
     }
     if (w_dtype == MINICB_F32) {

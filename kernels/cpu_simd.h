@@ -14,7 +14,8 @@
  *   int4 (weights only), groups of MINICB_I4_GROUP values along a row, each group 16 bytes: byte
  *   b holds value b in its low nibble and value b + 16 in its high one, so one load of VW bytes
  *   widens into two vectors of VW consecutive values (the low nibbles, then the high ones). A
- *   group's value is q * scale + offset (q in 0..15), both float32, [n][k / 32][2] beside it.
+ *   group's value is q * scale + offset (q in 0..15), both float32, [n][k / 32][2] beside it;
+ *   grouped int8 (weights only): int8 q in groups of 32 with the same (scale, offset) pairs.
  */
 #ifndef MINICB_CPU_SIMD_H
 #define MINICB_CPU_SIMD_H
@@ -43,8 +44,10 @@ static inline uint16_t f32_to_bf16(float f) {
     return (uint16_t)(u >> 16);
 }
 
-/* value i of an int4 row (its group's q, before scale and offset) */
-static inline float i4_at(const uint8_t *row, int64_t i) {
+/* value i of a grouped row, int4 or int8 (its group's q, before scale and offset) */
+static inline __attribute__((always_inline)) float grouped_at(const uint8_t *row, int64_t i,
+                                                              const int dtype) {
+    if (dtype == MINICB_I8_GROUPED) return (float)((const int8_t *)row)[i];
     const uint8_t b = row[i / MINICB_I4_GROUP * 16 + i % 16];
     return (float)(i % MINICB_I4_GROUP < 16 ? b & 15 : b >> 4);
 }
@@ -107,6 +110,20 @@ static inline __attribute__((always_inline)) void vload_i4(const uint8_t *p, vf 
 #endif
 
 #if VW
+/* Values c..c+VW-1 (lo) and c+16..c+16+VW-1 (hi) of group g of a grouped row (int4 or int8),
+ * dequantized in registers: q * scale + offset, one FMA a vector. */
+static inline __attribute__((always_inline)) void vload_group(const uint8_t *row, int64_t g,
+                                                              int64_t c, vf scale, vf offset,
+                                                              vf *lo, vf *hi, const int dtype) {
+    if (dtype == MINICB_I8_GROUPED) {
+        const int8_t *p = (const int8_t *)row + g * MINICB_I4_GROUP + c;
+        *lo = vfma(vload_i8(p), scale, offset);
+        *hi = vfma(vload_i8(p + 16), scale, offset);
+        return;
+    }
+    vload_i4(row + g * 16 + c, scale, offset, lo, hi);
+}
+
 /* VW values of a row stored as dtype, from element i, widened to float32 in a register: the
  * dequantize happens here, never as a float copy of the whole weight */
 static inline __attribute__((always_inline)) vf vload_typed(const void *p, int64_t i,

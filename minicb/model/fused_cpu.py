@@ -136,10 +136,10 @@ class FusedCpuDecoder:
         """
         self.model = model
         self.max_rows = SmallBatchLinear.kernel_rows if max_rows is None else max_rows
-        from minicb.kernels.cpu import DTYPE_CODES
+        from minicb.kernels.cpu import check_layer_weights
 
         self.layers = [layer_weights(layer) for layer in model.model.layers]
-        self.w_dtype = DTYPE_CODES[self.layers[0]["w_qkv"].dtype]
+        self.w_dtype = check_layer_weights(self.layers[0])
         use_small_batch_linear(model)
 
     def takes(self, num_tokens: int, meta: AttentionMetadata) -> bool:

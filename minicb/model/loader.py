@@ -68,7 +68,8 @@ HONOURED = (*REQUIRED, "architectures", "model_type", "num_key_value_heads", "he
             "max_position_embeddings", "tie_word_embeddings", "attention_bias", "mlp_bias",
             # checked below: only the values the forward computes are accepted
             "hidden_act", "layer_types", "use_sliding_window", "sliding_window",
-            "max_window_layers", *MOE_FIELDS)
+            "max_window_layers", *MOE_FIELDS,
+            "quantization_config")              # compressed-tensors' (minicb/model/compressed.py)
 INERT = ("bos_token_id", "eos_token_id", "pad_token_id",   # the tokenizer's and sampler's business
          "dtype", "torch_dtype",                 # the engine's dtype decides
          "transformers_version", "_name_or_path", "use_cache", "initializer_range",
@@ -195,6 +196,11 @@ def load_model(path: Path, device: str = "cpu", dtype: str = "float32",
                              f"{error}") from None
     if args.tie_word_embeddings:
         state.pop("lm_head.weight", None)
+    prequantized = None
+    if config.get("quantization_config"):   # stored quantized: its quantized matrices set aside
+        from minicb.model.compressed import split_compressed
+
+        state, prequantized = split_compressed(config, state, quantization, str(config_file))
     state = stack_expert_weights(state, args.moe)
     with torch.device("meta"):
         model = LlamaForCausalLM(args, attention)
@@ -214,17 +220,18 @@ def load_model(path: Path, device: str = "cpu", dtype: str = "float32",
         raise ValueError(f"checkpoint {path} has NaN or infinite weights in "
                          f"{', '.join(broken[:3])}; the checkpoint is damaged.")
     missing, unexpected = model.load_state_dict(state, strict=False)
-    missing = [k for k in missing if not (args.tie_word_embeddings and k == "lm_head.weight")]
+    missing = [k for k in missing if not (args.tie_word_embeddings and k == "lm_head.weight")
+               and not (prequantized is not None and k in prequantized.missing)]
     if missing or unexpected:
         raise ValueError(f"checkpoint {path} does not match the {args} decoder: missing "
                          f"{missing[:5]}, unexpected {unexpected[:5]}.")
     if args.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     model.fuse_projections()
-    if quantization is not None:
+    if quantization is not None or prequantized is not None:
         from minicb.model.quant import quantize_model
 
-        quantize_model(model, quantization)
+        quantize_model(model, quantization or prequantized.method, prequantized)
     attach_expert_load(model)     # a mixture of experts counts its tokens per expert
     return model.eval()
 

@@ -169,12 +169,12 @@ def _views(fused: Int8Linear | Int4Linear, parts: list[nn.Module]) -> list[nn.Mo
 
 
 def quantize_model(model: nn.Module, quantization: str,
-                   quantized: Callable[[str], nn.Module] | None = None) -> nn.Module:
+                   quantized: Callable[[str, nn.Linear], nn.Module] | None = None) -> nn.Module:
     """Quantize every decoder matrix of a loaded model in place (after fuse_projections), and
     free the float weights. The embedding and the head are left as they are. ``quantized``, for
     a checkpoint stored quantized (minicb/model/compressed.py), gives the quantized Linear of a
-    fused projection by its name (``model.layers.0.self_attn.qkv_proj``) instead of quantizing
-    the float one."""
+    fused projection from its name (``model.layers.0.self_attn.qkv_proj``) and the float one
+    (for its bias) instead of quantizing the float one."""
     if quantized is None:
         check_quantization(quantization)
     device = model.model.embed_tokens.weight.device.type
@@ -193,7 +193,7 @@ def quantize_model(model: nn.Module, quantization: str,
                              "fuse_projections() first.")
         def convert(name: str, linear: nn.Linear, number: int = number) -> nn.Module:
             if quantized is not None:
-                return quantized(f"model.layers.{number}.{name}")
+                return quantized(f"model.layers.{number}.{name}", linear)
             return LINEARS[quantization].from_linear(linear)
 
         attn.qkv_proj = convert("self_attn.qkv_proj", attn.qkv_proj)

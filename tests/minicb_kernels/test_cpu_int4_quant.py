@@ -29,15 +29,22 @@ def build(request, monkeypatch, reload_cpu_kernel):
     return request.param
 
 
+@pytest.mark.parametrize("fmt", ["int4", "grouped int8"])
 @pytest.mark.parametrize("rows, n, k", [(1, 36, 64), (5, 64, 96), (7, 30, 1024)])
-def test_int4_linear_equals_dequantize_then_matmul(build, rows, n, k):
-    """Every tile shape: 1-3 input rows, a partial tile of weight rows (30), one group to many."""
+def test_grouped_linear_equals_dequantize_then_matmul(build, fmt, rows, n, k):
+    """Every tile shape: 1-3 input rows, a partial tile of weight rows (30), one group to many.
+    Grouped int8 (a compressed-tensors W8A16 checkpoint's) shares int4's pairs and tile."""
     gen = torch.Generator().manual_seed(rows * 1000 + n)
     x, bias = torch.randn(rows, k, generator=gen), torch.randn(n, generator=gen)
     q, pairs = quantize_int4(torch.randn(n, k, generator=gen))
-    packed = pack_int4(q)
-    expected = x.double() @ dequantize_int4(packed, pairs).double().T + bias.double()
-    got = cpu.linear_cpu(x, packed, bias, pairs)
+    weight, dense = pack_int4(q), dequantize_int4(pack_int4(q), pairs)
+    if fmt == "grouped int8":
+        weight = torch.randint(-128, 128, (n, k), dtype=torch.int8, generator=gen)
+        pairs[..., 0] /= 16
+        dense = weight.float() * pairs[..., 0].repeat_interleave(32, 1) + \
+            pairs[..., 1].repeat_interleave(32, 1)
+    expected = x.double() @ dense.double().T + bias.double()
+    got = cpu.linear_cpu(x, weight, bias, pairs)
     torch.testing.assert_close(got.double(), expected, atol=2e-5 * k ** 0.5, rtol=1e-5)
 
 
