@@ -1,24 +1,20 @@
-"""Tensor parallelism on this CPU: gloo's all-reduce at a decode step's sizes, then a two-rank
-engine's decode step against one rank's, beside the prediction from the measured gloo figures.
+"""Tensor parallelism on this CPU: gloo's all-reduce at a decode step's and a prefill's sizes,
+then a two-rank engine's decode step against one rank's, beside minicb.sim.parallel's prediction.
 
 Expected before measuring: on a 2-core machine, TP = 2 is not faster. One rank with two threads
 and two ranks with one thread each split the same arithmetic over the same two cores, and the
 split adds 2 x layers all-reduces and one broadcast of the plan per step (vLLM measured TP = 2
 through torch.distributed on a CPU at 196% of TP = 1's time per token).
 
-Two predictions, each a one-rank step on the same path (the torch modules with the small-batch
-kernel, no fused decode layer) plus 2 x layers all-reduces of rows x hidden_size float32 values
-and one plan broadcast, each at its measured median:
-
-* "same cores": the one-rank step with two threads. Two ranks of one thread each do the same
-  arithmetic on the same two cores, so the split can only add its communication.
-* "per rank": half the one-rank step with one thread: each rank computes half the layers' work
-  on a core of its own. It holds where two threads of one process lose to two processes (a busy
-  machine: a thread descheduled at a barrier stalls its partner, minicb/runner/threads.py).
-
-The default one-rank engine (the fused decode layer, two threads) is measured beside them.
+The prediction is `minicb.sim.parallel.tp_step_parts` with a "device" of one core: the one-rank
+step with one thread is the base; the part of it outside the decoder layers (measured here by
+timing the layers: scheduling, the embedding, the LM head and sampling, which rank 0 does alone)
+plus the plan's broadcast is the part that stays; the layers' time halves; each layer adds two
+all-reduces at this run's measured gloo times. The engines run the torch modules with the
+small-batch kernel (no fused decode layer), the path both ranks of a TP group take.
 
     .venv/bin/python scripts/bench_tensor_parallel.py --random-model llama-100m --repeats 5
+    .venv/bin/python scripts/bench_tensor_parallel.py --collectives-only --repeats 5
 
 (A script beside the package rather than a `minicb bench` command: minicb/bench is capped.)
 """
@@ -27,6 +23,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from functools import partial
 
 import torch
 import torch.multiprocessing as mp
@@ -37,10 +34,14 @@ from minicb.bench.harness import (
     announce,
     bench_parser,
     format_table,
+    reading,
     spread,
     write_results,
 )
 from minicb.bench.machine import load_average
+from minicb.engine.shm_allreduce import SharedMemoryAllReduce
+from minicb.sim.cost_model import CostModel
+from minicb.sim.parallel import GLOO_SIZES, ModelShape, gloo_allreduce_time, tp_step_parts
 
 ROWS = (1, 8, 32)
 ITERATIONS = 200          # all-reduces per size and repeat
@@ -75,28 +76,6 @@ def _collectives(group, sizes: list[int], iterations: int) -> dict[str, float]:
     return medians
 
 
-class SharedMemoryAllReduce:
-    """Two ranks on one host summing through shared memory (the idea of vLLM's CPU all-reduce):
-    each rank copies its tensor into its own slot, raises its flag to the call's number, waits
-    (spinning) for the other's flag, then adds the two slots in rank order, the same sum on both
-    ranks. Slots alternate between two buffers, so a fast rank never overwrites a slot that the
-    other is still reading: it waits for the other's next flag before it writes that buffer
-    again."""
-
-    def __init__(self, rank: int, slots: torch.Tensor, flags: torch.Tensor):
-        self.rank, self.slots, self.flags = rank, slots, flags.numpy()
-        self.calls = 0
-
-    def all_reduce(self, tensor: torch.Tensor) -> None:
-        self.calls += 1
-        buffer, n = self.slots[self.calls % 2], tensor.numel()
-        buffer[self.rank, :n].copy_(tensor)
-        self.flags[self.rank] = self.calls              # after the data: x86 keeps store order
-        while self.flags[1 - self.rank] < self.calls:
-            pass
-        torch.add(buffer[0, :n], buffer[1, :n], out=tensor)
-
-
 def _peer(kind: str, link, sizes: list[int], iterations: int, repeats: int) -> None:
     torch.set_num_threads(1)
     if kind == "gloo":
@@ -113,15 +92,14 @@ def _peer(kind: str, link, sizes: list[int], iterations: int, repeats: int) -> N
 def measure_collectives(sizes: list[int], repeats: int,
                         kind: str = "gloo") -> list[dict[str, float]]:
     """gloo (or shared memory) between this process and a spawned one: per repeat, each size's
-    median time."""
+    median time and the load average when it ended."""
     from minicb.engine.tp_group import TPGroup, master_store
 
     if kind == "gloo":
         store = master_store(2)
         link = store.port
     else:
-        link = (torch.zeros(2, 2, max(sizes) // 4).share_memory_(),
-                torch.zeros(2, dtype=torch.int64).share_memory_())
+        link = SharedMemoryAllReduce.buffers(2, max(sizes) // 4)
     peer = mp.get_context("spawn").Process(target=_peer, daemon=True,
                                            args=(kind, link, sizes, ITERATIONS, repeats))
     peer.start()
@@ -130,9 +108,28 @@ def measure_collectives(sizes: list[int], repeats: int,
         group.connect()
     else:
         group = SharedMemoryAllReduce(0, *link)
-    results = [_collectives(group, sizes, ITERATIONS) for _ in range(repeats)]
+    results = [{**_collectives(group, sizes, ITERATIONS), "load_average": load_average()}
+               for _ in range(repeats)]
     peer.join(timeout=60)
     return results
+
+
+def gloo_record(sizes: list[int], repeats: int, out_dir: str) -> tuple[tuple, float]:
+    """Measure gloo, write gloo_allreduce.json, return its table ((bytes, seconds) by size, as
+    `gloo_allreduce_time` takes it) and the broadcast's median seconds."""
+    runs = measure_collectives(sizes, repeats)
+    median = {key: statistics.median(r[key] for r in runs) for key in runs[0]
+              if key != "load_average"}
+    table = tuple((size, median[f"allreduce {size}"]) for size in sizes)
+    (_, second_last), (largest, last) = table[-2], table[-1]
+    write_results(out_dir, "gloo_allreduce", {
+        "what": "gloo all-reduce of float32 between two processes on one host, median of "
+                f"{ITERATIONS} calls per size and repeat; broadcast: a {PLAN_BYTES}-byte plan",
+        "sizes": sizes, "runs": runs,
+        "median_us": {name: median[f"allreduce {size}"] * 1e6 for name, size in GLOO_SIZES.items()},
+        "broadcast_us": median["broadcast"] * 1e6,
+        "bandwidth_GBps": (largest - table[-2][0]) / (last - second_last) / 1e9})
+    return table, median["broadcast"]
 
 
 def compare_collectives(sizes: list[int], repeats: int, out_dir: str) -> None:
@@ -143,19 +140,43 @@ def compare_collectives(sizes: list[int], repeats: int, out_dir: str) -> None:
     table = []
     for size in sizes:
         key = f"allreduce {size}"
-        row = {"bytes": size, **{kind: statistics.median(r[key] for r in results) * 1e6
-                                 for kind, results in runs.items()}}
-        row["gain"] = row["gloo"] / row["shared memory"]
-        table.append(row)
+        gains = [g[key] / s[key] for g, s in zip(runs["gloo"], runs["shared memory"])]
+        table.append({"bytes": size, **{kind: statistics.median(r[key] for r in results) * 1e6
+                                        for kind, results in runs.items()},
+                      "gains": gains, "gain": statistics.median(gains),
+                      "reading": reading(gains, "shared memory faster", "gloo faster")})
     print(format_table(table, [("bytes", "message bytes", "d"), ("gloo", "gloo us", ".0f"),
                                ("shared memory", "shared memory us", ".1f"),
                                ("gain", "gloo / shared memory", ".1f")]))
-    write_results(out_dir, "tensor_parallel_allreduce", {"runs": runs, "table": table,
-                                                          "load_average": load_average()})
+    for row in table:
+        print(f"{row['bytes']} bytes: {row['reading']}")
+    write_results(out_dir, "tensor_parallel_allreduce", {"runs": runs, "table": table})
 
 
-def decode_step_seconds(llm, rows: int, steps: int = STEPS) -> float:
-    """Median seconds of a decode step of `rows` rows (every row decoding, prompts done)."""
+class LayerClock:
+    """The seconds a model's decoder layers take, summed since the last `take` (forward hooks)."""
+
+    def __init__(self, layers) -> None:
+        self.total, self._start = 0.0, 0.0
+        for layer in layers:
+            layer.register_forward_pre_hook(self._begin)
+            layer.register_forward_hook(self._end)
+
+    def _begin(self, module, args) -> None:
+        self._start = time.perf_counter()
+
+    def _end(self, module, args, output) -> None:
+        self.total += time.perf_counter() - self._start
+
+    def take(self) -> float:
+        total, self.total = self.total, 0.0
+        return total
+
+
+def decode_steps(llm, rows: int, clock: LayerClock | None = None,
+                 steps: int = STEPS) -> tuple[float, float | None]:
+    """Median seconds of a decode step of `rows` rows (every row decoding, prompts done), and
+    with a clock, the median seconds of each step outside the decoder layers."""
     from minicb import SamplingParams
 
     engine = llm.llm_engine
@@ -163,12 +184,31 @@ def decode_step_seconds(llm, rows: int, steps: int = STEPS) -> float:
     for row in range(rows):
         engine.add_request(f"{time.monotonic_ns()}-{row}", [5 + row, 6, 7, 8], params)
     engine.step()                                     # the prompts
-    times = []
+    times, outside = [], []
     while engine.has_unfinished_requests():
+        if clock:
+            clock.take()
         start = time.perf_counter()
         engine.step()
         times.append(time.perf_counter() - start)
-    return statistics.median(times[1:-1])
+        if clock:
+            outside.append(times[-1] - clock.take())
+    return (statistics.median(times[1:-1]),
+            statistics.median(outside[1:-1]) if clock else None)
+
+
+def predict(one_thread_step: float, outside: float, broadcast: float, shape: ModelShape,
+            rows: int, gloo: tuple) -> dict[str, float]:
+    """minicb.sim.parallel's TP = 2 step, a core per rank: the one-thread step as the base, what
+    lies outside the layers plus the plan's broadcast as the part that stays."""
+    base = CostModel(step_overhead=one_thread_step, prefill_token=0.0,
+                     name="one rank, one thread", unit="s")
+    return tp_step_parts(base, shape, 2, None, 0, rows, 0,
+                         allreduce=partial(gloo_allreduce_time, table=gloo),
+                         fixed=outside + broadcast)
+
+
+SYSTEMS = ("TP=1", "TP=1 1 thread", "TP=2")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -188,62 +228,60 @@ def main(argv: list[str] | None = None) -> int:
 
     path, label = resolve_model(args.model, args.random_model, "float32")
     announce(f"tensor parallelism on {label}: gloo, then TP=2 against TP=1 at {ROWS} rows")
-    knobs = dict(max_model_len=256, max_num_seqs=max(ROWS), cpu_threads=2)
-    one_thread = {**knobs, "cpu_threads": 1}
-    engines = {"TP=1 fused": LLM(path, **knobs),
-               "TP=1 torch": LLM(path, max_fused_decode_rows=0, **knobs),
-               "TP=1 torch 1 thread": LLM(path, max_fused_decode_rows=0, **one_thread),
-               "TP=2": LLM(path, tensor_parallel_size=2, **one_thread)}
-    hidden = engines["TP=1 torch"].llm_engine.model.args.hidden_size
-    layers = engines["TP=1 torch"].llm_engine.model.args.num_layers
-    sizes = [rows * hidden * 4 for rows in ROWS] + [1 << 20, 8 << 20]
-    collectives = measure_collectives(sizes, args.repeats)
+    knobs = dict(max_model_len=256, max_num_seqs=max(ROWS), max_fused_decode_rows=0)
+    engines = {"TP=1": LLM(path, cpu_threads=2, **knobs),
+               "TP=1 1 thread": LLM(path, cpu_threads=1, **knobs),
+               "TP=2": LLM(path, tensor_parallel_size=2, cpu_threads=1, **knobs)}
+    model = engines["TP=1"].llm_engine.model
+    a = model.args
+    shape = ModelShape(label, sum(p.numel() for p in model.parameters()), a.num_layers,
+                       a.hidden_size, a.num_kv_heads, a.head_dim, dtype_bytes=4)
+    clock = LayerClock(engines["TP=1 1 thread"].llm_engine.model.model.layers)
+    gloo, broadcast = gloo_record(list(GLOO_SIZES.values()), args.repeats, args.out_dir)
     steps = []
     for repeat, (name, llm) in alternate(args.repeats, list(engines.items())):
         for rows in ROWS:
-            steps.append({"repeat": repeat, "system": name, "rows": rows,
-                          "seconds": decode_step_seconds(llm, rows),
-                          "load_average": load_average()})
+            seconds, outside = decode_steps(llm, rows, clock if name == "TP=1 1 thread" else None)
+            steps.append({"repeat": repeat, "system": name, "rows": rows, "seconds": seconds,
+                          "outside_layers": outside, "load_average": load_average()})
     engines["TP=2"].llm_engine.runner.shutdown()
-    table = summarise(steps, collectives, sizes, hidden, layers)
+    table = summarise(steps, shape, gloo, broadcast, args.repeats)
     print(format_table(table, COLUMNS))
+    for row in table:
+        print(f"{row['rows']} rows, TP=2 / TP=1: {row['reading']}")
     write_results(args.out_dir, "tensor_parallel",
-                  {"model": label, "rows": ROWS, "collectives": collectives, "sizes": sizes,
-                   "steps": steps, "table": table})
+                  {"model": label, "shape": shape.__dict__, "rows": ROWS, "gloo": gloo,
+                   "broadcast": broadcast, "steps": steps, "table": table})
     return 0
 
 
-def summarise(steps: list[dict], collectives: list[dict], sizes: list[int], hidden: int,
-              layers: int) -> list[dict]:
-    """Per row count: each system's median step (ms), the prediction and its error."""
-    def collective(key: str) -> float:
-        return statistics.median(r[key] for r in collectives)
+def summarise(steps: list[dict], shape: ModelShape, gloo: tuple, broadcast: float,
+              repeats: int) -> list[dict]:
+    """Per row count: each system's median step (ms), the prediction and its error, and TP=2
+    against TP=1 read by the book's rule (paired repeat by repeat)."""
+    def of(system: str, rows: int, key: str = "seconds") -> list[float]:
+        return [s[key] for s in steps if s["system"] == system and s["rows"] == rows]
 
     table = []
     for rows in ROWS:
-        row = {"rows": rows}
-        for system in SYSTEMS:
-            row[system] = spread(s["seconds"] for s in steps
-                                 if s["system"] == system and s["rows"] == rows)["median"] * 1e3
-        allreduce = collective(f"allreduce {rows * hidden * 4}")
-        row["allreduce_us"] = allreduce * 1e6
-        communication = (2 * layers * allreduce + collective("broadcast")) * 1e3
-        row["same cores"] = row["TP=1 torch"] + communication
-        row["per rank"] = row["TP=1 torch 1 thread"] / 2 + communication
-        for name in ("same cores", "per rank"):
-            row[f"{name} error"] = row["TP=2"] / row[name] - 1
-        row["ratio"] = row["TP=2"] / row["TP=1 torch"]
+        row = {"rows": rows, **{system: spread(of(system, rows))["median"] * 1e3
+                                for system in SYSTEMS}}
+        outside = statistics.median(of("TP=1 1 thread", rows, "outside_layers"))
+        parts = predict(row["TP=1 1 thread"] / 1e3, outside, broadcast, shape, rows, gloo)
+        row.update({"outside_ms": outside * 1e3, "parts_ms": {k: v * 1e3 for k, v in parts.items()},
+                    "predicted": sum(parts.values()) * 1e3})
+        row["error"] = row["TP=2"] / row["predicted"] - 1
+        ratios = [a / b for a, b in zip(of("TP=2", rows), of("TP=1", rows))]
+        row.update({"ratios": ratios, "ratio": statistics.median(ratios),
+                    "reading": reading(ratios, "TP=2 slower", "TP=2 faster")})
         table.append(row)
     return table
 
 
-SYSTEMS = ("TP=1 fused", "TP=1 torch", "TP=1 torch 1 thread", "TP=2")
-COLUMNS = [("rows", "rows", "d"), ("TP=1 fused", "TP=1 fused ms", ".1f"),
-           ("TP=1 torch", "TP=1 torch ms", ".1f"), ("TP=1 torch 1 thread", "1 thread ms", ".1f"),
-           ("TP=2", "TP=2 ms", ".1f"), ("allreduce_us", "all-reduce us", ".0f"),
-           ("same cores", "same cores ms", ".1f"), ("same cores error", "TP=2 vs it", "+.0%"),
-           ("per rank", "per rank ms", ".1f"), ("per rank error", "TP=2 vs it", "+.0%"),
-           ("ratio", "TP=2 / TP=1 torch", ".2f")]
+COLUMNS = [("rows", "rows", "d"), ("TP=1", "TP=1 ms", ".1f"),
+           ("TP=1 1 thread", "1 thread ms", ".1f"), ("outside_ms", "outside layers ms", ".1f"),
+           ("TP=2", "TP=2 ms", ".1f"), ("predicted", "predicted ms", ".1f"),
+           ("error", "TP=2 vs prediction", "+.0%"), ("ratio", "TP=2 / TP=1", ".2f")]
 
 
 if __name__ == "__main__":

@@ -19,7 +19,12 @@ one node whose GPUs all reach each other through NVSwitch, vLLM does not use NCC
 all: its custom all-reduce is one kernel in which, for small messages, every GPU reads its
 peers' messages at once (one-shot): no chain of hops, so its latency barely grows with n.
 `allreduce_time` picks what vLLM would run; its latencies are the published measurements
-(`minicb.facts`).
+(`minicb.facts`). vLLM's kernel was measured on H100s; where this module prices A100 links with
+it, those are H100 figures standing in for A100 ones (no A100 measurement is published).
+
+Between two processes on one CPU host, minicb's ranks run gloo: `gloo_allreduce_time`
+interpolates gloo's all-reduce as measured on the book's machine (`benchmarks/results/
+gloo_allreduce.json`, copied into the facts), so the same `tp_step_parts` predicts a CPU run.
 
 `tp_cost_model` adds the all-reduces to the four terms of `minicb.sim.CostModel`, and the same
 scheduler runs on a TP group as on one GPU. Every input is a cited fact (`minicb.facts`).
@@ -157,6 +162,34 @@ def allreduce_time(num_bytes: float, n: int, link: Link) -> float:
     return nccl_allreduce_time(num_bytes, n, link)[0]
 
 
+# gloo between two processes on the book's 2-core machine, measured: (bytes, seconds) per message
+# size, a decode step's sizes and a prefill's (facts gloo_allreduce_*)
+GLOO_SIZES = {"4kib": 4 * KIB, "32kib": 32 * KIB, "128kib": 128 * KIB, "1mib": 1024 * KIB,
+              "8mib": 8192 * KIB}
+GLOO_ALLREDUCE = tuple((size, _us(f"gloo_allreduce_{name}")) for name, size in GLOO_SIZES.items())
+
+
+def gloo_allreduce_time(num_bytes: float, n: int = 2, link: Link | None = None,
+                        table: tuple[tuple[int, float], ...] = GLOO_ALLREDUCE) -> float:
+    """gloo's all-reduce of `num_bytes` between two processes on one host, from its measured
+    times (`table`: (bytes, seconds), by size): a straight line between the two measured sizes
+    around it, the smallest's time below them, and past the largest its time plus the rest at the
+    bandwidth of the last segment. Measured for two ranks only; `link` is unused (the host is the
+    link)."""
+    if n == 1:
+        return 0.0
+    if n != 2:
+        raise ValueError(f"gloo's all-reduce was measured between 2 processes, not {n}.")
+    (small, small_time), (large, large_time) = table[0], table[-1]
+    if num_bytes <= small:
+        return small_time
+    for (lo, lo_time), (hi, hi_time) in zip(table, table[1:]):
+        if num_bytes <= hi:
+            return lo_time + (hi_time - lo_time) * (num_bytes - lo) / (hi - lo)
+    (lo, lo_time) = table[-2]
+    return large_time + (num_bytes - large) * (large_time - lo_time) / (large - lo)
+
+
 def weight_read_time(shape: ModelShape, hbm_bandwidth: float) -> float:
     """Seconds to stream every weight from memory once: the floor of a memory-bound decode step."""
     return shape.weight_bytes / hbm_bandwidth
@@ -195,20 +228,26 @@ AllReduce = Callable[[float, int, Link], float]      # (bytes, GPUs, link) -> se
 def tp_step_parts(base: CostModel, shape: ModelShape, n: int, link: Link, prefill_tokens: int,
                   decode_rows: int, context_tokens: int = 0,
                   hbm_bandwidth: float = A100_HBM_BANDWIDTH,
-                  allreduce: AllReduce = allreduce_time) -> dict[str, float]:
+                  allreduce: AllReduce = allreduce_time,
+                  fixed: float | None = None) -> dict[str, float]:
     """One step of a TP group of n GPUs, in seconds, by where the time goes.
 
-    `base` is the one-GPU cost model of `shape`. Its step overhead is split into the weights'
-    read (`weight_read_time`: shrinks n-fold, each GPU holds 1/n of every matrix) and the rest
-    (kernel launches, the host's work: every GPU still launches every kernel, so it stays). Prompt
-    tokens, decode rows and keys read shrink n-fold (each GPU computes 1/n of the heads and of
-    the MLP, and keeps 1/n of the KV heads). Each layer adds two all-reduces of the step's
-    activations (`allreduce`: what vLLM runs, by default)."""
-    weights = weight_read_time(shape, hbm_bandwidth)
-    if weights > base.step_overhead * (1 + 1e-9):
+    `base` is the one-GPU cost model of `shape`. Its step overhead is split into a part that
+    shrinks n-fold (each GPU holds 1/n of every matrix) and a part that stays ("fixed": every GPU
+    still launches every kernel, the host still schedules and samples once). Where the split
+    lies is an assumption, not a measurement: by default the shrinking part is the weights' read
+    at the memory's peak bandwidth (`weight_read_time`) and the rest is fixed; but a real step
+    reads its weights below peak, so part of that "fixed" rest is weight reading too and would
+    shrink, and the default overstates what stays. Give `fixed` (seconds) where it was measured
+    instead. Prompt tokens, decode rows and keys read shrink n-fold (each GPU computes 1/n of the
+    heads and of the MLP, and keeps 1/n of the KV heads). Each layer adds two all-reduces of the
+    step's activations (`allreduce`: what vLLM runs, by default)."""
+    weights = (weight_read_time(shape, hbm_bandwidth) if fixed is None
+               else base.step_overhead - fixed)
+    if weights > base.step_overhead * (1 + 1e-9) or weights < 0:
         raise ValueError(f"{base.name or 'the cost model'} charges {base.step_overhead:.4g} s per "
-                         f"step, less than reading {shape.name}'s weights ({weights:.4g} s): it is "
-                         "not this model's cost model.")
+                         f"step, which does not hold a shrinking part of {weights:.4g} s for "
+                         f"{shape.name}: it is not this model's cost model.")
     message = shape.hidden_size * (prefill_tokens + decode_rows) * shape.dtype_bytes
     return {"fixed": base.step_overhead - weights, "weights": weights / n,
             "compute": (base.prefill_token * prefill_tokens + base.decode_seq * decode_rows) / n,
@@ -271,3 +310,62 @@ def kv_blocks_per_gpu(shape: ModelShape, n: int = 1, block_size: int = 16,
     vLLM's default share). Zero when the weights do not fit."""
     free = memory * utilisation - shape.weight_bytes / n
     return max(int(free // (shape.kv_bytes_per_token / n * block_size)), 0)
+
+
+# --- two ways to split a model over a few GPUs, priced only where their KV fits ------------------
+def kv_tokens(shape: ModelShape, gpus: int, block_size: int = 16) -> int:
+    """Tokens of KV a group of `gpus` holds when each GPU keeps 1/gpus of the weights and of every
+    token's KV (TP: 1/n of the KV heads; PP: 1/p of the layers): the same for both splits."""
+    return kv_blocks_per_gpu(shape, gpus, block_size) * block_size
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A split of one model over `gpus` GPUs serving `requests` decodes at once."""
+
+    name: str
+    gpus: int
+    requests: int
+    tpot: float                  # seconds between two tokens of one request
+
+    @property
+    def tokens_per_gpu(self) -> float:
+        return self.requests / self.tpot / self.gpus
+
+
+def _check_fits(shape: ModelShape, gpus: int, requests: int, context: int) -> None:
+    held = kv_tokens(shape, gpus)
+    if requests * context > held:
+        raise ValueError(f"{requests} requests of {context} tokens need {requests * context:,} "
+                         f"tokens of KV, and {gpus} GPUs holding {shape.name} hold {held:,}: price "
+                         "a plan that fits (fewer requests, shorter contexts or more GPUs).")
+
+
+def tp_plan(base: CostModel, shape: ModelShape, n: int, link: Link, requests: int,
+            context: int) -> Plan:
+    """TP over n GPUs: every request in one decode step (`tp_step_parts`)."""
+    _check_fits(shape, n, requests, context)
+    tpot = sum(tp_step_parts(base, shape, n, link, 0, requests, requests * context).values())
+    return Plan(f"TP {n}", n, requests, tpot)
+
+
+def pp_plan(base: CostModel, shape: ModelShape, p: int, link: Link, requests: int, context: int,
+            micro_batches: int, tp: int = 1, tp_link: Link | None = None) -> Plan:
+    """PP over p stages, each a TP group of `tp` GPUs joined by `tp_link` (one GPU by default),
+    consecutive stages joined by `link`; the requests in `micro_batches` equal micro-batches. A
+    stage's step on a micro-batch is 1/p of its group's step of those rows (it holds 1/p of the
+    layers: of every part of the step, all-reduces included) and then one send of the rows'
+    activations to the next stage. A micro-batch is back at the first stage after
+    max(micro_batches, p) stage steps: with fewer micro-batches than stages, GPUs wait for each
+    other (the bubble)."""
+    _check_fits(shape, p * tp, requests, context)
+    if requests % micro_batches:
+        raise ValueError(f"{requests} requests do not split into {micro_batches} equal "
+                         "micro-batches.")
+    group = tp_cost_model(base, shape, tp, tp_link or link)
+    rows = requests // micro_batches
+    stage = (group.step_time(0, rows, rows * context) / p
+             + transfer_time(rows * shape.hidden_size * shape.dtype_bytes, link))
+    batches = f"{micro_batches} micro-batch{'es' if micro_batches > 1 else ''}"
+    name = f"TP {tp} x PP {p}" if tp > 1 else f"PP {p}"
+    return Plan(f"{name}, {batches}", p * tp, requests, max(micro_batches, p) * stage)
