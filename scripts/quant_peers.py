@@ -13,9 +13,10 @@ run is kept beside its figure):
   BF16 and Q8_0;
 - shipped: the shipped model, 24 requests at once: minicb and vLLM at float32 and bfloat16.
 
-Every system gets the same token-id prompts (64 tokens), 128 greedy tokens each with EOS
-ignored, 2 threads; tokens/s is output tokens over the wall time from the first arrival to the
-last token. Needs `make peer-vllm` and `make peer-llamacpp`.
+Every system gets the same token-id prompts (64 tokens), the part's number of greedy tokens
+each (64 at 24 at once, 128 one at a time) with EOS ignored, 2 threads; tokens/s is output
+tokens over the wall time from the first arrival to the last token. Needs `make peer-vllm` and
+`make peer-llamacpp`.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from pathlib import Path
 
 from minicb.bench.common import build_random_model
 from minicb.bench.harness import alternate, spread, write_results
-from minicb.bench.machine import load_average
+from minicb.bench.machine import describe, load_average, machine_info
 from minicb.metrics import summarize
 from minicb.repeats import Repeats
 
@@ -38,11 +39,11 @@ BEGIN, END = "<!-- quant-peers: begin -->", "<!-- quant-peers: end -->"
 MINICB = {"minicb float32": {}, "minicb bfloat16": {"dtype": "bfloat16"},
           "minicb int8": {"quantization": "int8"},
           "minicb bfloat16 + int8": {"dtype": "bfloat16", "quantization": "int8"}}
-PARTS = {"many": {"model": "llama-100m", "at_once": 24,
+PARTS = {"many": {"model": "llama-100m", "at_once": 24, "output_tokens": 64,
                   "systems": [*MINICB, "vLLM bfloat16", "vLLM float32", "llama.cpp Q8_0"]},
-         "one": {"model": "llama-100m", "at_once": 1, "requests": 4,
+         "one": {"model": "llama-100m", "at_once": 1, "requests": 4, "output_tokens": 128,
                  "systems": [*MINICB, "llama.cpp F32", "llama.cpp BF16", "llama.cpp Q8_0"]},
-         "shipped": {"model": "shipped", "at_once": 24,
+         "shipped": {"model": "shipped", "at_once": 24, "output_tokens": 64,
                      "systems": ["minicb float32", "minicb bfloat16", "vLLM bfloat16",
                                  "vLLM float32"]}}
 # (part, system, baseline, target): the ratios the page reads, system over baseline
@@ -102,7 +103,7 @@ def unpack(run) -> tuple:
 def measure(part: str, repeats: int, model_path: str) -> dict:
     spec = PARTS[part]
     prompts = workload(spec.get("requests", 24))
-    lens = [128] * len(prompts)
+    lens = [spec["output_tokens"]] * len(prompts)
     serve = {s: runner(s, model_path, spec["at_once"]) for s in spec["systems"]}
     runs: dict[str, list] = {s: [] for s in spec["systems"]}
     outputs = {}
@@ -117,7 +118,8 @@ def measure(part: str, repeats: int, model_path: str) -> dict:
             runs[system][-1]["settings"] = settings
     first = spec["systems"][0]
     return {"requests": len(prompts), "at_once": spec["at_once"], "prompt_tokens": 64,
-            "output_tokens": 128, "systems": {s: {
+            "output_tokens": spec["output_tokens"], "machine": describe(machine_info()),
+            "systems": {s: {
                 "tokens_per_s": spread(r["tokens_per_s"] for r in rs),
                 "repeats": rs, "same_tokens_as": {first: sum(
                     a == b for a, b in zip(outputs[s], outputs[first]))}}
@@ -189,17 +191,18 @@ def main() -> int:
     if not args.render:
         import torch
 
-        from minicb.bench.machine import describe, machine_info
         from minicb.model.default import default_model_path
 
         torch.set_num_threads(2)
         random_model = build_random_model("llama-100m", tempfile.mkdtemp(prefix="minicb-100m-"),
                                           "bfloat16")
         paths = {"llama-100m": random_model, "shipped": str(default_model_path())}
-        parts = {part: measure(part, args.repeats, paths[PARTS[part]["model"]])
-                 for part in args.parts}
-        write_results(RESULT.parent, RESULT.stem, {"machine_line": describe(machine_info()),
-                                                   "parts": parts})
+        # a subset of the parts replaces those parts and keeps the others already recorded
+        parts = json.loads(RESULT.read_text())["parts"] if RESULT.exists() else {}
+        for part in args.parts:
+            parts[part] = measure(part, args.repeats, paths[PARTS[part]["model"]])
+            write_results(RESULT.parent, RESULT.stem, {"machine_line": describe(machine_info()),
+                                                       "parts": parts})
     write_page(json.loads(RESULT.read_text()))
     return 0
 

@@ -139,6 +139,7 @@ def convert(model_path: str | Path, outtypes: list[str], timeout: float = 1800) 
     files = {t: gguf_path(model_path, t) for t in outtypes}
     missing = {t: str(p) for t, p in files.items() if not p.exists()}
     if missing:
+        cache_dir(model_path).mkdir(parents=True, exist_ok=True)
         checkpoint = conversion_checkpoint(model_path, cache_dir(model_path) / "checkpoint")
         tokenizer = json.loads((checkpoint / "tokenizer.json").read_text())
         request = {"checkpoint": str(checkpoint), "outfiles": missing,
