@@ -89,7 +89,8 @@ test-fast: setup
 # tests marked gpu included (make test runs Triton through its interpreter, where those skip).
 # scripts/gpu_session.sh runs it with a machine's own Python (make -o setup test-gpu BIN=...).
 GPU_TESTS  := tests/minicb_kernels/test_kernels.py tests/engine/test_engine_triton.py \
-	tests/model/test_cuda_graphs.py tests/bench/test_device_lane.py
+	tests/model/test_cuda_graphs.py tests/bench/test_device_lane.py \
+	tests/minicb_kernels/test_quant_matmul.py tests/minicb_kernels/test_kv_fp8.py
 test-gpu: setup
 	$(BIN)/python -m pytest $(GPU_TESTS) -p no:cacheprovider
 

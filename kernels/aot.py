@@ -59,8 +59,14 @@ def _signature(fn, kernel: str, dtype: str, constexprs: dict) -> tuple[dict, dic
     launcher derives from torch tensors (pointers) and from strides that are multiples of 16."""
     element = _TRITON_TYPES[dtype]
     float32_ptrs = {"lse_ptr", "weights_ptr"} | ({"partial_ptr"} if kernel == "merge" else set())
+    # the quantized products' scales and (as quantize_model stores it) bias are float32
+    float32_ptrs |= {"scale_ptr", "pairs_ptr", "bias_ptr"} if kernel.endswith("matmul") else set()
     int_ptrs = {"cu_seqlens_q_ptr", "seq_lens_ptr", "block_tables_ptr", "slot_mapping_ptr"}
     int64_ptrs = {"slot_mapping_ptr", "sorted_pairs_ptr", "block_experts_ptr"}
+    byte_ptrs = {"w_ptr": "i8" if kernel == "int8_matmul" else "u8"}
+    fp8 = constexprs.get("KV_FP8", False)
+    if fp8:   # an FP8 cache is read and written as bytes
+        byte_ptrs |= {"k_cache_ptr": "u8", "v_cache_ptr": "u8"}
     signature, attrs = {}, {}
     for index, name in enumerate(fn.arg_names):
         if name in constexprs:
@@ -68,15 +74,17 @@ def _signature(fn, kernel: str, dtype: str, constexprs: dict) -> tuple[dict, dic
         elif name.endswith("_ptr"):
             kind = ("fp32" if name in float32_ptrs else
                     "i64" if name in int64_ptrs else
-                    "i32" if name in int_ptrs else element)
+                    "i32" if name in int_ptrs else byte_ptrs.get(name, element))
             signature[name] = "*" + kind
             attrs[(index,)] = [["tt.divisibility", 16]]
         elif name == "scale_log2":
             signature[name] = "fp32"
         else:
             signature[name] = "i32"
-            # strides along tokens, heads and blocks are multiples of head_dim (>= 16)
-            if name.startswith("stride_") and "lse" not in name:
+            # strides along tokens, heads and blocks are multiples of head_dim (>= 16); an FP8
+            # cache's rows are head_dim + 4 bytes, so its strides are not
+            fp8_cache = fp8 and name.startswith(("stride_kc", "stride_vc"))
+            if name.startswith("stride_") and "lse" not in name and not fp8_cache:
                 attrs[(index,)] = [["tt.divisibility", 16]]
     return signature, attrs
 
@@ -87,7 +95,9 @@ def _kernel_fn(kernel: str):
     module, name = {"attention": ("paged_attention", "_paged_attention_kernel"),
                     "merge": ("split_kv", "_merge_splits_kernel"),
                     "write": ("kv_write", "_write_kv_kernel"),
-                    "fused_moe": ("fused_moe", "_fused_moe_kernel")}[kernel]
+                    "fused_moe": ("fused_moe", "_fused_moe_kernel"),
+                    "int8_matmul": ("quant_matmul", "_int8_matmul_kernel"),
+                    "int4_matmul": ("quant_matmul", "_int4_matmul_kernel")}[kernel]
     return getattr(importlib.import_module(f"minicb.kernels.{module}"), name)
 
 

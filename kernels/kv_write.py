@@ -115,8 +115,9 @@ def _write_kv_kernel(
 def _store_e4m3(dst, dims, x, mask, head_ok, HEAD_DIM: tl.constexpr):
     x = x.to(tl.float32)
     amax = tl.max(tl.abs(x), 1)
-    scale = tl.where(amax > 0, amax / 448.0, 1.0)   # 448: e4m3's largest (kernels/fp8.py)
-    y = tl.minimum(tl.maximum(x * (1.0 / scale)[:, None], -448.0), 448.0)
+    # IEEE divisions (a GPU's "/" on float32 is approximate) so a GPU writes torch's bytes
+    scale = tl.where(amax > 0, tl.math.div_rn(amax, 448.0), 1.0)   # 448: e4m3's largest
+    y = tl.minimum(tl.maximum(tl.math.div_rn(x, scale[:, None]), -448.0), 448.0)
     tl.store(dst + dims, _float_to_e4m3(y), mask=mask)
     scale_at = (dst + HEAD_DIM).to(tl.pointer_type(tl.float32), bitcast=True)
     tl.store(scale_at, scale[:, None], mask=head_ok)

@@ -26,9 +26,10 @@ INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
 DEVICE = "cpu" if INTERPRETING or not torch.cuda.is_available() else "cuda"
 
 
-def fp8_cache(num_blocks: int, block_size: int, kv_heads: int, head_dim: int) -> torch.Tensor:
+def fp8_cache(num_blocks: int, block_size: int, kv_heads: int, head_dim: int,
+              device: str = DEVICE) -> torch.Tensor:
     shape, dtype = kv_cache_layout(kv_heads, head_dim, torch.float32, "fp8")
-    return torch.zeros(num_blocks, block_size, *shape, dtype=dtype, device=DEVICE)
+    return torch.zeros(num_blocks, block_size, *shape, dtype=dtype, device=device)
 
 
 def test_the_write_rounds_every_e4m3_value_and_tie_as_torch_does():
@@ -62,9 +63,10 @@ def test_write_kv_fp8_equals_the_torch_packing_and_skips_padding(kv_heads, head_
     k[3, 1] = 0
     v = torch.randn(tokens, kv_heads, head_dim, generator=gen)
     slots = torch.tensor([0, 5, -1, 3, 11, 9, 6])
-    caches = [fp8_cache(blocks, block_size, kv_heads, head_dim) for _ in range(4)]
+    caches = [fp8_cache(blocks, block_size, kv_heads, head_dim, device)
+              for device in (DEVICE, DEVICE, "cpu", "cpu")]
     write_kv(k.to(DEVICE), v.to(DEVICE), caches[0], caches[1], slots.to(DEVICE))
-    write_kv_reference(k, v, caches[2].cpu(), caches[3].cpu(), slots)
+    write_kv_reference(k, v, caches[2], caches[3], slots)
     for got, want in ((caches[0], caches[2]), (caches[1], caches[3])):
         assert torch.equal(got.view(torch.uint8).cpu(), want.view(torch.uint8).cpu())
     written = caches[0].view(torch.uint8).view(-1, kv_heads, head_dim + 4).cpu()
@@ -92,8 +94,8 @@ def test_paged_attention_on_fp8_equals_dequantize_then_attend():
         mine, pool = pool[:blocks], pool[blocks:]
         tables.append(mine + [0] * (max(need) - blocks))
         slots += [mine[p // block_size] * block_size + p % block_size for p in range(n)]
-    k_cache = fp8_cache(num_blocks, block_size, kv_heads, head_dim)
-    v_cache = fp8_cache(num_blocks, block_size, kv_heads, head_dim)
+    k_cache = fp8_cache(num_blocks, block_size, kv_heads, head_dim, "cpu")
+    v_cache = fp8_cache(num_blocks, block_size, kv_heads, head_dim, "cpu")
     k = torch.randn(len(slots), kv_heads, head_dim, generator=gen) * 4
     v = torch.randn(len(slots), kv_heads, head_dim, generator=gen)
     write_kv_reference(k, v, k_cache, v_cache, torch.tensor(slots))
