@@ -1,7 +1,8 @@
 """`python -m minicb bench quant`: fewer bytes per token on a CPU, measured. One linear layer
-in float32, bfloat16 and int8 (minicb's C kernels and torch's), then whole-engine tokens/s with
-float32, bfloat16, int8 weights and the int8 KV cache, each against float32 in alternated
-repeats; and one decode step's attention over a long context with the cache in each format.
+in float32, bfloat16, int8 and int4 (minicb's C kernels and torch's), then whole-engine tokens/s
+with float32, bfloat16, int8 or int4 weights and the int8 KV cache, each against float32 in
+alternated repeats; and one decode step's attention over a long context with the cache in each
+format.
 
     python -m minicb bench quant [--rows 1 16 48] [--requests 24] [--repeats 5]
                                  [--parts linear engine attention]
@@ -29,7 +30,8 @@ from minicb.bench.machine import load_average
 
 ENGINE = {"float32": {}, "bfloat16": {"dtype": "bfloat16"}, "int8 weights": {
     "quantization": "int8"}, "int8 KV": {"kv_cache_dtype": "int8"},
-    "bfloat16 + int8 weights": {"dtype": "bfloat16", "quantization": "int8"}}
+    "bfloat16 + int8 weights": {"dtype": "bfloat16", "quantization": "int8"},
+    "int4 weights": {"quantization": "int4"}}
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -54,12 +56,16 @@ def linear_variants(x, n: int, seed: int) -> dict:
     import torch.nn.functional as F
 
     from minicb.kernels.cpu import linear_cpu
+    from minicb.model.int4 import pack_int4, quantize_int4
     from minicb.model.quant import quantize_int8
 
     w = torch.randn(n, x.shape[1], generator=torch.Generator().manual_seed(seed)) * 0.02
     wb, (q, scale), xb = w.bfloat16(), quantize_int8(w), x.bfloat16()
+    q4, pairs = quantize_int4(w)
+    q4 = pack_int4(q4)
     return {"C float32": lambda: linear_cpu(x, w), "C bfloat16": lambda: linear_cpu(x, wb),
             "C int8": lambda: linear_cpu(x, q, scale=scale),
+            "C int4 (groups of 32)": lambda: linear_cpu(x, q4, scale=pairs),
             "torch float32": lambda: F.linear(x, w),
             "torch bfloat16 (oneDNN)": lambda: F.linear(xb, wb),
             "torch int8 (_weight_int8pack_mm)":

@@ -15,6 +15,7 @@ def test_bench_quant_records_each_format(tiny_llama, tmp_path):
     record = json.loads((tmp_path / "quant.json").read_text())
     assert set(record["engine"]) == set(quant.ENGINE)
     assert record["engine"]["int8 KV"]["tokens_per_s"]["median"] > 0
-    assert set(record["linear"]["2"]) >= {"C float32", "C bfloat16", "C int8"}
+    assert set(record["linear"]["2"]) >= {"C float32", "C bfloat16", "C int8",
+                                           "C int4 (groups of 32)"}
     assert record["attention"]["int8"]["us"]["median"] > 0
     assert record["build"].split(":")[0] in ("avx512_bf16", "avx512", "avx2", "generic", "native")
