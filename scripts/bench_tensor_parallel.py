@@ -15,15 +15,18 @@ small-batch kernel (no fused decode layer), the path both ranks of a TP group ta
 
     .venv/bin/python scripts/bench_tensor_parallel.py --random-model llama-100m --repeats 5
     .venv/bin/python scripts/bench_tensor_parallel.py --collectives-only --repeats 5
+    .venv/bin/python scripts/bench_tensor_parallel.py --markdown   (the committed runs' tables)
 
 (A script beside the package rather than a `minicb bench` command: minicb/bench is capped.)
 """
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
 from functools import partial
+from pathlib import Path
 
 import torch
 import torch.multiprocessing as mp
@@ -108,8 +111,15 @@ def measure_collectives(sizes: list[int], repeats: int,
         group.connect()
     else:
         group = SharedMemoryAllReduce(0, *link)
-    results = [{**_collectives(group, sizes, ITERATIONS), "load_average": load_average()}
-               for _ in range(repeats)]
+    # one thread, like the peer: the sum of a large message would otherwise run on a team of
+    # threads, which on a busy machine waits for its slowest member at the end of every call
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        results = [{**_collectives(group, sizes, ITERATIONS), "load_average": load_average()}
+                   for _ in range(repeats)]
+    finally:
+        torch.set_num_threads(threads)
     peer.join(timeout=60)
     return results
 
@@ -211,13 +221,44 @@ def predict(one_thread_step: float, outside: float, broadcast: float, shape: Mod
 SYSTEMS = ("TP=1", "TP=1 1 thread", "TP=2")
 
 
+def markdown(out_dir: str) -> str:
+    """benchmarks/tensor_parallel.md's tables, from the committed JSON records."""
+    read = lambda stem: json.loads((Path(out_dir) / f"{stem}.json").read_text())
+    gloo, tp, shm = read("gloo_allreduce"), read("tensor_parallel"), read(
+        "tensor_parallel_allreduce")
+    loads = lambda runs: f"{min(r[0] for r in runs):.1f} to {max(r[0] for r in runs):.1f}"
+    lines = [f"gloo, load average {loads([r['load_average'] for r in gloo['runs']])}:", "",
+             "| message | all-reduce (median of the repeats' medians) |", "|---|---|"]
+    lines += [f"| {size // 1024:,} KiB | {us:,.0f} us |"
+              for size, us in zip(gloo["sizes"], gloo["median_us"].values())]
+    lines += [f"| plan broadcast ({PLAN_BYTES:,} bytes) | {gloo['broadcast_us']:,.0f} us |",
+              f"| bandwidth, 1 to 8 MiB | {gloo['bandwidth_GBps']:.2f} GB/s |", "",
+              f"Decode steps, load average {loads([s['load_average'] for s in tp['steps']])}:",
+              "", "| rows | TP=1, 2 threads | TP=1, 1 thread | outside the layers | TP=2 | "
+              "predicted | TP=2 against it | TP=2 / TP=1, paired |", "|---" * 8 + "|"]
+    lines += [f"| {r['rows']} | {r['TP=1']:.1f} ms | {r['TP=1 1 thread']:.1f} ms | "
+              f"{r['outside_ms']:.1f} ms | {r['TP=2']:.1f} ms | {r['predicted']:.1f} ms | "
+              f"{r['error']:+.0%} | {r['reading']} |" for r in tp["table"]]
+    shm_loads = [run["load_average"] for runs in shm["runs"].values() for run in runs]
+    lines += ["", f"gloo against shared memory, load average {loads(shm_loads)}:", "",
+              "| message | gloo | shared memory | gloo / shared memory, paired |", "|---" * 4 + "|"]
+    lines += [f"| {r['bytes'] // 1024:,} KiB | {r['gloo']:,.0f} us | {r['shared memory']:,.1f} us "
+              f"| {r['reading']} |" for r in shm["table"]]
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = bench_parser("tensor-parallel", __doc__)
     parser.prog = "scripts/bench_tensor_parallel.py"
     add_flags(parser, "model", "random_model", "repeats", "out_dir", random_model="llama-100m")
     parser.add_argument("--collectives-only", action="store_true",
                         help="only gloo's all-reduce against a shared-memory one, at decode sizes")
+    parser.add_argument("--markdown", action="store_true",
+                        help="print the committed runs' tables for benchmarks/tensor_parallel.md")
     args = parser.parse_args(argv)
+    if args.markdown:
+        print(markdown(args.out_dir))
+        return 0
     if args.collectives_only:
         announce("gloo's all-reduce against a shared-memory one between two processes")
         compare_collectives([rows * 1024 * 4 for rows in ROWS] + [1 << 20], args.repeats,
