@@ -174,7 +174,9 @@ def gather_keys(cache: torch.Tensor, blocks: torch.Tensor, num_keys: int) -> tor
     blocks, several times faster than indexing each position.
     """
     rows, n = blocks.shape
-    whole = cache.index_select(0, blocks.flatten()).view(rows, n * cache.shape[1], *cache.shape[2:])
+    source = cache.view(torch.uint8) if is_fp8(cache) else cache   # FP8 rows gathered as bytes
+    whole = source.index_select(0, blocks.flatten()).view(rows, n * cache.shape[1],
+                                                          *cache.shape[2:])
     if cache.dtype == torch.int8:   # int8 rows with their scales: dequantized to float32
         from minicb.model.quant import unpack_kv_int8
 
