@@ -72,13 +72,17 @@ typedef __m512 vf;
     _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p))), 16))
 #define vload_i8(p) _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p))))
 #define vset1(f) _mm512_set1_ps(f)
-/* 16 bytes of an int4 group, dequantized in registers: values b..b+15 and b+16..b+31 */
+/* 16 bytes of an int4 group, dequantized in registers: values b..b+15 and b+16..b+31. The 16
+ * values a code can stand for (q * scale + offset, q = 0..15) fill one register, and vpermps
+ * looks each code up in it: it reads only an index's low 4 bits, so the low nibbles need no mask
+ * and the high ones one shift. Exactly the FMA of the other builds, with fewer instructions. */
 static inline __attribute__((always_inline)) void vload_i4(const uint8_t *p, vf scale, vf offset,
                                                            vf *lo, vf *hi) {
+    const __m512 codes = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512 table = _mm512_fmadd_ps(codes, scale, offset);
     const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
-    *lo = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(b, _mm512_set1_epi32(15))), scale,
-                          offset);
-    *hi = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(b, 4)), scale, offset);
+    *lo = _mm512_permutexvar_ps(b, table);
+    *hi = _mm512_permutexvar_ps(_mm512_srli_epi32(b, 4), table);
 }
 #elif defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>

@@ -164,6 +164,8 @@ def main(argv: list[str]) -> int:
     announce(f"bench quant: C kernels {build}; {torch.get_num_threads()} threads")
     load_before = load_average()
     payload = {"build": build, "threads": torch.get_num_threads(), "load_before": load_before,
+               "linear_shape": {"in_features": args.in_features,
+                                "out_features": args.out_features},
                **{part: PARTS[part](args) for part in args.parts}, "load_after": load_average()}
     for name, row in payload.get("engine", {}).items():
         print(f"{name:>24}: {row['tokens_per_s']['median']:.0f} tok/s, {row['vs float32']}")
