@@ -20,8 +20,9 @@
  *     (VNNI's integer dot products would need x in int8 too: that is activation quantization,
  *     a different model, so it is not used here.)
  *   int4 (weight-only, groups of 32 values along a row, a float32 scale and offset per group):
- *     each load of VW bytes is widened to two vectors of nibbles and dequantized by one FMA each
- *     (q * scale + offset) in registers, then multiplied with x as above. An eighth of
+ *     each load of VW bytes is widened to two vectors of nibbles and dequantized in registers
+ *     (q * scale + offset: one FMA a vector, or with AVX-512 a vpermps look-up in the group's 16
+ *     values, cpu_simd.h), then multiplied with x as above. An eighth of
  *     float32's bytes, half of int8's; no whole-weight conversion ever happens (tile_grouped).
  *     int8 in groups of 32 with the same pairs (a checkpoint quantized that way: compressed-
  *     tensors' W8A16) runs the same tile, each vector of 16 int8 values dequantized alike.
