@@ -24,24 +24,27 @@ is what makes a raised flag mean "my slot is written" (an ARM host would need a 
 from __future__ import annotations
 
 import os
+import time
 
 import torch
 
 SPINS = 2000            # flag checks before the waiting rank starts yielding its core
+TIMEOUT = 60.0          # seconds a rank waits for the others before it gives up
 
 
 class SharedMemoryAllReduce:
     """One rank's end: `slots` [2, ranks, numel] float32 and `flags` [ranks] int64, both in
     shared memory (`buffers`), the same tensors in every rank's process."""
 
-    def __init__(self, rank: int, slots: torch.Tensor, flags: torch.Tensor):
+    def __init__(self, rank: int, slots: torch.Tensor, flags: torch.Tensor,
+                 timeout: float = TIMEOUT):
         if not (slots.is_shared() and flags.is_shared()):
             raise ValueError("the slots and flags must be in shared memory: build them with "
                              "SharedMemoryAllReduce.buffers(ranks, numel) and pass them to every "
                              "rank's process.")
         self.rank, self.ranks, self.slots = rank, slots.shape[1], slots
         self.flags = flags.numpy()
-        self.calls = 0
+        self.calls, self.timeout = 0, timeout
 
     @staticmethod
     def buffers(ranks: int, numel: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -60,9 +63,15 @@ class SharedMemoryAllReduce:
         buffer = self.slots[self.calls % 2]
         buffer[self.rank, :n].copy_(tensor.reshape(-1))
         self.flags[self.rank] = self.calls               # after the data: "my slot is written"
-        checks = 0
+        checks, started = 0, 0.0
         while (self.flags < self.calls).any():
             checks += 1
             if checks > SPINS:
                 os.sched_yield()
+                started = started or time.monotonic()
+                if time.monotonic() - started > self.timeout:
+                    behind = [r for r in range(self.ranks) if self.flags[r] < self.calls]
+                    raise RuntimeError(f"rank {self.rank}: ranks {behind} did not reach "
+                                       f"all-reduce {self.calls} within {self.timeout:g} s (a "
+                                       "rank died, or called the all-reduce fewer times).")
         torch.sum(buffer[:, :n], dim=0, out=tensor.view(-1))
