@@ -61,7 +61,7 @@ def check_available() -> None:
 def pre_tokenizer(tokenizer: dict) -> str:
     """The llama.cpp pre-tokenizer that splits text as `tokenizer` (a tokenizer.json) does.
 
-    llama.cpp's "gpt2" is GPT-2's regular expression over UTF-8 bytes, with no space put in
+    llama.cpp's "gpt-2" is GPT-2's regular expression over UTF-8 bytes, with no space put in
     front. A tokenizer may also cut every newline out on its own before that regex runs (the
     shipped model's does). GPT-2's regex can put a newline only into a piece of pure white
     space, so the cut changes nothing unless a merge joins a newline to another symbol: with no
@@ -75,10 +75,10 @@ def pre_tokenizer(tokenizer: dict) -> str:
     steps = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else [pre]
     if not steps or steps[-1].get("type") != "ByteLevel" or not steps[-1].get("use_regex", True):
         raise ValueError(f"pre-tokenizer {pre} does not end in a byte-level split by GPT-2's "
-                         "regular expression, the only one mapped to llama.cpp's ('gpt2').")
+                         "regular expression, the only one mapped to llama.cpp's ('gpt-2').")
     if steps[-1].get("add_prefix_space"):
         raise ValueError("a byte-level pre-tokenizer with add_prefix_space puts a space before "
-                         "the text, which llama.cpp's 'gpt2' does not.")
+                         "the text, which llama.cpp's 'gpt-2' does not.")
     for step in steps[:-1]:
         if not (step.get("type") == "Split" and step.get("pattern") == {"String": "\n"}
                 and step.get("behavior") == "Isolated"):
@@ -88,8 +88,8 @@ def pre_tokenizer(tokenizer: dict) -> str:
         joined = ["".join(m) if isinstance(m, list) else m.replace(" ", "") for m in merges]
         if any(NEWLINE in merged for merged in joined):
             raise ValueError("a merge joins a newline to another symbol, so isolating newlines "
-                             "splits text differently from llama.cpp's 'gpt2'.")
-    return "gpt2"
+                             "splits text differently from llama.cpp's 'gpt-2'.")
+    return "gpt-2"
 
 
 def conversion_checkpoint(model_path: str | Path, work: Path) -> Path:

@@ -29,10 +29,10 @@ def shipped_tokenizer() -> dict:
 
 
 def test_the_shipped_tokenizer_maps_to_gpt2(shipped_tokenizer):
-    assert pre_tokenizer(shipped_tokenizer) == "gpt2"
+    assert pre_tokenizer(shipped_tokenizer) == "gpt-2"
     plain = copy.deepcopy(shipped_tokenizer)          # GPT-2's own: the byte-level split alone
     plain["pre_tokenizer"] = plain["pre_tokenizer"]["pretokenizers"][-1]
-    assert pre_tokenizer(plain) == "gpt2"
+    assert pre_tokenizer(plain) == "gpt-2"
 
 
 @pytest.mark.parametrize("change, problem", [
