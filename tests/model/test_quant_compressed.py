@@ -20,9 +20,6 @@ from minicb.model.int4 import Int4Linear, dequantize_int4
 from minicb.model.loader import load_model
 from minicb.model.quant import Int8Linear
 
-ct = pytest.importorskip("compressed_tensors", reason="compressed-tensors writes the checkpoints "
-                         "(pyproject dev)")
-
 PROMPTS = [[3 + (7 * i + j) % 500 for j in range(5 + 9 * i)] for i in range(4)]
 MAX_TOKENS = [24, 6, 20, 12]
 # name: (bits, strategy, group size, symmetric); W8A16 and W4A16 are compressed-tensors' presets
@@ -104,7 +101,11 @@ def float_model(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def checkpoints(float_model, tmp_path_factory) -> dict[str, str]:
-    """Each scheme's compressed checkpoint, and beside it (name + "-float") its decompression."""
+    """Each scheme's compressed checkpoint, and beside it (name + "-float") its decompression.
+    compressed-tensors is imported here, not at collection: its import pulls in torch's compiler
+    stack (several seconds), which only these tests should pay."""
+    pytest.importorskip("compressed_tensors", reason="compressed-tensors writes the checkpoints "
+                        "(pyproject dev)")
     root = tmp_path_factory.mktemp("ct")
     paths = {name: write_compressed(float_model, root / name, *scheme)
              for name, scheme in SCHEMES.items()}
@@ -119,8 +120,11 @@ def _tokens(path: str, **knobs) -> list[list[int]]:
     return [out.outputs[0].token_ids for out in outputs]
 
 
+@pytest.mark.slow
 def test_8_bits_per_channel_are_minicbs_int8_quantized_at_load(float_model, checkpoints):
-    """compressed-tensors' symmetric 8-bit scale is max|w| / 127.5, as minicb's int8 (torchao's),
+    """(Marked slow, as the tests that share its checkpoints: their fixture imports
+    compressed-tensors, 4-10 s on 2 cores, since it pulls in torch's compiler stack.)
+    compressed-tensors' symmetric 8-bit scale is max|w| / 127.5, as minicb's int8 (torchao's),
     so the scales are equal; it rounds w / scale where minicb rounds w * (1 / scale), so a
     value on a rounding boundary (about 1 in 1,500 here) lands one step away. The tokens are the
     same."""
@@ -137,6 +141,7 @@ def test_8_bits_per_channel_are_minicbs_int8_quantized_at_load(float_model, chec
     assert _tokens(checkpoints["W8A16-channel"]) == _tokens(float_model, quantization="int8")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scheme", ["W8A16", "W4A16", "W4A16_ASYM-g32"])
 def test_grouped_checkpoints_equal_transformers_on_their_decompressed_weights(checkpoints, scheme):
     """transformers loads the checkpoint through compressed-tensors, which dequantizes it to
@@ -153,6 +158,7 @@ def test_grouped_checkpoints_equal_transformers_on_their_decompressed_weights(ch
     assert verdicts.count("equal") >= len(PROMPTS) - 1, verdicts
 
 
+@pytest.mark.slow
 def test_the_int4_layers_hold_compressed_tensors_own_weights(checkpoints):
     """Dequantized, minicb's layers are the weights compressed-tensors decompresses to."""
     from safetensors.torch import load_file
