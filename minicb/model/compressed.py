@@ -118,9 +118,13 @@ class Prequantized:
             raise ValueError(f"the checkpoint quantizes some of the decoder's matrices but not "
                              f"{', '.join(absent)}; minicb runs a layer's matrices in one format.")
         parts = [self.layers[name] for name in names]
+        device = linear.weight.device
+        if device.type != "cpu" and parts[0].scale.dim() == 3 and isinstance(parts[0], Int8Linear):
+            raise ValueError(f"{fused_name} is 8-bit in groups, which only minicb's CPU kernels "
+                             "multiply; use device='cpu'.")
         bias = None if linear.bias is None else linear.bias.detach().float()
-        return type(parts[0])(torch.cat([p.weight for p in parts]),
-                              torch.cat([p.scale for p in parts]), bias)
+        return type(parts[0])(torch.cat([p.weight for p in parts]).to(device),
+                              torch.cat([p.scale for p in parts]).to(device), bias)
 
 
 def split_compressed(config: dict, state: dict[str, torch.Tensor], quantization: str | None,

@@ -107,9 +107,11 @@ def unpack_kv_int8(rows: torch.Tensor) -> torch.Tensor:
 
 
 class Int8Linear(nn.Module):
-    """A Linear whose weight is int8 with one float32 scale per output channel. Its tensors are
-    buffers named ``weight``, ``scale`` and ``bias``, so a fused projection's parts can be views
-    of it, as fuse_linears makes them for a float Linear."""
+    """A Linear whose weight is int8 with one float32 scale per output channel (or, read from a
+    checkpoint quantized in groups, minicb/model/compressed.py, a (scale, offset) pair per group
+    of 32: ``scale`` [n, k / 32, 2], which only the C kernels multiply). Its tensors are buffers
+    named ``weight``, ``scale`` and ``bias``, so a fused projection's parts can be views of it,
+    as fuse_linears makes them for a float Linear."""
 
     def __init__(self, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None):
         super().__init__()
