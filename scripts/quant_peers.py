@@ -14,7 +14,8 @@ run is kept beside its figure):
 - shipped: the shipped model, 24 requests at once: minicb and vLLM at float32 and bfloat16.
 
 Every system gets the same token-id prompts (64 tokens), the part's number of greedy tokens
-each (64 at 24 at once, 128 one at a time) with EOS ignored, 2 threads; tokens/s is output
+each (32 at 24 at once, 64 one at a time) with EOS ignored, --threads threads (vLLM binds its
+own, to every core); tokens/s is output
 tokens over the wall time from the first arrival to the last token. Needs `make peer-vllm` and
 `make peer-llamacpp`.
 """
@@ -39,11 +40,11 @@ BEGIN, END = "<!-- quant-peers: begin -->", "<!-- quant-peers: end -->"
 MINICB = {"minicb float32": {}, "minicb bfloat16": {"dtype": "bfloat16"},
           "minicb int8": {"quantization": "int8"},
           "minicb bfloat16 + int8": {"dtype": "bfloat16", "quantization": "int8"}}
-PARTS = {"many": {"model": "llama-100m", "at_once": 24, "output_tokens": 64,
+PARTS = {"many": {"model": "llama-100m", "at_once": 24, "output_tokens": 32,
                   "systems": [*MINICB, "vLLM bfloat16", "vLLM float32", "llama.cpp Q8_0"]},
-         "one": {"model": "llama-100m", "at_once": 1, "requests": 4, "output_tokens": 128,
+         "one": {"model": "llama-100m", "at_once": 1, "requests": 2, "output_tokens": 64,
                  "systems": [*MINICB, "llama.cpp F32", "llama.cpp BF16", "llama.cpp Q8_0"]},
-         "shipped": {"model": "shipped", "at_once": 24, "output_tokens": 64,
+         "shipped": {"model": "shipped", "at_once": 24, "output_tokens": 32,
                      "systems": ["minicb float32", "minicb bfloat16", "vLLM bfloat16",
                                  "vLLM float32"]}}
 # (part, system, baseline, target): the ratios the page reads, system over baseline
@@ -67,7 +68,7 @@ def workload(n: int, seed: int = 0) -> list[list[int]]:
     return torch.randint(3, 4096, (n, 64), generator=gen).tolist()
 
 
-def runner(system: str, model_path: str, at_once: int):
+def runner(system: str, model_path: str, at_once: int, threads: int):
     """A call serving (prompts, output_lens) with `system`, returning its SystemRun-like
     (outputs, metrics, settings)."""
     if system in MINICB:
@@ -90,7 +91,7 @@ def runner(system: str, model_path: str, at_once: int):
             "max_num_seqs": at_once, "dtype": dtype}))
     from minicb.bench.llamacpp_peer import run_llamacpp
 
-    settings = {"parallel": at_once, "n_ctx_seq": 512, "n_batch": 2048, "threads": 2}
+    settings = {"parallel": at_once, "n_ctx_seq": 512, "n_batch": 2048, "threads": threads}
     outtype = system.split()[-1].lower()
     return lambda prompts, lens: unpack(run_llamacpp(model_path, prompts, lens, outtype,
                                                      settings))
@@ -100,11 +101,11 @@ def unpack(run) -> tuple:
     return run.outputs, run.metrics, run.settings
 
 
-def measure(part: str, repeats: int, model_path: str) -> dict:
+def measure(part: str, repeats: int, model_path: str, threads: int) -> dict:
     spec = PARTS[part]
     prompts = workload(spec.get("requests", 24))
     lens = [spec["output_tokens"]] * len(prompts)
-    serve = {s: runner(s, model_path, spec["at_once"]) for s in spec["systems"]}
+    serve = {s: runner(s, model_path, spec["at_once"], threads) for s in spec["systems"]}
     runs: dict[str, list] = {s: [] for s in spec["systems"]}
     outputs = {}
     for repeat, system in alternate(repeats, spec["systems"], rotate=True):
@@ -118,7 +119,8 @@ def measure(part: str, repeats: int, model_path: str) -> dict:
             runs[system][-1]["settings"] = settings
     first = spec["systems"][0]
     return {"requests": len(prompts), "at_once": spec["at_once"], "prompt_tokens": 64,
-            "output_tokens": spec["output_tokens"], "machine": describe(machine_info()),
+            "output_tokens": spec["output_tokens"], "threads": threads,
+            "machine": describe(machine_info()),
             "systems": {s: {
                 "tokens_per_s": spread(r["tokens_per_s"] for r in rs),
                 "repeats": rs, "same_tokens_as": {first: sum(
@@ -139,11 +141,12 @@ def paired(part: dict, system: str, baseline: str) -> tuple[str, list[float]]:
 
 
 def render(record: dict) -> str:
+    threads = ", ".join(sorted({str(p.get("threads", 2)) for p in record["parts"].values()}))
     loads = [load for part in record["parts"].values() for s in part["systems"].values()
              for r in s["repeats"] for load in (r["load"][0][0], r["load"][1][0])]
     lines = [f"`python scripts/quant_peers.py` (results/quant-peers.json): {record['machine_line']}"
-             f"; 2 threads each; load average (1 min) {min(loads):.1f}-{max(loads):.1f} around "
-             "the runs."]
+             f"; minicb and llama.cpp on {threads} thread(s), vLLM on its own binding; load "
+             f"average (1 min) {min(loads):.1f}-{max(loads):.1f} around the runs."]
     if max(loads) > 1.5:
         lines.append("The machine was shared (load above 1.5 on 2 cores): these are not "
                      "quiet-machine figures, and a rerun on a quiet machine is pending.")
@@ -185,6 +188,9 @@ def write_page(record: dict) -> None:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--threads", type=int, default=2,
+                   help="threads of minicb and llama.cpp (1 on a machine shared with other work: "
+                        "two threads spend most of a step at a barrier waiting for a partner)")
     p.add_argument("--parts", nargs="+", default=list(PARTS), choices=list(PARTS))
     p.add_argument("--render", action="store_true", help="only render the committed JSON")
     args = p.parse_args()
@@ -193,14 +199,14 @@ def main() -> int:
 
         from minicb.model.default import default_model_path
 
-        torch.set_num_threads(2)
+        torch.set_num_threads(args.threads)
         random_model = build_random_model("llama-100m", tempfile.mkdtemp(prefix="minicb-100m-"),
                                           "bfloat16")
         paths = {"llama-100m": random_model, "shipped": str(default_model_path())}
         # a subset of the parts replaces those parts and keeps the others already recorded
         parts = json.loads(RESULT.read_text())["parts"] if RESULT.exists() else {}
         for part in args.parts:
-            parts[part] = measure(part, args.repeats, paths[PARTS[part]["model"]])
+            parts[part] = measure(part, args.repeats, paths[PARTS[part]["model"]], args.threads)
             write_results(RESULT.parent, RESULT.stem, {"machine_line": describe(machine_info()),
                                                        "parts": parts})
     write_page(json.loads(RESULT.read_text()))

@@ -198,6 +198,7 @@ TEXTS = ["def add(a, b):\n    return a + b\n", "Hello, world! It's 2026.\n\n  in
 
 
 @needs_llamacpp
+@pytest.mark.slow           # converts the shipped model first (the converter imports torch)
 def test_llamacpp_tokenizes_as_the_project_does():
     from transformers import AutoTokenizer
 
