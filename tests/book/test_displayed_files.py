@@ -40,8 +40,8 @@ def test_the_architecture_lists_every_displayed_file():
         f"displayed-files markers:\n{expected_block()}")
 
 
-LISTING = re.compile(r"\*\*`((?:minicb|kernels)/[\w/]+\.\w+), lines (\d+)-(\d+)`\*\*\n\n```\w*\n(.*?)\n```",
-                     re.DOTALL)
+LISTING = re.compile(r"\*\*`((?:minicb|kernels)/[\w/]+\.\w+), lines (\d+)-(\d+)`\*\*"
+                     r"\n\n```\w*\n(.*?)\n```", re.DOTALL)
 
 
 def test_every_committed_listing_still_matches_its_lines():

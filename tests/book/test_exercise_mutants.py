@@ -7,6 +7,7 @@ marks. exercises/README.md reports the resulting mutation score.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -38,16 +39,27 @@ def pytest_generate_tests(metafunc):
                                       if load_mutant(name).CHAPTER == metafunc.cls.CHAPTER])
 
 
+@pytest.fixture(scope="class")
+def graded(request, tmp_path_factory) -> dict[str, dict]:
+    """Every mutant of the class's chapter graded on its checks, all in one fresh process (each
+    mutant in a folder of its own; see mutation.grade_in_one_process)."""
+    names = [name for name in MUTANTS if load_mutant(name).CHAPTER == request.cls.CHAPTER]
+    return _grade_mutants(names, tmp_path_factory.mktemp(f"ch{request.cls.CHAPTER}"))
+
+
 class MutantsOfOneChapter:
     """Each chapter's mutants are a class of their own: make test's workers (pytest-xdist,
-    --dist loadscope) take a class at a time, so the chapters' mutants, each graded in a process
-    of its own, are shared out between the cores instead of queueing on one."""
+    --dist loadscope) take a class at a time, so the chapters, each graded in a process of its
+    own, are shared out between the cores instead of queueing on one."""
 
     CHAPTER = ""
 
-    @pytest.mark.timeout(MUTANT_RUN_TIMEOUT_S + 30)
-    def test_mutant_fails_a_grader_check(self, name, tmp_path):
-        _grade_mutant(name, tmp_path)
+    @pytest.mark.timeout(MUTANT_RUN_TIMEOUT_S * 10)
+    def test_mutant_fails_a_grader_check(self, name, graded):
+        mutant, verdict = load_mutant(name), graded[name]
+        assert verdict["exit"] == 1 and verdict["failed"], (
+            f"mutant {name} ({mutant.WHAT}) was not caught by the checks {mutant.CHECKS!r}: "
+            f"{verdict['passed']} passed, none failed (pytest exit {verdict['exit']}).")
 
 
 class TestChapter00Mutants(MutantsOfOneChapter):
@@ -112,24 +124,28 @@ def test_every_mutant_has_its_chapters_class():
     assert not missing, f"mutants of chapters {missing} have no TestChapterNNMutants class"
 
 
-def _grade_mutant(name: str, tmp_path: Path) -> None:
-    mutant = load_mutant(name)
-    write_mutant(name, tmp_path)
-    env = dict(os.environ, MINICB_GRADE_DIR=str(tmp_path), TRITON_INTERPRET="1")
-    # every check is named after its chapter (CHECKS starts with "chNN and"): collecting only that
-    # chapter's test files selects the same tests without importing the other chapters' modules
-    assert mutant.CHECKS.startswith(f"ch{mutant.CHAPTER} and "), mutant.CHECKS
-    files = sorted(f"tests/exercises/{p.name}"
-                   for p in (ROOT / "tests" / "exercises").glob(f"test_ch{mutant.CHAPTER}_*.py"))
-    assert files, f"no tests/exercises/test_ch{mutant.CHAPTER}_*.py for mutant {name}"
+def _grade_mutants(names: list[str], folder: Path) -> dict[str, dict]:
+    jobs = []
+    for name in names:
+        mutant = load_mutant(name)
+        (folder / name).mkdir()
+        write_mutant(name, folder / name)
+        # every check is named after its chapter (CHECKS starts with "chNN and"): collecting only
+        # that chapter's test files selects the same tests without importing the other chapters
+        assert mutant.CHECKS.startswith(f"ch{mutant.CHAPTER} and "), mutant.CHECKS
+        files = sorted(f"tests/exercises/{p.name}" for p in
+                       (ROOT / "tests" / "exercises").glob(f"test_ch{mutant.CHAPTER}_*.py"))
+        assert files, f"no tests/exercises/test_ch{mutant.CHAPTER}_*.py for mutant {name}"
+        jobs.append({"name": name, "folder": str(folder / name), "files": files,
+                     "checks": mutant.CHECKS, "lean": LEAN_PYTEST})
+    (folder / "jobs.json").write_text(json.dumps(jobs))
     run = subprocess.run(
-        [sys.executable, "-m", "pytest", *files, "-k", mutant.CHECKS, "-x", "-q", *LEAN_PYTEST,
-         "--no-header", "-rN"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=MUTANT_RUN_TIMEOUT_S)
-    summary = run.stdout.strip().splitlines()[-1:] or ["(no output)"]
-    assert run.returncode == 1 and " failed" in summary[0], (
-        f"mutant {name} ({mutant.WHAT}) was not caught by the checks {mutant.CHECKS!r}: "
-        f"pytest said {summary[0]!r} (exit {run.returncode}).\n{run.stderr[-2000:]}")
+        [sys.executable, str(ROOT / "tests" / "mutation.py"), str(folder / "jobs.json"),
+         str(folder / "verdicts.json")],
+        cwd=ROOT, env=dict(os.environ, TRITON_INTERPRET="1"), capture_output=True, text=True,
+        timeout=MUTANT_RUN_TIMEOUT_S * len(names))
+    assert run.returncode == 0, f"grading the mutants {names} broke:\n{run.stderr[-3000:]}"
+    return json.loads((folder / "verdicts.json").read_text())
 
 
 def test_the_unmutated_copy_passes_the_checks_that_kill_mutants(tmp_path):

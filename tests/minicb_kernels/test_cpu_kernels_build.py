@@ -60,6 +60,7 @@ def test_the_layer_refuses_weights_it_has_no_slot_for_or_lacks():
 
 # The CPU engine with `import triton` failing, as where Triton is not installed. TRITON_INTERPRET
 # is unset: with it set, importing minicb.kernels patches Triton's interpreter (if Triton is there).
+# One process serves every check: each backend generates, and the Triton backend is refused.
 NO_TRITON = textwrap.dedent("""
     import sys
 
@@ -70,35 +71,39 @@ NO_TRITON = textwrap.dedent("""
 
     sys.meta_path.insert(0, NoTriton())
     from minicb import LLM, SamplingParams
-    llm = LLM(attention="{attention}")
-    out = llm.generate([[5, 6, 7]], SamplingParams(max_tokens=4, temperature=0), use_tqdm=False)
-    print("tokens", len(out[0].outputs[0].token_ids))
+    from minicb.model.attention import Attention
+
+    for attention in ("cpu", "torch"):
+        llm = LLM(attention=attention)
+        out = llm.generate([[5, 6, 7]], SamplingParams(max_tokens=4, temperature=0),
+                           use_tqdm=False)
+        print(attention, "tokens", len(out[0].outputs[0].token_ids))
+        del llm
+    try:
+        Attention("triton")
+    except ImportError as error:
+        print("refused:", error)
     assert "triton" not in sys.modules, "triton was imported"
 """)
 
 
+@pytest.fixture(scope="module")
+def without_triton() -> str:
+    done = subprocess.run([sys.executable, "-c", NO_TRITON], capture_output=True, text=True,
+                          timeout=300, env={**__import__("os").environ, "TRITON_INTERPRET": ""})
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("attention", ["cpu", "torch"])
-def test_the_cpu_engine_runs_without_triton(attention):
-    done = subprocess.run([sys.executable, "-c", NO_TRITON.format(attention=attention)],
-                          capture_output=True, text=True, timeout=300,
-                          env={**__import__("os").environ, "TRITON_INTERPRET": ""})
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert "tokens 4" in done.stdout
+def test_the_cpu_engine_runs_without_triton(attention, without_triton):
+    assert f"{attention} tokens 4" in without_triton, without_triton
 
 
-def test_the_triton_backend_without_triton_names_the_extra():
-    script = NO_TRITON.split("from minicb import")[0] + textwrap.dedent("""
-        from minicb.model.attention import Attention
-        try:
-            Attention("triton")
-        except ImportError as error:
-            print("refused:", error)
-    """)
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=120, env={**__import__("os").environ, "TRITON_INTERPRET": ""})
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert "refused:" in done.stdout and "minicb[triton]" in done.stdout, done.stdout
+@pytest.mark.slow
+def test_the_triton_backend_without_triton_names_the_extra(without_triton):
+    assert "refused:" in without_triton and "minicb[triton]" in without_triton, without_triton
 
 
 def test_env_check_warns_but_passes_without_triton(monkeypatch):
