@@ -63,7 +63,7 @@ def _signature(fn, kernel: str, dtype: str, constexprs: dict) -> tuple[dict, dic
     float32_ptrs |= {"scale_ptr", "pairs_ptr", "bias_ptr"} if kernel.endswith("matmul") else set()
     int_ptrs = {"cu_seqlens_q_ptr", "seq_lens_ptr", "block_tables_ptr", "slot_mapping_ptr"}
     int64_ptrs = {"slot_mapping_ptr", "sorted_pairs_ptr", "block_experts_ptr"}
-    byte_ptrs = {"w_ptr": "i8" if kernel == "int8_matmul" else "u8"}
+    byte_ptrs = {"int8_matmul": {"w_ptr": "i8"}, "int4_matmul": {"w_ptr": "u8"}}.get(kernel, {})
     fp8 = constexprs.get("KV_FP8", False)
     if fp8:   # an FP8 cache is read and written as bytes
         byte_ptrs |= {"k_cache_ptr": "u8", "v_cache_ptr": "u8"}

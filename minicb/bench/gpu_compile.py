@@ -3,6 +3,7 @@
     python -m minicb bench gpu-compile                 # the full matrix (tens of minutes)
     python -m minicb bench gpu-compile --quick         # the subset make test runs
     python -m minicb bench gpu-compile --targets sm_75 gfx942 --jobs 2
+    python -m minicb bench gpu-compile --add-missing     # only launches the results lack
 
 No GPU is needed: Triton compiles for a named target ahead of time (``triton.compile`` with a
 ``GPUTarget``; ptxas and cuobjdump ship in the triton wheel, and so does AMD's LLVM back end).
@@ -49,7 +50,13 @@ GROUPS = (1, 2, 4, 8)           # query heads per KV head
 QUERY_LENGTHS = (1, 2, 4, 8, 16, 32, 64, 128)  # max_seqlen_q: a decode step up to long chunks
 KV_HEADS = (1, 8, 32)           # the write kernel holds all KV heads of one token
 BLOCK_SIZE = 16                 # the engine's default; it enters the kernels only as // and %
-KERNELS = ("attention", "merge", "write", "fused_moe")
+KERNELS = ("attention", "merge", "write", "fused_moe", "int8_matmul", "int4_matmul")
+# An FP8 KV cache (kv_cache_dtype="fp8") gets the same attention tiles as its dtype (widened to it
+# before the products), so it is compiled at the corners only: the largest head sizes, GQA 8 (a
+# group's rows fill the same tiles as single heads'), a decode step, a split decode and the
+# longest chunk.
+FP8_HEAD_DIMS = (128, 256)
+MATMUL_ROWS = (1, 128)          # a decode step's tile (16 rows) and a prefill's (64)
 
 
 # --- the launches: asked of the engine's own tile-choosing functions ---
@@ -72,12 +79,14 @@ def launches_for(limits, quick: bool = False, corners: bool = False) -> list[Lau
     split decode and the longest prefill chunk, 2 and 64 splits, 1 and 32 KV heads), every
     dtype and head size: the tiles between them lie between them in shared memory (head size
     256 is always compiled so). ``quick``:
-    the largest tiles and one of each other kernel, for ``make test``."""
+    the largest tiles and one of each other kernel, for ``make test``. Attention and the KV write
+    over an FP8 cache, and the int8 and int4 products, ride along (FP8 at its corners)."""
     import torch
 
     from minicb.kernels.fused_moe import moe_launch
     from minicb.kernels.kv_write import write_launch
     from minicb.kernels.paged_attention import attention_launch
+    from minicb.kernels.quant_matmul import matmul_launch
     from minicb.kernels.split_kv import MAX_SPLITS, merge_launch
 
     found: dict[tuple, Launch] = {}
@@ -94,20 +103,25 @@ def launches_for(limits, quick: bool = False, corners: bool = False) -> list[Lau
             lengths = (1, QUERY_LENGTHS[-1]) if quick or edges else QUERY_LENGTHS
             kv_heads = (KV_HEADS[-1],) if quick else (KV_HEADS[0], KV_HEADS[-1]) if edges \
                 else KV_HEADS
-            for group in groups:
-                for max_seqlen_q in lengths:
-                    # A decode step may be split across programs (split-KV); a chunk never is.
-                    for split in ((False, True) if max_seqlen_q == 1 else (False,)):
-                        opts = attention_launch(getattr(torch, dtype), head_dim, group,
-                                                max_seqlen_q, BLOCK_SIZE, split, limits)
-                        warps, stages = opts.pop("num_warps"), opts.pop("num_stages")
-                        estimate = opts.pop("shared_estimate")
-                        rows = opts["BLOCK_M"] * opts["GROUP_PAD"]
-                        tile = "decode" if max_seqlen_q == 1 else "prefill"
-                        add(Launch(limits.key, "attention", asked, dtype,
-                                   dict(head_dim=head_dim, group=group, tile=tile, rows=rows,
-                                        keys=opts["BLOCK_N"], split=split),
-                                   opts, warps, stages, estimate))
+            fp8_too = head_dim in FP8_HEAD_DIMS
+            for fp8 in (False, True) if fp8_too else (False,):
+                fp8_groups = (GROUPS[-1],) if fp8 else groups
+                for group in fp8_groups:
+                    for max_seqlen_q in (1, QUERY_LENGTHS[-1]) if fp8 else lengths:
+                        # A decode step may be split across programs (split-KV); a chunk never
+                        # is.
+                        for split in ((False, True) if max_seqlen_q == 1 else (False,)):
+                            opts = attention_launch(getattr(torch, dtype), head_dim, group,
+                                                    max_seqlen_q, BLOCK_SIZE, split, limits, fp8)
+                            warps, stages = opts.pop("num_warps"), opts.pop("num_stages")
+                            estimate = opts.pop("shared_estimate")
+                            rows = opts["BLOCK_M"] * opts["GROUP_PAD"]
+                            tile = "decode" if max_seqlen_q == 1 else "prefill"
+                            add(Launch(limits.key, "attention", asked, dtype,
+                                       dict(head_dim=head_dim, group=group, tile=tile, rows=rows,
+                                            keys=opts["BLOCK_N"], split=split,
+                                            kv="fp8" if fp8 else dtype),
+                                       opts, warps, stages, estimate))
             splits = (2, MAX_SPLITS) if quick or edges else (2, 8, MAX_SPLITS)
             for num_splits in splits:
                 opts = merge_launch(head_dim, num_splits)
@@ -115,20 +129,33 @@ def launches_for(limits, quick: bool = False, corners: bool = False) -> list[Lau
                 add(Launch(limits.key, "merge", asked, dtype,
                            dict(head_dim=head_dim, splits=opts["SPLITS_PAD"]), opts, warps, None))
             for num_kv_heads in kv_heads:
-                opts = write_launch(num_kv_heads, head_dim, BLOCK_SIZE)
-                warps = opts.pop("num_warps")
-                add(Launch(limits.key, "write", asked, dtype,
-                           dict(head_dim=head_dim, kv_heads=num_kv_heads), opts, warps, None))
+                for fp8 in (False, True) if fp8_too else (False,):
+                    opts = write_launch(num_kv_heads, head_dim, BLOCK_SIZE, fp8)
+                    warps = opts.pop("num_warps")
+                    add(Launch(limits.key, "write", asked, dtype,
+                               dict(head_dim=head_dim, kv_heads=num_kv_heads,
+                                    kv="fp8" if fp8 else dtype), opts, warps, None))
         # one fused-MoE tile per dtype: its sizes enter as runtime arguments, not constexprs
         opts = moe_launch(getattr(torch, dtype))
         warps, stages = opts.pop("num_warps"), opts.pop("num_stages")
         add(Launch(limits.key, "fused_moe", asked, dtype, dict(rows=opts["BLOCK_M"]), opts,
                    warps, stages))
+        # the quantized products: their sizes are runtime arguments; the tile follows the rows
+        for bits in (8, 4):
+            for rows in MATMUL_ROWS:
+                opts = matmul_launch(getattr(torch, dtype), rows, limits, bits)
+                warps, stages = opts.pop("num_warps"), opts.pop("num_stages")
+                estimate = opts.pop("shared_estimate")
+                opts["HAS_BIAS"] = True     # Qwen2's q/k/v have one: the larger kernel
+                add(Launch(limits.key, f"int{bits}_matmul", asked, dtype,
+                           dict(rows=opts["BLOCK_M"], cols=opts["BLOCK_N"]), opts, warps, stages,
+                           estimate))
     launches = list(found.values())
     if quick:  # one bfloat16 launch of each kernel is enough to prove the dtype compiles
         seen, kept = set(), []
         for launch in launches:
-            tag = (launch.kernel, launch.dtype, launch.params.get("tile"))
+            tag = (launch.kernel, launch.dtype, *(launch.params.get(name) for name in
+                                                  ("tile", "kv", "cols")))
             if launch.asked == "float32" or tag not in seen:
                 kept.append(launch)
                 seen.add(tag)
@@ -137,6 +164,22 @@ def launches_for(limits, quick: bool = False, corners: bool = False) -> list[Lau
 
 
 # --- the table ---
+
+# what tells one launch from another in the results (a missing field: None)
+IDENTITY = ("target", "kernel", "asked", "dtype", "num_warps", "num_stages", "head_dim", "group",
+            "rows", "keys", "split", "splits", "kv_heads", "kv", "cols")
+
+
+def identity(row: dict) -> tuple:
+    """A result row's identity; rows from before FP8 caches existed read the model's dtype."""
+    kv = row.get("kv", row["dtype"] if row["kernel"] in ("attention", "write") else None)
+    return tuple(kv if name == "kv" else row.get(name) for name in IDENTITY)
+
+
+def launch_identity(launch: Launch) -> tuple:
+    return identity({"target": launch.target, "kernel": launch.kernel, "asked": launch.asked,
+                     "dtype": launch.dtype, "num_warps": launch.num_warps,
+                     "num_stages": launch.num_stages, **launch.params})
 
 def row_of(result: Result) -> dict:
     """One result as a flat, JSON-ready row with the device's limits and the occupancy."""
@@ -220,7 +263,7 @@ def table_markdown(path: Path | str = RESULTS) -> str:
                 picks = [r for r in rows if r["target"] == key and r["kernel"] == "attention"
                          and r["dtype"] == dtype and r.get("head_dim") == 128
                          and r.get("group") == GROUPS[-1] and r.get("tile") == tile
-                         and not r.get("split") and r["compiled"]]
+                         and not r.get("split") and r.get("kv") != "fp8" and r["compiled"]]
                 if not picks:
                     continue
                 r = max(picks, key=lambda r: r["rows"])
@@ -258,6 +301,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
                         help="compiler processes at once")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--add-missing", action="store_true",
+                        help="compile only the launches --out lacks (a kernel added since) and "
+                        "add their rows to it, the run recorded beside the first")
     return parser.parse_args(argv)
 
 
@@ -275,6 +321,10 @@ def main(argv: list[str] | None = None) -> int:
     launches = [launch for key in args.targets
                 for launch in launches_for(TARGETS[key], quick=args.quick,
                                            corners=args.corners)]
+    before = json.loads(args.out.read_text()) if args.add_missing else None
+    if before is not None:
+        have = {identity(row) for row in before["rows"]}
+        launches = [launch for launch in launches if launch_identity(launch) not in have]
     print(f"compiling {len(launches)} launches for {', '.join(args.targets)} "
           f"({args.jobs} at once)", flush=True)
     start = time.perf_counter()
@@ -295,6 +345,11 @@ def main(argv: list[str] | None = None) -> int:
             "triton": triton.__version__, "machine": machine_info(),
             "compile_seconds": round(time.perf_counter() - start, 1),
             "quick": args.quick, "corners": args.corners, "rows": rows}
+    if before is not None:   # the first run's record stays; this one is listed beside it
+        added = {k: data[k] for k in ("when", "triton", "machine", "compile_seconds")}
+        before["added"] = before.get("added", []) + [{**added, "launches": len(rows)}]
+        rows = before["rows"] = before["rows"] + rows
+        data = before
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(_dumps(data))
     print(table_markdown(args.out))

@@ -2,9 +2,10 @@
 
 The interpreter (how the other kernel tests run here) forgives what a GPU does not: shared memory
 past the per-block limit, a dtype the GPU lacks. These tests compile a lean subset of the
-engine's launches for every target (the full matrix is ``python -m minicb bench gpu-compile``,
-committed as benchmarks/results/gpu-targets.json), refuse a planted tile that a T4 cannot hold,
-and hold the tile choice, the dtype fallback and the committed table to what the code does now.
+engine's launches (LEAN: every kernel, each on some of the seven targets; the full matrix is
+``python -m minicb bench gpu-compile``, committed as benchmarks/results/gpu-targets.json),
+refuse a planted tile that a T4 cannot hold, and hold the tile choice, the dtype fallback and
+the committed table to what the code does now.
 """
 
 import os
@@ -39,26 +40,58 @@ INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
 T4 = TARGETS["sm_75"]
 
 
+# What the default test compiles on each target: every kernel on at least one NVIDIA and one
+# AMD part, the attention's largest tiles wherever the limits differ (sm_89 has sm_86's, so it
+# compiles only its FP8 path), the split decode and the FP8 cache on the 64 KiB parts (a T4 has
+# no FP8 instructions: its cache is read by integer arithmetic). About as many compiles as
+# before the FP8 cache and the quantized products, which the full matrix
+# (python -m minicb bench gpu-compile) compiles everywhere.
+LEAN = {
+    "sm_75": ("attention float32", "attention fp8", "split", "merge", "write", "int8_matmul",
+              "fused_moe"),
+    "sm_80": ("attention float32", "attention 2-byte", "int4_matmul", "write fp8"),
+    "sm_86": ("attention float32", "attention 2-byte"),
+    "sm_89": ("attention fp8",),
+    "sm_90": ("attention float32", "attention 2-byte", "int8_matmul", "fused_moe"),
+    "gfx90a": ("attention float32", "attention 2-byte", "merge", "int4_matmul"),
+    "gfx942": ("attention float32", "attention fp8", "split", "write fp8", "int8_matmul",
+               "fused_moe"),
+}
+
+
+def _pick(launches: list, name: str):
+    def kv(la) -> str:
+        return la.params.get("kv", "")
+
+    two_byte = [la for la in launches if la.dtype != "float32"]
+    largest = {"attention float32": [la for la in launches if la.kernel == "attention"
+                                     and la.dtype == "float32" and kv(la) != "fp8"],
+               "attention 2-byte": [la for la in two_byte if la.kernel == "attention"
+                                    and kv(la) != "fp8"],
+               "attention fp8": [la for la in two_byte if la.kernel == "attention"
+                                 and kv(la) == "fp8"],
+               "int8_matmul": [la for la in two_byte if la.kernel == "int8_matmul"],
+               "int4_matmul": [la for la in two_byte if la.kernel == "int4_matmul"]}
+    if name in largest:
+        return max(largest[name], key=lambda la: la.shared_estimate)
+    if name == "split":
+        return next(la for la in launches if la.kernel == "attention" and la.dtype == "float32"
+                    and la.params["split"] and kv(la) != "fp8")
+    if name == "merge":
+        return max((la for la in launches if la.kernel == "merge"),
+                   key=lambda la: la.params["splits"])
+    if name.startswith("write"):
+        return next(la for la in two_byte if la.kernel == "write"
+                    and (kv(la) == "fp8") == name.endswith("fp8"))
+    return next(la for la in two_byte if la.kernel == name)
+
+
 def lean_subset() -> list:
-    """Per target: float32's largest prefill tile, the 2-byte dtype's largest (bfloat16;
-    float16 on a T4), the merge, the KV write and the fused MoE; the split-KV decode on a T4
-    and an MI300."""
+    """The launches of LEAN, taken from each target's quick list."""
     picked = []
-    for limits in TARGETS.values():
-        launches = gpu_compile.launches_for(limits, quick=True)
-        attention = [la for la in launches if la.kernel == "attention"]
-        for asked in ("float32", "bfloat16"):
-            mine = [la for la in attention if la.asked == asked]
-            picked.append(max(mine, key=lambda la: la.shared_estimate))
-        if limits.key in ("sm_75", "gfx942"):
-            picked.append(next(la for la in attention
-                               if la.asked == "float32" and la.params["split"]))
-        picked.append(max((la for la in launches if la.kernel == "merge"),
-                          key=lambda la: la.params["splits"]))
-        picked.append(next(la for la in launches if la.kernel == "write"
-                           and la.asked == "bfloat16"))
-        picked.append(next(la for la in launches if la.kernel == "fused_moe"
-                           and la.asked == "bfloat16"))
+    for key, names in LEAN.items():
+        launches = gpu_compile.launches_for(TARGETS[key], quick=True)
+        picked += [_pick(launches, name) for name in names]
     return picked
 
 
@@ -67,6 +100,7 @@ def test_every_target_compiles_and_fits():
     """A kernel change that breaks a GPU target (does not compile, or needs more shared memory
     than the device has, or more than the tile choice expects) fails here."""
     launches = lean_subset()
+    assert {la.kernel for la in launches} == set(gpu_compile.KERNELS)
     results = aot.compile_all(launches, jobs=2)
     rows = [gpu_compile.row_of(r) for r in results]
     assert len(rows) == len(launches)
@@ -211,19 +245,15 @@ def test_the_committed_table_is_the_current_code_and_clean():
     rows = data["rows"]
     assert not data["quick"]
     assert gpu_compile.problems(rows) == []
-    committed = {(r["target"], r["kernel"], r["asked"], r["dtype"], r["num_warps"],
-                  r["num_stages"], r.get("head_dim"), r.get("group"), r.get("rows"),
-                  r.get("keys"), r.get("split"), r.get("splits"), r.get("kv_heads"))
-                 for r in rows}
-    now = set()
-    for limits in TARGETS.values():
-        for la in gpu_compile.launches_for(limits, corners=data["corners"]):
-            p = la.params
-            now.add((la.target, la.kernel, la.asked, la.dtype, la.num_warps, la.num_stages,
-                     p.get("head_dim"), p.get("group"), p.get("rows"), p.get("keys"),
-                     p.get("split"), p.get("splits"), p.get("kv_heads")))
+    committed = {gpu_compile.identity(r) for r in rows}
+    now = {gpu_compile.launch_identity(la) for limits in TARGETS.values()
+           for la in gpu_compile.launches_for(limits, corners=data["corners"])}
     assert committed == now, ("benchmarks/results/gpu-targets.json is stale: run python -m "
-                              "minicb bench gpu-compile")
+                              "minicb bench gpu-compile (--add-missing for a new kernel)")
+    # the quantized products and the FP8 cache are in it, on every target
+    for kernel in ("int8_matmul", "int4_matmul"):
+        assert {r["target"] for r in rows if r["kernel"] == kernel} == set(TARGETS), kernel
+    assert {r["target"] for r in rows if r.get("kv") == "fp8"} == set(TARGETS)
     table = gpu_compile.table_markdown()
     for limits in TARGETS.values():
         assert f"| {limits.name} | {limits.key} |" in table
