@@ -149,7 +149,6 @@ def test_a_bad_kv_cache_dtype_names_the_choices(knobs, message):
         EngineConfig(**knobs)
 
 
-@pytest.mark.slow   # two engines, one through the interpreter: about 17 s on 2 busy cores
 @pytest.mark.skipif(not torch.cuda.is_available() and not INTERPRETING,
                     reason="without CUDA, Triton runs only with TRITON_INTERPRET=1")
 def test_the_engine_on_fp8_gives_the_torch_backends_tokens_through_triton(tiny_llama):
