@@ -1,5 +1,5 @@
-"""minicb.sim.parallel's gloo all-reduce, a measured fixed part, and TP against PP priced at
-equal load only where the KV fits: hand-worked cases."""
+"""minicb.sim.parallel's gloo all-reduce and a measured fixed part; minicb.sim.plans' TP against
+PP priced at equal load only where the KV fits: hand-worked cases."""
 
 from __future__ import annotations
 
@@ -19,14 +19,12 @@ from minicb.sim.parallel import (
     NVLINK,
     ModelShape,
     gloo_allreduce_time,
-    kv_tokens,
-    pp_plan,
     scaled_cost_model,
     tp_cost_model,
-    tp_plan,
     tp_step_parts,
     transfer_time,
 )
+from minicb.sim.plans import kv_tokens, pp_plan, tp_plan
 
 ROOT = Path(__file__).resolve().parents[2]
 TABLE = ((100, 1.0), (200, 3.0), (400, 4.0))          # (bytes, seconds): easy hand arithmetic
