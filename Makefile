@@ -34,11 +34,13 @@ $(STAMP): pyproject.toml $(LOCK)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@$(BIN)/python -m pip install --quiet --upgrade pip
 	@echo "setup: torch ($(TORCH_SPEC))"
-	@$(BIN)/python -m pip install --quiet $(TORCH_SPEC)
+	@$(BIN)/python -m pip install --quiet --no-compile $(TORCH_SPEC)
 	@echo "setup: minicb and what it needs (transformers, triton, jupyterlab, jupytext, sphinx, ...) at the versions in $(LOCK)"
 	@# setuptools warns at length about every editable install; nothing in it concerns a reader.
 	@# jupytext's wheel carries its JupyterLab extension: the chapters' .md and .ipynb stay paired.
-	@PYTHONWARNINGS=ignore $(BIN)/python -m pip install --quiet -c $(LOCK) -e ".[dev,book]"
+	@# --no-compile: Python compiles a module's bytecode when it is first imported; compiling all
+	@# of every package at install time (most of torch is never imported) doubles the set-up
+	@PYTHONWARNINGS=ignore $(BIN)/python -m pip install --quiet --no-compile -c $(LOCK) -e ".[dev,book]"
 	@$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
 	@$(BIN)/python -c "import matplotlib.font_manager" 2>/dev/null   # build the font cache now
 	@echo "setup: checking the environment (python -m minicb env-check prints every line)"
