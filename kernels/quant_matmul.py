@@ -36,8 +36,7 @@ import triton.language as tl
 
 from .targets import DoesNotFit, GpuLimits, limits_for_device
 
-__all__ = ["int4_matmul", "int4_matmul_reference", "int8_matmul", "int8_matmul_reference",
-           "matmul_launch"]
+__all__ = ["int4_matmul", "int8_matmul", "matmul_launch"]
 
 MIN_DOT_ROWS = 16
 GROUP = 32               # int4 values sharing a scale and offset (minicb/model/int4.py)
@@ -214,16 +213,6 @@ def int8_matmul(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
     return out
 
 
-def int8_matmul_reference(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
-                          bias: torch.Tensor | None = None) -> torch.Tensor:
-    """Dequantize, then multiply, in float32: the correctness oracle for :func:`int8_matmul`."""
-    _check_args(x, weight, scale, bias)
-    out = x.float() @ (weight.float() * scale[:, None]).T
-    if bias is not None:
-        out += bias.float()
-    return out.to(x.dtype)
-
-
 def int4_matmul(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
                 bias: torch.Tensor | None = None, limits: GpuLimits | None = None
                 ) -> torch.Tensor:
@@ -247,15 +236,3 @@ def int4_matmul(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
         HAS_BIAS=bias is not None, **launch)
     return out
 
-
-def int4_matmul_reference(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
-                          bias: torch.Tensor | None = None) -> torch.Tensor:
-    """Dequantize (minicb.model.int4.dequantize_int4), then multiply, in float32: the oracle for
-    :func:`int4_matmul`."""
-    from minicb.model.int4 import dequantize_int4
-
-    _check_args(x, weight, scale, bias, bits=4)
-    out = x.float() @ dequantize_int4(weight, scale).T
-    if bias is not None:
-        out += bias.float()
-    return out.to(x.dtype)

@@ -10,16 +10,30 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest  # noqa: E402
-from minicb.kernels.quant_matmul import (  # noqa: E402
-    int4_matmul,
-    int4_matmul_reference,
-    int8_matmul,
-    int8_matmul_reference,
-    matmul_launch,
-)
+from minicb.kernels.quant_matmul import int4_matmul, int8_matmul, matmul_launch  # noqa: E402
 
-from minicb.model.int4 import pack_int4, quantize_int4  # noqa: E402
+from minicb.model.int4 import dequantize_int4, pack_int4, quantize_int4  # noqa: E402
 from minicb.model.quant import quantize_int8  # noqa: E402
+
+
+def int8_matmul_reference(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
+                          bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Dequantize, then multiply, in float32: the oracle for int8_matmul."""
+    out = x.float() @ (weight.float() * scale[:, None]).T
+    if bias is not None:
+        out += bias.float()
+    return out.to(x.dtype)
+
+
+def int4_matmul_reference(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
+                          bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Dequantize (minicb.model.int4's own unpacking), then multiply, in float32: the oracle for
+    int4_matmul."""
+    out = x.float() @ dequantize_int4(weight, scale).T
+    if bias is not None:
+        out += bias.float()
+    return out.to(x.dtype)
+
 
 INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
 DEVICE = "cpu" if INTERPRETING or not torch.cuda.is_available() else "cuda"
