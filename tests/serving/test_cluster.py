@@ -77,15 +77,17 @@ def test_core_sets_split_the_cores_and_share_them_round_robin_when_short():
 #                     make test runs them, make test-fast does not
 def test_the_cluster_routes_the_openai_client_over_both_replicas_and_stops_clean(router):
     """With an API key: the replicas get it, the router passes each client's on, and a client
-    without it is refused through the router as by a replica."""
+    without it is refused through the router as by a replica. Then a replica dies: the router
+    stops sending it requests, and the cluster still stops clean."""
     key = "cluster-test-key"
+    auth = {"Authorization": f"Bearer {key}"}
     with Cluster(replicas=2, policy="round_robin", serve_args=SERVE_ARGS, router=router,
                  api_keys=[key]) as c:
         assert c.url.startswith("http://127.0.0.1:")
         client = openai.OpenAI(base_url=c.url + "/v1", api_key=key, max_retries=0)
         direct = httpx.post(c.replica_urls[0] + "/v1/completions", timeout=60, json={
             "model": "minicb", "prompt": "def add(a, b):", "max_tokens": 8, "temperature": 0},
-            headers={"Authorization": f"Bearer {key}"})
+            headers=auth)
         for url in (c.url, c.replica_urls[1]):
             keyless = openai.OpenAI(base_url=url + "/v1", api_key="unsent", max_retries=0)
             with pytest.raises(openai.AuthenticationError):
@@ -104,8 +106,42 @@ def test_the_cluster_routes_the_openai_client_over_both_replicas_and_stops_clean
             == direct.json()["choices"][0]["text"]
         served = [_served(url, key) for url in c.replica_urls]
         assert sum(served) == 7 and min(served) >= 2, served     # round robin used both
+        _a_replica_dies(c, auth, key)
         pids = c.pids
     assert all(_gone(pid) for pid in pids), "a process of the cluster is still running"
+
+
+def _a_replica_dies(c: Cluster, auth: dict[str, str], key: str) -> None:
+    """Replica 1 killed: the clients see only 5xx until ten requests in a row succeed through
+    the survivor, and the router's health checks mark the dead one (its /health a 503 naming
+    it) while it keeps serving."""
+    body = {"model": "minicb", "prompt": "def add(a, b):", "max_tokens": 4}
+    before = _served(c.replica_urls[0], key)
+    c.kill_replica(1)
+    killed = time.monotonic()
+    statuses = []
+    while statuses[-10:] != [200] * 10:
+        assert time.monotonic() - killed < 60, f"no recovery in a minute: {statuses}"
+        try:
+            statuses.append(httpx.post(c.url + "/v1/completions", json=body, headers=auth,
+                                       timeout=30).status_code)
+        except httpx.HTTPError as error:
+            statuses.append(type(error).__name__)
+    print(f"after the kill: {statuses} ({time.monotonic() - killed:.1f} s)")
+    assert all(s == 200 or isinstance(s, int) and s >= 500 for s in statuses), statuses
+    survivor = c.replica_urls[0]
+    assert _served(survivor, key) - before >= 10
+    deadline = time.monotonic() + 30
+    while True:
+        workers = httpx.get(c.url + "/workers", headers=auth, timeout=10).json()["workers"]
+        health = {w["url"]: w["is_healthy"] for w in workers}
+        if health[c.replica_urls[1]] is False:
+            break
+        assert time.monotonic() < deadline, health
+        time.sleep(0.5)
+    assert health[survivor] is True
+    router_health = httpx.get(c.url + "/health", timeout=10)
+    assert router_health.status_code == 503 and c.replica_urls[1] in router_health.text
 
 
 @pytest.mark.slow   # installs sglang-router into .venv-router-sglang if missing (once, ~40 s)
@@ -128,41 +164,6 @@ def test_sglang_router_checks_clients_itself_with_the_key_kept_off_command_lines
         assert httpx.get(c.url + "/workers").status_code == 401
         assert httpx.get(c.url + "/workers", headers={"Authorization": f"Bearer {key}"}).is_success
         assert not any(key in _cmdline(p) for p in Path("/proc").iterdir() if p.name.isdigit())
-
-
-@pytest.mark.slow
-def test_when_a_replica_dies_the_router_stops_sending_it_requests(router):
-    with Cluster(replicas=2, policy="round_robin", serve_args=SERVE_ARGS, router=router) as c:
-        body = {"model": "minicb", "prompt": "def add(a, b):", "max_tokens": 4}
-        assert httpx.post(c.url + "/v1/completions", json=body, timeout=60).status_code == 200
-        c.kill_replica(1)
-        killed = time.monotonic()
-        statuses = []
-        # the clients' view: requests one after another until ten in a row succeed
-        while statuses[-10:] != [200] * 10:
-            assert time.monotonic() - killed < 60, f"no recovery in a minute: {statuses}"
-            try:
-                statuses.append(httpx.post(c.url + "/v1/completions", json=body,
-                                           timeout=30).status_code)
-            except httpx.HTTPError as error:
-                statuses.append(type(error).__name__)
-        print(f"after the kill: {statuses} ({time.monotonic() - killed:.1f} s)")
-        assert all(s == 200 or isinstance(s, int) and s >= 500 for s in statuses), statuses
-        survivor = c.replica_urls[0]
-        assert _served(survivor) >= 10
-        # the router's view: its health checks mark the dead replica unhealthy, and its own
-        # /health says so (503 naming it) while it keeps serving through the survivor
-        deadline = time.monotonic() + 30
-        while True:
-            workers = httpx.get(c.url + "/workers", timeout=10).json()["workers"]
-            health = {w["url"]: w["is_healthy"] for w in workers}
-            if health[c.replica_urls[1]] is False:
-                break
-            assert time.monotonic() < deadline, health
-            time.sleep(0.5)
-        assert health[survivor] is True
-        router_health = httpx.get(c.url + "/health", timeout=10)
-        assert router_health.status_code == 503 and c.replica_urls[1] in router_health.text
 
 
 LAUNCH_KEYS = "launch-key-one,launch-key-two"      # MINICB_API_KEY: two keys
