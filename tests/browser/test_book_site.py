@@ -91,23 +91,48 @@ BROKEN_IMAGES = """return Array.from(document.images)
     .filter(img => !img.complete || img.naturalWidth === 0).map(img => img.src);"""
 
 
-def test_every_page_loads_without_console_errors_or_broken_images(site, console_browser):
+@pytest.fixture(scope="module")
+def read_pages(site, console_browser) -> dict[str, dict]:
+    """Every page of the site opened once, and what the tests below read of it: its broken
+    images, its image count and console errors; on a chapter's page, also its neighbours' links,
+    its "Read the real thing" links with the first line each listing shows, and its download
+    link and text (a chapter page is large: opening each once instead of once a test)."""
+    By = _by()
+    console_browser.get_log("browser")                       # start from an empty log
+    read = {}
+    for page in site.pages():
+        open_page(console_browser, site, page)
+        found = {"broken": console_browser.execute_script(BROKEN_IMAGES),
+                 "images": console_browser.execute_script("return document.images.length;"),
+                 "errors": console_errors(console_browser)}
+        if page.startswith("notebooks/"):
+            article = console_browser.find_element(By.CSS_SELECTOR, "article")
+            downloads = article.find_elements(By.CSS_SELECTOR, "a.download")
+            found |= {
+                "previous": [a.get_attribute("href") for a in
+                             console_browser.find_elements(By.CSS_SELECTOR, "a.left-prev")],
+                "next": [a.get_attribute("href") for a in
+                         console_browser.find_elements(By.CSS_SELECTOR, "a.right-next")],
+                "sources": [(a.get_attribute("href"), a.get_attribute("textContent").strip(),
+                             _shown_first_line(a)) for a in
+                            console_browser.find_elements(By.CSS_SELECTOR,
+                                                          "a.minicb-source-link")],
+                "download": downloads[0].get_attribute("href") if downloads else None,
+                "text": article.text}
+        read[page] = found
+    return read
+
+
+def test_every_page_loads_without_console_errors_or_broken_images(site, read_pages):
     pages = site.pages()
     assert {"index.html", "search.html", "facts.html", "docs/ARCHITECTURE.html",
             "exercises/README.html", "benchmarks/README.html", "source/minicb/kv/blocks.html"} \
         <= set(pages)
     assert {f"notebooks/{p.stem}.html" for p in NOTEBOOKS} <= set(pages)
-    images = 0
-    problems = {}
-    console_browser.get_log("browser")                       # start from an empty log
-    for page in pages:
-        open_page(console_browser, site, page)
-        broken = console_browser.execute_script(BROKEN_IMAGES)
-        images += console_browser.execute_script("return document.images.length;")
-        errors = console_errors(console_browser)
-        if broken or errors:
-            problems[page] = {"broken images": broken, "console errors": errors}
+    problems = {page: {"broken images": found["broken"], "console errors": found["errors"]}
+                for page, found in read_pages.items() if found["broken"] or found["errors"]}
     assert not problems, problems
+    images = sum(found["images"] for found in read_pages.values())
     figures = sum("image/png" in output.get("data", {}) for notebook in NOTEBOOKS
                   for cell in nbformat.read(notebook, as_version=4).cells
                   for output in cell.get("outputs", []))
@@ -117,7 +142,7 @@ def test_every_page_loads_without_console_errors_or_broken_images(site, console_
 
 
 def test_the_sidebar_lists_every_chapter_in_order_and_chapters_link_their_neighbours(
-        site, console_browser):
+        site, console_browser, read_pages):
     By = _by()
     open_page(console_browser, site, "index.html")
     links = console_browser.find_elements(By.CSS_SELECTOR, ".bd-sidebar-primary nav a.reference")
@@ -129,11 +154,11 @@ def test_the_sidebar_lists_every_chapter_in_order_and_chapters_link_their_neighb
                       for p in NOTEBOOKS]
     assert [t[:2] for t in titles[:8]] == [f"{n:02d}" for n in range(8)]
     for before, page, after in zip(NOTEBOOKS, NOTEBOOKS[1:], NOTEBOOKS[2:]):
-        open_page(console_browser, site, f"notebooks/{page.stem}.html")
-        previous = console_browser.find_element(By.CSS_SELECTOR, "a.left-prev")
-        following = console_browser.find_element(By.CSS_SELECTOR, "a.right-next")
-        assert previous.get_attribute("href").endswith(f"/notebooks/{before.stem}.html")
-        assert following.get_attribute("href").endswith(f"/notebooks/{after.stem}.html")
+        found = read_pages[f"notebooks/{page.stem}.html"]
+        assert [href.rsplit("/notebooks/", 1)[-1] for href in found["previous"]] == \
+            [f"{before.stem}.html"], (page.name, found["previous"])
+        assert [href.rsplit("/notebooks/", 1)[-1] for href in found["next"]] == \
+            [f"{after.stem}.html"], (page.name, found["next"])
 
 
 def test_search_finds_block_table_on_the_chapter_04_page(site, console_browser):
@@ -186,15 +211,11 @@ def _shown_first_line(link) -> tuple[int, str]:
     return int(number), code.strip()
 
 
-def test_read_the_real_thing_links_land_on_the_lines_they_show(site, console_browser):
+def test_read_the_real_thing_links_land_on_the_lines_they_show(console_browser, read_pages):
     By = _by()
     checked = []
     for notebook in NOTEBOOKS:
-        open_page(console_browser, site, f"notebooks/{notebook.stem}.html")
-        links = [(a.get_attribute("href"), a.get_attribute("textContent").strip(),
-                  _shown_first_line(a)) for a in
-                 console_browser.find_elements(By.CSS_SELECTOR, "a.minicb-source-link")]
-        for href, text, (number, code) in links:
+        for href, text, (number, code) in read_pages[f"notebooks/{notebook.stem}.html"]["sources"]:
             path, first, last = re.fullmatch(r"(\S+\.(?:py|c|h)), lines (\d+)-(\d+)", text).groups()
             assert href.endswith(f"{book_build.source_docname(path)}.html#L{first}-L{last}")
             assert int(first) == number
@@ -213,14 +234,10 @@ def test_read_the_real_thing_links_land_on_the_lines_they_show(site, console_bro
     assert any(".c, lines" in text for text in checked), "no C kernel listing was linked"
 
 
-def test_each_chapter_links_its_notebook_for_download_and_says_how_to_open_it(
-        site, console_browser):
-    By = _by()
+def test_each_chapter_links_its_notebook_for_download_and_says_how_to_open_it(read_pages):
     for notebook in NOTEBOOKS:
-        open_page(console_browser, site, f"notebooks/{notebook.stem}.html")
-        article = console_browser.find_element(By.CSS_SELECTOR, "article")
-        download = article.find_element(By.CSS_SELECTOR, "a.download")
-        assert download.get_attribute("href").endswith(f"/{notebook.name}")
-        with urllib.request.urlopen(download.get_attribute("href"), timeout=10) as response:
+        found = read_pages[f"notebooks/{notebook.stem}.html"]
+        assert found["download"] and found["download"].endswith(f"/{notebook.name}"), found
+        with urllib.request.urlopen(found["download"], timeout=10) as response:
             assert response.read() == notebook.read_bytes()
-        assert f"jupyter lab notebooks/{notebook.name}" in article.text
+        assert f"jupyter lab notebooks/{notebook.name}" in found["text"]
