@@ -163,6 +163,28 @@ def compare_collectives(sizes: list[int], repeats: int, out_dir: str) -> None:
     write_results(out_dir, "tensor_parallel_allreduce", {"runs": runs, "table": table})
 
 
+class CollectiveClock:
+    """The seconds rank 0 spends inside its all-reduces, summed since the last `take`: the
+    all-reduce as it runs inside a step (its wait includes the other rank's lateness), against
+    the prediction's all-reduce measured alone."""
+
+    def __init__(self) -> None:
+        from minicb.engine.tp_group import TPGroup
+
+        self.total, original = 0.0, TPGroup.all_reduce
+
+        def timed(group, tensor) -> None:
+            start = time.perf_counter()
+            original(group, tensor)
+            self.total += time.perf_counter() - start
+
+        TPGroup.all_reduce = timed           # rank 0 runs in this process; its workers do not
+
+    def take(self) -> float:
+        total, self.total = self.total, 0.0
+        return total
+
+
 class LayerClock:
     """The seconds a model's decoder layers take, summed since the last `take` (forward hooks)."""
 
@@ -183,10 +205,11 @@ class LayerClock:
         return total
 
 
-def decode_steps(llm, rows: int, clock: LayerClock | None = None,
+def decode_steps(llm, rows: int, clock: LayerClock | CollectiveClock | None = None,
                  steps: int = STEPS) -> tuple[float, float | None]:
     """Median seconds of a decode step of `rows` rows (every row decoding, prompts done), and
-    with a clock, the median seconds of each step outside the decoder layers."""
+    with a clock, the median seconds of each step the clock does not count (a LayerClock: the
+    part outside the decoder layers; a CollectiveClock: the part outside the all-reduces)."""
     from minicb import SamplingParams
 
     engine = llm.llm_engine
@@ -277,14 +300,15 @@ def main(argv: list[str] | None = None) -> int:
     a = model.args
     shape = ModelShape(label, sum(p.numel() for p in model.parameters()), a.num_layers,
                        a.hidden_size, a.num_kv_heads, a.head_dim, dtype_bytes=4)
-    clock = LayerClock(engines["TP=1 1 thread"].llm_engine.model.model.layers)
+    clocks = {"TP=1 1 thread": LayerClock(engines["TP=1 1 thread"].llm_engine.model.model.layers),
+              "TP=2": CollectiveClock()}
     gloo, broadcast = gloo_record(list(GLOO_SIZES.values()), args.repeats, args.out_dir)
     steps = []
     for repeat, (name, llm) in alternate(args.repeats, list(engines.items())):
         for rows in ROWS:
-            seconds, outside = decode_steps(llm, rows, clock if name == "TP=1 1 thread" else None)
+            seconds, outside = decode_steps(llm, rows, clocks.get(name))
             steps.append({"repeat": repeat, "system": name, "rows": rows, "seconds": seconds,
-                          "outside_layers": outside, "load_average": load_average()})
+                          "outside_clock": outside, "load_average": load_average()})
     engines["TP=2"].llm_engine.runner.shutdown()
     table = summarise(steps, shape, gloo, broadcast, args.repeats)
     print(format_table(table, COLUMNS))
@@ -307,10 +331,11 @@ def summarise(steps: list[dict], shape: ModelShape, gloo: tuple, broadcast: floa
     for rows in ROWS:
         row = {"rows": rows, **{system: spread(of(system, rows))["median"] * 1e3
                                 for system in SYSTEMS}}
-        outside = statistics.median(of("TP=1 1 thread", rows, "outside_layers"))
+        outside = statistics.median(of("TP=1 1 thread", rows, "outside_clock"))
         parts = predict(row["TP=1 1 thread"] / 1e3, outside, broadcast, shape, rows, gloo)
+        in_step = row["TP=2"] - statistics.median(of("TP=2", rows, "outside_clock")) * 1e3
         row.update({"outside_ms": outside * 1e3, "parts_ms": {k: v * 1e3 for k, v in parts.items()},
-                    "predicted": sum(parts.values()) * 1e3})
+                    "predicted": sum(parts.values()) * 1e3, "allreduce_in_step_ms": in_step})
         row["error"] = row["TP=2"] / row["predicted"] - 1
         ratios = [a / b for a, b in zip(of("TP=2", rows), of("TP=1", rows))]
         row.update({"ratios": ratios, "ratio": statistics.median(ratios),
@@ -321,7 +346,8 @@ def summarise(steps: list[dict], shape: ModelShape, gloo: tuple, broadcast: floa
 
 COLUMNS = [("rows", "rows", "d"), ("TP=1", "TP=1 ms", ".1f"),
            ("TP=1 1 thread", "1 thread ms", ".1f"), ("outside_ms", "outside layers ms", ".1f"),
-           ("TP=2", "TP=2 ms", ".1f"), ("predicted", "predicted ms", ".1f"),
+           ("TP=2", "TP=2 ms", ".1f"), ("allreduce_in_step_ms", "its all-reduces ms", ".1f"),
+           ("predicted", "predicted ms", ".1f"),
            ("error", "TP=2 vs prediction", "+.0%"), ("ratio", "TP=2 / TP=1", ".2f")]
 
 
