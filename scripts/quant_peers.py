@@ -29,7 +29,7 @@ from pathlib import Path
 
 from minicb.bench.common import build_random_model
 from minicb.bench.harness import alternate, spread, write_results
-from minicb.bench.machine import describe, load_average, machine_info
+from minicb.bench.machine import load_average, machine_line
 from minicb.metrics import summarize
 from minicb.repeats import Repeats
 
@@ -120,7 +120,7 @@ def measure(part: str, repeats: int, model_path: str, threads: int) -> dict:
     first = spec["systems"][0]
     return {"requests": len(prompts), "at_once": spec["at_once"], "prompt_tokens": 64,
             "output_tokens": spec["output_tokens"], "threads": threads,
-            "machine": describe(machine_info()),
+            "machine": machine_line(),
             "systems": {s: {
                 "tokens_per_s": spread(r["tokens_per_s"] for r in rs),
                 "repeats": rs, "same_tokens_as": {first: sum(
@@ -153,13 +153,15 @@ def render(record: dict) -> str:
     for name, part in record["parts"].items():
         lines += ["", f"**{name}**: {PARTS[name]['model']}, {part['requests']} requests of "
                   f"{part['prompt_tokens']} + {part['output_tokens']} tokens, {part['at_once']} "
-                  "at once", "", "| system | tokens/s, median (range) | load (1 min) |",
-                  "|---|---|---|"]
+                  "at once", "", "| system | tokens/s, median (range) | load (1 min) | greedy "
+                  f"tokens equal to {next(iter(part['systems']))}'s (requests) |",
+                  "|---|---|---|---|"]
         for system, row in part["systems"].items():
             t = row["tokens_per_s"]
             load = [r["load"][0][0] for r in row["repeats"]]
             lines.append(f"| {system} | {t['median']:,.0f} ({t['min']:,.0f}-{t['max']:,.0f}) | "
-                         f"{min(load):.1f}-{max(load):.1f} |")
+                         f"{min(load):.1f}-{max(load):.1f} | "
+                         f"{sum(row.get('same_tokens_as', {}).values())}/{part['requests']} |")
     lines += ["", "| ratio | part | target | met (median) | reading of the repeats |",
               "|---|---|---|---|---|"]
     for part_name, system, baseline, target in RATIOS:
@@ -169,7 +171,8 @@ def render(record: dict) -> str:
         reading = Repeats.of(ratios)
         goal, met = ("-", "-") if target is None else (
             f">= {target}x", "met" if reading.median >= target else "not met")
-        lines.append(f"| {used} / {baseline} | {part_name} | {goal} | {met} | "
+        label = f"{system} ({used})" if system.startswith("best") else used
+        lines.append(f"| {label} / {baseline} | {part_name} | {goal} | {met} | "
                      f"{reading.describe('higher', 'lower')} |")
     return "\n".join(lines)
 
@@ -207,7 +210,7 @@ def main() -> int:
         parts = json.loads(RESULT.read_text())["parts"] if RESULT.exists() else {}
         for part in args.parts:
             parts[part] = measure(part, args.repeats, paths[PARTS[part]["model"]], args.threads)
-            write_results(RESULT.parent, RESULT.stem, {"machine_line": describe(machine_info()),
+            write_results(RESULT.parent, RESULT.stem, {"machine_line": machine_line(),
                                                        "parts": parts})
     write_page(json.loads(RESULT.read_text()))
     return 0
