@@ -215,3 +215,63 @@ def compile_all(launches: list[Launch], jobs: int = 1, progress=None) -> list[Re
 
 if __name__ == "__main__":
     sys.exit(_worker())
+
+
+# --- a result as a row of the table (python -m minicb bench gpu-compile) ---
+
+# what tells one launch from another in the results (a missing field: None)
+IDENTITY = ("target", "kernel", "asked", "dtype", "num_warps", "num_stages", "head_dim", "group",
+            "rows", "keys", "split", "splits", "kv_heads", "kv", "cols")
+
+
+def identity(row: dict) -> tuple:
+    """A result row's identity; rows from before FP8 caches existed read the model's dtype."""
+    kv = row.get("kv", row["dtype"] if row["kernel"] in ("attention", "write") else None)
+    return tuple(kv if name == "kv" else row.get(name) for name in IDENTITY)
+
+
+def launch_identity(launch: Launch) -> tuple:
+    return identity({"target": launch.target, "kernel": launch.kernel, "asked": launch.asked,
+                     "dtype": launch.dtype, "num_warps": launch.num_warps,
+                     "num_stages": launch.num_stages, **launch.params})
+
+
+def row_of(result: Result) -> dict:
+    """One result as a flat, JSON-ready row with the device's limits and the occupancy."""
+    from minicb.kernels.targets import TARGETS, DoesNotFit, check_fits, occupancy
+
+    launch, limits = result.launch, TARGETS[result.launch.target]
+    row = {"target": launch.target, "device": limits.name, "kernel": launch.kernel,
+           "asked": launch.asked, "dtype": launch.dtype, **launch.params,
+           "num_warps": launch.num_warps, "num_stages": launch.num_stages,
+           "compiled": result.compiled, "error": result.error,
+           "shared": result.shared, "shared_limit": limits.shared_per_block,
+           "shared_estimate": launch.shared_estimate, "registers": result.registers,
+           "spill_bytes": result.spill_bytes, "seconds": round(result.seconds, 2), **result.extra}
+    # the device's refusal, worded as it names the device and the limit (targets.check_fits)
+    row["refused"] = ""
+    if result.compiled:
+        try:
+            check_fits(limits, f"{launch.kernel} ({launch.dtype})", result.shared,
+                       result.registers, launch.num_warps)
+        except DoesNotFit as refusal:
+            row["refused"] = str(refusal)
+    row["fits"] = result.compiled and not row["refused"]
+    if result.compiled:
+        row.update(occupancy(limits, result.shared, result.registers, launch.num_warps))
+    return row
+
+
+def problems(rows: list[dict]) -> list[str]:
+    """Every row that is a defect: not compiled, over a limit, or above its shared estimate."""
+    found = []
+    for row in rows:
+        where = f"{row['kernel']} {row['asked']} on {row['device']} ({row['target']}) {row}"
+        if not row["compiled"]:
+            found.append(f"did not compile: {where}")
+        elif not row["fits"]:
+            found.append(f"{row['refused']} {where}")
+        elif row.get("shared_estimate") is not None and row["shared"] > row["shared_estimate"]:
+            found.append(f"shared memory {row['shared']} above the tile choice's estimate "
+                         f"{row['shared_estimate']}: {where}")
+    return found

@@ -70,5 +70,8 @@ def main(argv: list[str]) -> int:
     if not argv or argv[0] not in BENCHMARKS:
         print(usage(), file=sys.stderr if argv and argv[0] not in ("-h", "--help") else sys.stdout)
         return 0 if argv and argv[0] in ("-h", "--help") else 2
+    import matplotlib
+
+    matplotlib.use("Agg")   # the benchmarks draw into files: they run in terminals and CI
     module = importlib.import_module(BENCHMARKS[argv[0]][0])
     return module.main(argv[1:])

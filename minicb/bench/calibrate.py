@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
                "fit": {t: getattr(cost, t) for t in PIECEWISE_TERMS}, "r2": result.r2,
                "worst_error": result.worst_error,
                "gpu_published": {t: getattr(A100_LLAMA2_7B, t) for t in PIECEWISE_TERMS[:4]}}
-    from minicb.bench.plots import plot_calibration
+    from minicb.viz.benchmarks import plot_calibration
 
     json_path, png_path = write_results(args.out_dir, "calibration", payload, plot_calibration)
     print(f"results: {json_path}, {png_path}")

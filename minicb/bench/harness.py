@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from minicb.bench.machine import describe, load_average, machine_info, machine_line
+from minicb.bench.machine import load_average, machine_info, machine_line
 from minicb.repeats import MIN_REPEATS, Repeats
 
 RESULTS_DIR = Path("benchmarks/results")
@@ -81,6 +81,8 @@ def announce(*lines: str) -> None:
     """Print what the run is about to measure, then the machine and its load now."""
     for line in lines:
         print(line)
+    from minicb.viz.benchmarks import describe  # matplotlib only where a figure is drawn
+
     print(f"machine: {describe(machine_info())}; load average {load_average()}", flush=True)
 
 

@@ -1,6 +1,6 @@
 """Facts about the machine, written next to every measurement: a number means little without them.
 
-    >>> from minicb.bench.machine import machine_info, describe
+    >>> from minicb.viz.benchmarks import describe
     >>> describe(machine_info())
     '2-core Intel(R) Xeon(R) ..., no GPU, torch 2.13.0, transformers 5.23.0'
 """
@@ -116,11 +116,3 @@ def machine_info() -> dict:
         "versions": versions(),
         "git_commit": git_commit(),
     }
-
-
-def describe(info: dict) -> str:
-    """One line for a table caption: cores, CPU, GPU and the two versions that matter most."""
-    gpu = ", ".join(g["name"] for g in info["gpus"]) or "no GPU"
-    v = info["versions"]
-    return (f"{info['cpu_cores']}-core {info['cpu_model']}, {gpu}, torch {v['torch']}, "
-            f"transformers {v['transformers']}")

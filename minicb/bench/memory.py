@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
                "block_size": args.block_size, "num_kv_blocks": num_kv_blocks,
                "kv_slots": num_kv_blocks * args.block_size, "max_num_seqs": args.max_num_seqs,
                "max_num_batched_tokens": args.max_num_batched_tokens, "runs": runs}
-    from minicb.bench.plots import plot_memory
+    from minicb.viz.benchmarks import plot_memory
 
     json_path, png_path = write_results(args.out_dir, f"memory-{workload.name}", payload,
                                         plot_memory)

@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
                             "torch_threads": threads, "cores": usable_cores(),
                             "neighbour": "a Python busy loop pinned to the last core"},
                "systems": rows, "runs": runs}
-    from minicb.bench.plots import plot_neighbour
+    from minicb.viz.benchmarks import plot_neighbour
 
     stem = "-".join(["neighbour", workload.name]
                     + ([args.random_model] if args.random_model else []))

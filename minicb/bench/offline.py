@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib
 import json
 import math
 import time
@@ -158,6 +159,9 @@ def run_system(name: str, model_path: str, hf_model, args, prompts: list[list[in
     return run, probe.peak_bytes
 
 
+PEER_MODULES = {"vllm": "minicb.bench.vllm_peer", "llamacpp": "minicb.bench.llamacpp_peer"}
+
+
 def run_peer(name: str, model_path: str, args, prompts: list[list[int]],
              output_lens: list[int]) -> SystemRun:
     """A peer in its own environment, with minicb's request slots, context and step budget."""
@@ -182,14 +186,8 @@ def llamacpp_settings(args) -> dict:
 
 def check_peers(peers: list[str]) -> None:
     """Before any system runs: a peer whose environment is missing fails at once."""
-    if any(p.startswith("vllm") for p in peers):
-        from minicb.bench.vllm_peer import check_available
-
-        check_available()
-    if any(p.startswith("llamacpp") for p in peers):
-        from minicb.bench.llamacpp_peer import check_available
-
-        check_available()
+    for module in {PEER_MODULES[peer.split("-")[0]] for peer in peers}:
+        importlib.import_module(module).check_available()
 
 
 def summarize_run(name: str, run: SystemRun, peak_bytes: int) -> dict:
@@ -270,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
                                                           "hf_page_size", "hf_max_batch_tokens",
                                                           "seed", "threads", "attention")},
                "systems": list(rows.values()), "targets": targets}
-    from minicb.bench.plots import plot_offline
+    from minicb.viz.benchmarks import plot_offline
 
     stem = "-".join(["offline", workload.name] + ([args.device] if args.device != "cpu" else [])
                     + ([args.random_model] if args.random_model else [])

@@ -261,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
                "context": args.context, "steps": args.steps, "repeats": args.repeats,
                "clock": "CPU time of the stepping thread, one torch thread",
                "points": points, "summary": rows, "baseline": baseline}
-    from minicb.bench.plots import plot_overhead
+    from minicb.viz.benchmarks import plot_overhead
 
     json_path, png_path = write_results(args.out_dir, args.stem, payload, plot_overhead)
     print(f"results: {json_path}, {png_path}")

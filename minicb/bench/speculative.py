@@ -278,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
         "runs": rows, "summary": summary, "break_even": break_even(summary),
         "predictions": predictions(rows, args.num_speculative_tokens, contexts, model_path,
                                    Path(draft_model_path()))}
-    from minicb.bench.plots import plot_speculative
+    from minicb.viz.benchmarks import plot_speculative
 
     stem = "speculative-quick" if args.quick else "speculative"
     json_path, png_path = write_results(args.out_dir, stem, payload, plot_speculative)

@@ -9,11 +9,9 @@ costs when it has a core to itself: other programs on a shared machine add wall 
 step waits for a core, never CPU time). One torch thread (as the notebooks run), so the forward
 runs on the stepping thread and its CPU time is the whole step's.
 
-One engine per row count, each holding that many greedy decodes of a `--context`-token prompt,
-all built before any timing. Every repeat times `--steps` decode steps of each engine in turn,
-the order rotating between repeats, with the load average before and after. A repeat's figure
-for an engine is the median of its steps; a row count against one row is a ratio per repeat,
-read by the book's rule (minicb.repeats). Writes benchmarks/results/step-cost.json.
+Engines are built before any timing; each repeat steps them in a rotating order, with the load
+before and after, and reads each row count against one row by the book's rule (minicb.repeats).
+Writes benchmarks/results/step-cost.json.
 """
 
 from __future__ import annotations

@@ -1,16 +1,21 @@
-"""The benchmarks' pictures, drawn from their JSON payloads (so a notebook can redraw them)."""
+"""The benchmarks' pictures, drawn from their JSON payloads (python -m minicb bench ... draws
+them beside the JSON), and the one-line machine caption every benchmark prints and draws. The
+command line draws into files (minicb.bench.main picks matplotlib's file back end); imported in
+a notebook, the same functions draw inline."""
 
 from __future__ import annotations
 
-import matplotlib
-
-matplotlib.use("Agg")   # files only: the benchmarks run in terminals and CI
-
-import matplotlib.pyplot as plt  # noqa: E402
-
-from minicb.bench.machine import describe  # noqa: E402
+import matplotlib.pyplot as plt
 
 MINICB_COLOR, PEER_COLOR = "#1f77b4", "#aaaaaa"
+
+
+def describe(info: dict) -> str:
+    """One line for a table caption: cores, CPU, GPU and the two versions that matter most."""
+    gpu = ", ".join(g["name"] for g in info["gpus"]) or "no GPU"
+    v = info["versions"]
+    return (f"{info['cpu_cores']}-core {info['cpu_model']}, {gpu}, torch {v['torch']}, "
+            f"transformers {v['transformers']}")
 
 
 def plot_offline(payload: dict):

@@ -15,8 +15,9 @@ import torch
 from minicb.bench import main as bench_main
 from minicb.bench.agreement import agreement, compare_outputs
 from minicb.bench.common import fit_to_context, load_workload
-from minicb.bench.machine import describe, machine_info
+from minicb.bench.machine import machine_info
 from minicb.sim.workload import get_workload
+from minicb.viz.benchmarks import describe
 
 
 def _check_machine(payload: dict) -> None:

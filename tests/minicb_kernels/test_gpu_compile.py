@@ -20,11 +20,8 @@ import warnings  # noqa: E402
 from dataclasses import replace  # noqa: E402
 
 import pytest  # noqa: E402
-from minicb.kernels import (  # noqa: E402
-    aot,  # noqa: E402
-    paged_attention,
-    paged_attention_reference,
-)
+from minicb.kernels import aot, paged_attention, paged_attention_reference  # noqa: E402
+from minicb.kernels import launches as launch_matrix  # noqa: E402
 from minicb.kernels.paged_attention import attention_launch  # noqa: E402
 from minicb.kernels.targets import (  # noqa: E402
     TARGETS,
@@ -90,8 +87,8 @@ def lean_subset() -> list:
     """The launches of LEAN, taken from each target's quick list."""
     picked = []
     for key, names in LEAN.items():
-        launches = gpu_compile.launches_for(TARGETS[key], quick=True)
-        picked += [_pick(launches, name) for name in names]
+        quick = launch_matrix.launches_for(TARGETS[key], quick=True)
+        picked += [_pick(quick, name) for name in names]
     return picked
 
 
@@ -100,12 +97,12 @@ def test_every_target_compiles_and_fits():
     """A kernel change that breaks a GPU target (does not compile, or needs more shared memory
     than the device has, or more than the tile choice expects) fails here."""
     launches = lean_subset()
-    assert {la.kernel for la in launches} == set(gpu_compile.KERNELS)
+    assert {la.kernel for la in launches} == set(launch_matrix.KERNELS)
     results = aot.compile_all(launches, jobs=2)
-    rows = [gpu_compile.row_of(r) for r in results]
+    rows = [aot.row_of(r) for r in results]
     assert len(rows) == len(launches)
     assert {row["target"] for row in rows} == set(TARGETS)
-    assert gpu_compile.problems(rows) == []
+    assert aot.problems(rows) == []
     # the numbers are read from the compiler, not made up: a real kernel uses shared memory
     # for tl.dot and has registers on every target
     for row in rows:
@@ -117,17 +114,17 @@ def test_every_target_compiles_and_fits():
 def test_a_tile_too_big_for_a_t4_is_refused_naming_the_device_and_limit():
     """A planted configuration: 128 keys per step of float32 with head_dim 128 needs more than
     a T4's 64 KiB of shared memory per block."""
-    good = next(la for la in gpu_compile.launches_for(T4) if la.kernel == "attention"
+    good = next(la for la in launch_matrix.launches_for(T4) if la.kernel == "attention"
                 and la.dtype == "float32" and la.params["head_dim"] == 128
                 and la.params["tile"] == "decode" and not la.params["split"])
     planted = replace(good, constexprs={**good.constexprs, "BLOCK_N": 128}, shared_estimate=None)
     result, = aot.compile_all([planted], jobs=1)
     assert result.compiled, result.error
     assert result.shared > T4.shared_per_block
-    row = gpu_compile.row_of(result)
+    row = aot.row_of(result)
     assert not row["fits"]
     # the compile check itself refuses it, naming the device, the limit and what it needs
-    defect, = gpu_compile.problems([row])
+    defect, = aot.problems([row])
     assert "T4 (sm_75) allows 65,536 (shared memory per block)" in defect, defect
     assert f"needs {result.shared:,} bytes" in defect, defect
     with pytest.raises(DoesNotFit, match=r"T4 \(sm_75\) allows 65,536 \(shared memory per block\)"):
@@ -138,7 +135,7 @@ def test_tile_choice_stays_within_every_device():
     """Every launch the engine can choose, on every target, is estimated within the device's
     shared memory; and the smaller parts really get smaller tiles than an H100."""
     for limits in TARGETS.values():
-        for launch in gpu_compile.launches_for(limits):
+        for launch in launch_matrix.launches_for(limits):
             if launch.shared_estimate is not None:
                 assert launch.shared_estimate <= limits.shared_per_block, (limits.key, launch)
     # head_dim 256 in a 2-byte dtype: 64 keys per step fit an H100's 227 KiB, not a T4's 64 KiB
@@ -171,8 +168,8 @@ def test_head_sizes_below_64_get_the_tiles_of_64():
     DIM_PAD, so no more shared memory or registers than 64's."""
     for limits in TARGETS.values():
         for dtype in (torch.float32, torch.float16):
-            for group in gpu_compile.GROUPS:
-                for rows in gpu_compile.QUERY_LENGTHS:
+            for group in launch_matrix.GROUPS:
+                for rows in launch_matrix.QUERY_LENGTHS:
                     at_64 = attention_launch(dtype, 64, group, rows, 16, False, limits)
                     for head_dim in (16, 32, 48):
                         small = attention_launch(dtype, head_dim, group, rows, 16, False, limits)
@@ -244,16 +241,16 @@ def test_the_committed_table_is_the_current_code_and_clean():
     data = json.loads(gpu_compile.RESULTS.read_text())
     rows = data["rows"]
     assert not data["quick"]
-    assert gpu_compile.problems(rows) == []
-    committed = {gpu_compile.identity(r) for r in rows}
-    now = {gpu_compile.launch_identity(la) for limits in TARGETS.values()
-           for la in gpu_compile.launches_for(limits, corners=data["corners"])}
+    assert aot.problems(rows) == []
+    committed = {aot.identity(r) for r in rows}
+    now = {aot.launch_identity(la) for limits in TARGETS.values()
+           for la in launch_matrix.launches_for(limits, corners=data["corners"])}
     assert committed == now, ("benchmarks/results/gpu-targets.json is stale: run python -m "
                               "minicb bench gpu-compile (--add-missing for a new kernel)")
     # the quantized products and the FP8 cache are in it, on every target
     for kernel in ("int8_matmul", "int4_matmul"):
         assert {r["target"] for r in rows if r["kernel"] == kernel} == set(TARGETS), kernel
     assert {r["target"] for r in rows if r.get("kv") == "fp8"} == set(TARGETS)
-    table = gpu_compile.table_markdown()
+    table = launch_matrix.table_markdown(gpu_compile.RESULTS)
     for limits in TARGETS.values():
         assert f"| {limits.name} | {limits.key} |" in table
