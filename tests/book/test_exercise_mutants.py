@@ -34,7 +34,8 @@ def test_there_are_mutants_for_every_chapter():
 
 
 def pytest_generate_tests(metafunc):
-    if metafunc.cls is not None and issubclass(metafunc.cls, MutantsOfOneChapter):
+    if (metafunc.cls is not None and issubclass(metafunc.cls, MutantsOfOneChapter)
+            and "name" in metafunc.fixturenames):
         metafunc.parametrize("name", [name for name in MUTANTS
                                       if load_mutant(name).CHAPTER == metafunc.cls.CHAPTER])
 
@@ -42,7 +43,8 @@ def pytest_generate_tests(metafunc):
 @pytest.fixture(scope="class")
 def graded(request, tmp_path_factory) -> dict[str, dict]:
     """Every mutant of the class's chapter graded on its checks, all in one fresh process (each
-    mutant in a folder of its own; see mutation.grade_in_one_process)."""
+    mutant in a folder of its own; see mutation.grade_in_one_process), after an unmutated copy
+    of solutions/ graded on all of them."""
     names = [name for name in MUTANTS if load_mutant(name).CHAPTER == request.cls.CHAPTER]
     return _grade_mutants(names, tmp_path_factory.mktemp(f"ch{request.cls.CHAPTER}"))
 
@@ -60,6 +62,13 @@ class MutantsOfOneChapter:
         assert verdict["exit"] == 1 and verdict["failed"], (
             f"mutant {name} ({mutant.WHAT}) was not caught by the checks {mutant.CHECKS!r}: "
             f"{verdict['passed']} passed, none failed (pytest exit {verdict['exit']}).")
+
+    def test_the_unmutated_copy_passes_the_checks_that_kill_mutants(self, graded):
+        """Without this, a mutant could 'fail' because grading a copied folder itself is
+        broken."""
+        verdict = graded[UNMUTATED]
+        assert verdict["exit"] == 0 and verdict["passed"] and not verdict["failed"], (
+            f"a copy of solutions/ fails its own chapter {self.CHAPTER} checks: {verdict}")
 
 
 class TestChapter00Mutants(MutantsOfOneChapter):
@@ -124,6 +133,9 @@ def test_every_mutant_has_its_chapters_class():
     assert not missing, f"mutants of chapters {missing} have no TestChapterNNMutants class"
 
 
+UNMUTATED = "(unmutated)"
+
+
 def _grade_mutants(names: list[str], folder: Path) -> dict[str, dict]:
     jobs = []
     for name in names:
@@ -138,27 +150,20 @@ def _grade_mutants(names: list[str], folder: Path) -> dict[str, dict]:
         assert files, f"no tests/exercises/test_ch{mutant.CHAPTER}_*.py for mutant {name}"
         jobs.append({"name": name, "folder": str(folder / name), "files": files,
                      "checks": mutant.CHECKS, "lean": LEAN_PYTEST})
+    (folder / "unmutated").mkdir()
+    for source in (ROOT / "solutions").glob("ch*.py"):
+        shutil.copy(source, folder / "unmutated" / source.name)
+    jobs.insert(0, {"name": UNMUTATED, "folder": str(folder / "unmutated"),
+                    "files": jobs[0]["files"], "lean": LEAN_PYTEST,
+                    "checks": " or ".join(f"({job['checks']})" for job in jobs)})
     (folder / "jobs.json").write_text(json.dumps(jobs))
     run = subprocess.run(
         [sys.executable, str(ROOT / "tests" / "mutation.py"), str(folder / "jobs.json"),
          str(folder / "verdicts.json")],
         cwd=ROOT, env=dict(os.environ, TRITON_INTERPRET="1"), capture_output=True, text=True,
-        timeout=MUTANT_RUN_TIMEOUT_S * len(names))
+        timeout=MUTANT_RUN_TIMEOUT_S * len(jobs))
     assert run.returncode == 0, f"grading the mutants {names} broke:\n{run.stderr[-3000:]}"
     return json.loads((folder / "verdicts.json").read_text())
-
-
-def test_the_unmutated_copy_passes_the_checks_that_kill_mutants(tmp_path):
-    """Without this, a mutant could 'fail' because grading a copied folder itself is broken."""
-    for source in (ROOT / "solutions").glob("ch*.py"):
-        shutil.copy(source, tmp_path / source.name)
-    checks = " or ".join(f"({load_mutant(name).CHECKS})" for name in MUTANTS)
-    env = dict(os.environ, MINICB_GRADE_DIR=str(tmp_path), TRITON_INTERPRET="1")
-    run = subprocess.run([sys.executable, "-m", "pytest", "tests/exercises", "-k", checks, "-q",
-                          *LEAN_PYTEST, "--no-header"],
-                         cwd=ROOT, env=env, capture_output=True, text=True,
-                         timeout=MUTANT_RUN_TIMEOUT_S * 2)
-    assert run.returncode == 0, f"a copy of solutions/ fails its own checks:\n{run.stdout[-3000:]}"
 
 
 def test_the_readme_reports_every_mutant():
