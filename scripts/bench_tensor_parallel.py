@@ -258,9 +258,11 @@ def markdown(out_dir: str) -> str:
               f"| bandwidth, 1 to 8 MiB | {gloo['bandwidth_GBps']:.2f} GB/s |", "",
               f"Decode steps, load average {loads([s['load_average'] for s in tp['steps']])}:",
               "", "| rows | TP=1, 2 threads | TP=1, 1 thread | outside the layers | TP=2 | "
-              "predicted | TP=2 against it | TP=2 / TP=1, paired |", "|---" * 8 + "|"]
+              "rank 0's all-reduces in it | predicted (its all-reduces alone) | TP=2 against "
+              "it | TP=2 / TP=1, paired |", "|---" * 9 + "|"]
     lines += [f"| {r['rows']} | {r['TP=1']:.1f} ms | {r['TP=1 1 thread']:.1f} ms | "
-              f"{r['outside_ms']:.1f} ms | {r['TP=2']:.1f} ms | {r['predicted']:.1f} ms | "
+              f"{r['outside_ms']:.1f} ms | {r['TP=2']:.1f} ms | {r['allreduce_in_step_ms']:.1f} ms "
+              f"| {r['predicted']:.1f} ms ({r['parts_ms']['all-reduce']:.1f} ms) | "
               f"{r['error']:+.0%} | {r['reading']} |" for r in tp["table"]]
     shm_loads = [run["load_average"] for runs in shm["runs"].values() for run in runs]
     lines += ["", f"gloo against shared memory, load average {loads(shm_loads)}:", "",
