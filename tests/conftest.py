@@ -114,6 +114,13 @@ def reload_cpu_kernel():
     cpu._library.cache_clear()
 
 
+@pytest.fixture(scope="session")
+def save_checkpoint():
+    """`_save` for a test that builds a checkpoint of its own config (a fixture, not an import:
+    under pytest-xdist another folder's conftest can hold the name `conftest`)."""
+    return _save
+
+
 def _save_moe(model_cls, config, path) -> str:
     """An MoE checkpoint: `_save`'s sharpening, and the experts' and routers' weights scaled up
     too, so tokens prefer their experts clearly (a near-tie between two experts' router scores

@@ -258,9 +258,12 @@ def one_constraint_rule() -> dict:
                    "properties": {"type": {"enum": ["json_object", "json_schema"]}}}
     other_format = {"anyOf": [null, {"type": "object", "required": ["type"],
                                      "properties": {"type": {"enum": ["text"]}}}]}
+    # each branch says "object" again (the body is one anyway): generators that build a body
+    # from the schema (hypothesis-jsonschema, schemathesis) read a branch without a type as "any"
     return {"anyOf": [
-        {"properties": {"response_format": other_format,
+        {"type": "object",
+         "properties": {"response_format": other_format,
                         "structured_outputs": {"anyOf": [null, *named]}}},
-        {"required": ["response_format"],
+        {"type": "object", "required": ["response_format"],
          "properties": {"response_format": json_format,
                         "structured_outputs": {"anyOf": [null, options_alone]}}}]}

@@ -60,7 +60,7 @@ def test_a_window_that_never_takes_effect_loads():
 
 
 @pytest.mark.parametrize("field, value", [("attn_logit_softcapping", 50.0),
-                                          ("quantization_config", {"quant_method": "gptq"}),
+                                          ("final_logit_softcapping", 30.0),
                                           ("partial_rotary_factor", 0.5)])
 def test_a_field_minicb_does_not_know_is_refused_by_name(field, value):
     with pytest.raises(ValueError, match=f"does not know the field\\(s\\) {field}"):

@@ -87,16 +87,15 @@ def write_decompressed(path: str, target: Path) -> dict[str, torch.Tensor]:
 
 
 @pytest.fixture(scope="module")
-def float_model(tmp_path_factory) -> str:
+def float_model(tmp_path_factory, save_checkpoint) -> str:
     """A Llama whose rows split into groups of 128 (hidden 128, intermediate 256)."""
-    from conftest import _save
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(vocab_size=512, hidden_size=128, intermediate_size=256,
                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                          max_position_embeddings=512, tie_word_embeddings=False, bos_token_id=1,
                          eos_token_id=2, pad_token_id=0)
-    return _save(LlamaForCausalLM, config, tmp_path_factory.mktemp("ct-float"))
+    return save_checkpoint(LlamaForCausalLM, config, tmp_path_factory.mktemp("ct-float"))
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,7 @@ import logging
 import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
 
 import httpx
 import openai
@@ -208,18 +209,25 @@ def test_keys_come_from_the_flag_and_the_environment_and_exposure_is_warned(monk
     assert exposure_warning("localhost", []) is None
     assert exposure_warning("0.0.0.0", ["k"]) is None
     built = {}
-    monkeypatch.setattr(server_module, "build_app", lambda **kw: built.update(kw))
+    # an app as build_app returns it, as far as main reads it: the served name and the model
+    app = SimpleNamespace(state=SimpleNamespace(model_name="minicb", engine=SimpleNamespace(
+        model_path="/models/shipped")))
+    monkeypatch.setattr(server_module, "build_app", lambda **kw: built.update(kw) or app)
     monkeypatch.setattr(server_module.uvicorn, "run", lambda *a, **kw: None)
     monkeypatch.setenv("MINICB_API_KEY", "env-key")
     server_module.main(["--host", "0.0.0.0", "--api-key", "flag-key"])
-    assert built["api_keys"] == ["flag-key", "env-key"] and capsys.readouterr().err == ""
+    assert built["api_keys"] == ["flag-key", "env-key"]
+    # the one line every start prints: the name clients must send, and where
+    assert capsys.readouterr().err.splitlines() == [
+        "serving model 'minicb' (/models/shipped) at http://0.0.0.0:8000/v1"]
     monkeypatch.delenv("MINICB_API_KEY")
     for host in ("0.0.0.0", "10.1.2.3", "::"):
         server_module.main(["--host", host])
         lines = capsys.readouterr().err.splitlines()
-        assert len(lines) == 1 and "without an API key" in lines[0] and host in lines[0]
+        assert len(lines) == 2 and "without an API key" in lines[0] and host in lines[0]
     server_module.main([])                      # 127.0.0.1, the default: no warning
-    assert capsys.readouterr().err == "" and built["api_keys"] == []
+    assert [line.split(" at ")[0] for line in capsys.readouterr().err.splitlines()] == [
+        "serving model 'minicb' (/models/shipped)"] and built["api_keys"] == []
 
 
 def test_the_load_generator_sends_the_key_from_the_environment(server, monkeypatch):
