@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -112,22 +111,11 @@ def attention_table(args) -> dict:
 
 
 def engine_table(args) -> dict:
-    from minicb import LLM, SamplingParams
+    """The engine's tokens/s with each quantized path against bfloat16, on the GPU: bench quant's
+    alternated measurement with the device and dtype set."""
+    from minicb.bench.quant import engine_table as measure
 
-    prompts = [[3 + (11 * i + 7 * j) % 4000 for j in range(args.prompt_len)]
-               for i in range(args.requests)]
-    params = SamplingParams(max_tokens=args.max_tokens, temperature=0, ignore_eos=True)
-    engines = {name: LLM(args.model, device="cuda", dtype="bfloat16",
-                         max_num_seqs=args.requests, **knobs) for name, knobs in ENGINE.items()}
-    rates = {name: [] for name in engines}
-    for _, name in alternate(args.repeats, list(engines), rotate=True):
-        start = time.perf_counter()
-        outputs = engines[name].generate(prompts, params, use_tqdm=False)
-        tokens = sum(len(out.outputs[0].token_ids) for out in outputs)
-        rates[name].append(tokens / (time.perf_counter() - start))
-    base = rates["bfloat16"]
-    return {name: {"tokens_per_s": spread(v), "vs bfloat16": reading(
-        [r / b for r, b in zip(v, base)], "faster", "slower")} for name, v in rates.items()}
+    return measure(args, ENGINE, "bfloat16", device="cuda", dtype="bfloat16")
 
 
 PARTS = {"linear": linear_table, "attention": attention_table, "engine": engine_table}

@@ -100,23 +100,25 @@ def linear_table(args) -> dict:
     return table
 
 
-def engine_table(args) -> dict:
+def engine_table(args, engine: dict[str, dict] = ENGINE, base: str = "float32",
+                 **common) -> dict:
+    """Tokens/s of each of `engine`'s LLM settings (over `common`), alternated and rotated, each
+    read against `base`'s by the book's rule; scripts/bench_gpu_quant.py runs it on a GPU."""
     from minicb import LLM, SamplingParams
 
     prompts = [[3 + (11 * i + 7 * j) % 4000 for j in range(args.prompt_len)]
                for i in range(args.requests)]
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0, ignore_eos=True)
-    engines = {name: LLM(args.model, max_num_seqs=args.requests, **knobs)
-               for name, knobs in ENGINE.items()}
+    engines = {name: LLM(args.model, max_num_seqs=args.requests, **{**common, **knobs})
+               for name, knobs in engine.items()}
     rates = {name: [] for name in engines}
     for _, name in alternate(args.repeats, list(engines), rotate=True):
         start = time.perf_counter()
         outputs = engines[name].generate(prompts, params, use_tqdm=False)
         tokens = sum(len(out.outputs[0].token_ids) for out in outputs)
         rates[name].append(tokens / (time.perf_counter() - start))
-    base = rates["float32"]
-    return {name: {"tokens_per_s": spread(v), "vs float32": reading(
-        [r / b for r, b in zip(v, base)], "faster", "slower")} for name, v in rates.items()}
+    return {name: {"tokens_per_s": spread(v), f"vs {base}": reading(
+        [r / b for r, b in zip(v, rates[base])], "faster", "slower")} for name, v in rates.items()}
 
 
 def attention_table(args) -> dict:
