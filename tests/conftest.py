@@ -102,6 +102,24 @@ def any_tiny_model(request) -> str:
 
 
 
+def _cpu_builds() -> list[str]:
+    from minicb.kernels import isa
+
+    return isa.supported()
+
+
+@pytest.fixture(params=_cpu_builds())
+def build(request, monkeypatch, reload_cpu_kernel):
+    """The CPU kernels as compiled for one instruction set this machine runs, forced through
+    $MINICB_CPU_ISA (each build a parameter)."""
+    from minicb.kernels import cpu, isa
+
+    monkeypatch.setenv(isa.ENV, request.param)
+    ok, how = cpu.available()
+    assert ok and how.startswith(request.param + ":"), how
+    return request.param
+
+
 @pytest.fixture
 def reload_cpu_kernel():
     """The CPU attention kernel is found (or not) afresh inside the test, under the test's own

@@ -11,22 +11,12 @@ import torch
 from minicb.kernels import cpu, isa
 from reference import greedy
 from test_cpu_decode import decode_step
+from test_cpu_isa import BUILDS
 
 from minicb import LLM
 from minicb.model.fused_cpu import FusedCpuDecoder, use_small_batch_linear
 from minicb.model.int4 import dequantize_int4, pack_int4, quantize_int4
 from minicb.model.loader import load_model
-
-BUILDS = isa.supported()
-
-
-@pytest.fixture(params=BUILDS)
-def build(request, monkeypatch, reload_cpu_kernel):
-    """The kernels as compiled for one instruction set, forced through $MINICB_CPU_ISA."""
-    monkeypatch.setenv(isa.ENV, request.param)
-    ok, how = cpu.available()
-    assert ok and how.startswith(request.param + ":"), how
-    return request.param
 
 
 @pytest.mark.parametrize("fmt", ["int4", "grouped int8"])

@@ -21,13 +21,6 @@ from minicb.model.quant import pack_kv_int8, quantize_int8, unpack_kv_int8
 BUILDS = isa.supported()
 
 
-@pytest.fixture(params=BUILDS)
-def build(request, monkeypatch, reload_cpu_kernel):
-    """The kernels as compiled for one instruction set, forced through $MINICB_CPU_ISA."""
-    monkeypatch.setenv(isa.ENV, request.param)
-    ok, how = cpu.available()
-    assert ok and how.startswith(request.param + ":"), how
-    return request.param
 
 
 def test_the_widest_build_the_cpu_runs_is_chosen(monkeypatch):
