@@ -106,15 +106,15 @@ FACTS: dict[str, Fact] = {
                                            "bytes"),
     # gloo's all-reduce between two processes on the book's 2-core CPU machine: measured here,
     # not cited (the medians of the repeats in the JSON; its load average is beside them there)
-    "gloo_allreduce_4kib": Fact(337.4, "us", _GLOO_MEASURED + ": median all-reduce of "
+    "gloo_allreduce_4kib": Fact(345.8, "us", _GLOO_MEASURED + ": median all-reduce of "
                                  "4 KiB of float32 between two processes"),
-    "gloo_allreduce_32kib": Fact(349.0, "us", _GLOO_MEASURED + ": median all-reduce of "
+    "gloo_allreduce_32kib": Fact(349.7, "us", _GLOO_MEASURED + ": median all-reduce of "
                                  "32 KiB of float32 between two processes"),
-    "gloo_allreduce_128kib": Fact(394.6, "us", _GLOO_MEASURED + ": median all-reduce of "
+    "gloo_allreduce_128kib": Fact(370.6, "us", _GLOO_MEASURED + ": median all-reduce of "
                                  "128 KiB of float32 between two processes"),
-    "gloo_allreduce_1mib": Fact(1455.5, "us", _GLOO_MEASURED + ": median all-reduce of "
+    "gloo_allreduce_1mib": Fact(710.4, "us", _GLOO_MEASURED + ": median all-reduce of "
                                  "1 MiB of float32 between two processes"),
-    "gloo_allreduce_8mib": Fact(6171.1, "us", _GLOO_MEASURED + ": median all-reduce of "
+    "gloo_allreduce_8mib": Fact(5802.8, "us", _GLOO_MEASURED + ": median all-reduce of "
                                  "8 MiB of float32 between two processes"),
     # --- models (the checkpoints' config.json on the Hugging Face hub) ---
     "qwen3_30b_a3b_layers": Fact(48, "layers", "Qwen/Qwen3-30B-A3B config.json: "

@@ -6,11 +6,13 @@ and two ranks with one thread each split the same arithmetic over the same two c
 split adds 2 x layers all-reduces and one broadcast of the plan per step (vLLM measured TP = 2
 through torch.distributed on a CPU at 196% of TP = 1's time per token).
 
-The prediction is `minicb.sim.parallel.tp_step_parts` with a "device" of one core: the one-rank
-step with one thread is the base; the part of it outside the decoder layers (measured here by
-timing the layers: scheduling, the embedding, the LM head and sampling, which rank 0 does alone)
-plus the plan's broadcast is the part that stays; the layers' time halves; each layer adds two
-all-reduces at this run's measured gloo times. The engines run the torch modules with the
+The prediction is `minicb.sim.parallel.tp_step_parts` twice. The GPU model, with a "device" of
+one core and memory of its own: the one-thread step is the base, the part outside the decoder
+layers (timed here with hooks on the layers: scheduling, the embedding, the LM head and
+sampling, which rank 0 does alone) plus the plan's broadcast stays, and the layers' time halves.
+The corrected model, `one_machine=True`: two ranks are two halves of one machine, sharing its
+cores and its one memory bus, so the base is the one-rank step on both cores and its layers'
+time stays whole. Both add 2 x layers all-reduces at this run's measured gloo times. The engines run the torch modules with the
 small-batch kernel (no fused decode layer), the path both ranks of a TP group take.
 
     .venv/bin/python scripts/bench_tensor_parallel.py --random-model llama-100m --repeats 5
@@ -230,15 +232,18 @@ def decode_steps(llm, rows: int, clock: LayerClock | CollectiveClock | None = No
             statistics.median(outside[1:-1]) if clock else None)
 
 
-def predict(one_thread_step: float, outside: float, broadcast: float, shape: ModelShape,
-            rows: int, gloo: tuple) -> dict[str, float]:
-    """minicb.sim.parallel's TP = 2 step, a core per rank: the one-thread step as the base, what
-    lies outside the layers plus the plan's broadcast as the part that stays."""
-    base = CostModel(step_overhead=one_thread_step, prefill_token=0.0,
-                     name="one rank, one thread", unit="s")
+def predict(step: float, outside: float, broadcast: float, shape: ModelShape, rows: int,
+            gloo: tuple, one_machine: bool = True) -> dict[str, float]:
+    """minicb.sim.parallel's TP = 2 step on this CPU. With `one_machine` (the corrected model):
+    the ranks are two halves of one machine, so the base is the one-rank step on both cores, its
+    part outside the layers plus the plan's broadcast stays, the layers' time stays too (each
+    rank's half runs on half the cores and half the shared memory bus), and 2 x layers
+    all-reduces are added. Without it (the GPU model, each device its own memory): the base is
+    the one-thread step, a core standing in for a GPU, and the layers' time halves."""
+    base = CostModel(step_overhead=step, prefill_token=0.0, name="one rank", unit="s")
     return tp_step_parts(base, shape, 2, None, 0, rows, 0,
                          allreduce=partial(gloo_allreduce_time, table=gloo),
-                         fixed=outside + broadcast)
+                         fixed=outside + broadcast, one_machine=one_machine)
 
 
 SYSTEMS = ("TP=1", "TP=1 1 thread", "TP=2")
@@ -257,13 +262,15 @@ def markdown(out_dir: str) -> str:
     lines += [f"| plan broadcast ({PLAN_BYTES:,} bytes) | {gloo['broadcast_us']:,.0f} us |",
               f"| bandwidth, 1 to 8 MiB | {gloo['bandwidth_GBps']:.2f} GB/s |", "",
               f"Decode steps, load average {loads([s['load_average'] for s in tp['steps']])}:",
-              "", "| rows | TP=1, 2 threads | TP=1, 1 thread | outside the layers | TP=2 | "
-              "rank 0's all-reduces in it | predicted (its all-reduces alone) | TP=2 against "
-              "it | TP=2 / TP=1, paired |", "|---" * 9 + "|"]
+              "", "| rows | TP=1, 2 threads | TP=1, 1 thread | outside the layers (2 threads) "
+              "| TP=2 | rank 0's all-reduces in it | predicted, one machine (its all-reduces) | "
+              "TP=2 against it | predicted, GPU model | TP=2 against it | TP=2 / TP=1, paired |",
+              "|---" * 11 + "|"]
     lines += [f"| {r['rows']} | {r['TP=1']:.1f} ms | {r['TP=1 1 thread']:.1f} ms | "
               f"{r['outside_ms']:.1f} ms | {r['TP=2']:.1f} ms | {r['allreduce_in_step_ms']:.1f} ms "
               f"| {r['predicted']:.1f} ms ({r['parts_ms']['all-reduce']:.1f} ms) | "
-              f"{r['error']:+.0%} | {r['reading']} |" for r in tp["table"]]
+              f"{r['error']:+.0%} | {r['predicted_own_memory']:.1f} ms | "
+              f"{r['error_own_memory']:+.0%} | {r['reading']} |" for r in tp["table"]]
     shm_loads = [run["load_average"] for runs in shm["runs"].values() for run in runs]
     lines += ["", f"gloo against shared memory, load average {loads(shm_loads)}:", "",
               "| message | gloo | shared memory | gloo / shared memory, paired |", "|---" * 4 + "|"]
@@ -302,8 +309,9 @@ def main(argv: list[str] | None = None) -> int:
     a = model.args
     shape = ModelShape(label, sum(p.numel() for p in model.parameters()), a.num_layers,
                        a.hidden_size, a.num_kv_heads, a.head_dim, dtype_bytes=4)
-    clocks = {"TP=1 1 thread": LayerClock(engines["TP=1 1 thread"].llm_engine.model.model.layers),
-              "TP=2": CollectiveClock()}
+    clocks = {name: LayerClock(engines[name].llm_engine.model.model.layers)
+              for name in ("TP=1", "TP=1 1 thread")}
+    clocks["TP=2"] = CollectiveClock()
     gloo, broadcast = gloo_record(list(GLOO_SIZES.values()), args.repeats, args.out_dir)
     steps = []
     for repeat, (name, llm) in alternate(args.repeats, list(engines.items())):
@@ -333,12 +341,18 @@ def summarise(steps: list[dict], shape: ModelShape, gloo: tuple, broadcast: floa
     for rows in ROWS:
         row = {"rows": rows, **{system: spread(of(system, rows))["median"] * 1e3
                                 for system in SYSTEMS}}
-        outside = statistics.median(of("TP=1 1 thread", rows, "outside_clock"))
-        parts = predict(row["TP=1 1 thread"] / 1e3, outside, broadcast, shape, rows, gloo)
+        outside = statistics.median(of("TP=1", rows, "outside_clock"))
+        parts = predict(row["TP=1"] / 1e3, outside, broadcast, shape, rows, gloo)
+        outside_one = statistics.median(of("TP=1 1 thread", rows, "outside_clock"))
+        gpu_like = predict(row["TP=1 1 thread"] / 1e3, outside_one, broadcast, shape, rows, gloo,
+                           one_machine=False)
         in_step = row["TP=2"] - statistics.median(of("TP=2", rows, "outside_clock")) * 1e3
         row.update({"outside_ms": outside * 1e3, "parts_ms": {k: v * 1e3 for k, v in parts.items()},
-                    "predicted": sum(parts.values()) * 1e3, "allreduce_in_step_ms": in_step})
+                    "predicted": sum(parts.values()) * 1e3, "allreduce_in_step_ms": in_step,
+                    "predicted_own_memory": sum(gpu_like.values()) * 1e3,
+                    "parts_own_memory_ms": {k: v * 1e3 for k, v in gpu_like.items()}})
         row["error"] = row["TP=2"] / row["predicted"] - 1
+        row["error_own_memory"] = row["TP=2"] / row["predicted_own_memory"] - 1
         ratios = [a / b for a, b in zip(of("TP=2", rows), of("TP=1", rows))]
         row.update({"ratios": ratios, "ratio": statistics.median(ratios),
                     "reading": reading(ratios, "TP=2 slower", "TP=2 faster")})
@@ -349,8 +363,9 @@ def summarise(steps: list[dict], shape: ModelShape, gloo: tuple, broadcast: floa
 COLUMNS = [("rows", "rows", "d"), ("TP=1", "TP=1 ms", ".1f"),
            ("TP=1 1 thread", "1 thread ms", ".1f"), ("outside_ms", "outside layers ms", ".1f"),
            ("TP=2", "TP=2 ms", ".1f"), ("allreduce_in_step_ms", "its all-reduces ms", ".1f"),
-           ("predicted", "predicted ms", ".1f"),
-           ("error", "TP=2 vs prediction", "+.0%"), ("ratio", "TP=2 / TP=1", ".2f")]
+           ("predicted", "predicted ms", ".1f"), ("error", "TP=2 vs prediction", "+.0%"),
+           ("predicted_own_memory", "GPU model ms", ".1f"),
+           ("error_own_memory", "TP=2 vs GPU model", "+.0%"), ("ratio", "TP=2 / TP=1", ".2f")]
 
 
 if __name__ == "__main__":

@@ -229,7 +229,7 @@ def tp_step_parts(base: CostModel, shape: ModelShape, n: int, link: Link, prefil
                   decode_rows: int, context_tokens: int = 0,
                   hbm_bandwidth: float = A100_HBM_BANDWIDTH,
                   allreduce: AllReduce = allreduce_time,
-                  fixed: float | None = None) -> dict[str, float]:
+                  fixed: float | None = None, one_machine: bool = False) -> dict[str, float]:
     """One step of a TP group of n GPUs, in seconds, by where the time goes.
 
     `base` is the one-GPU cost model of `shape`. Its step overhead is split into a part that
@@ -241,7 +241,13 @@ def tp_step_parts(base: CostModel, shape: ModelShape, n: int, link: Link, prefil
     shrink, and the default overstates what stays. Give `fixed` (seconds) where it was measured
     instead. Prompt tokens, decode rows and keys read shrink n-fold (each GPU computes 1/n of the
     heads and of the MLP, and keeps 1/n of the KV heads). Each layer adds two all-reduces of the
-    step's activations (`allreduce`: what vLLM runs, by default)."""
+    step's activations (`allreduce`: what vLLM runs, by default).
+
+    `one_machine=True` prices ranks that are slices of one machine, such as the cores of one CPU
+    standing in for GPUs: `base` is then the machine's step on all of its cores, and a rank's
+    1/n of the work runs on 1/n of the cores and of the one memory bus they share, so nothing
+    shrinks and the split only adds its all-reduces. n GPUs each bring their own memory; n
+    cores of one CPU do not."""
     weights = (weight_read_time(shape, hbm_bandwidth) if fixed is None
                else base.step_overhead - fixed)
     if weights > base.step_overhead * (1 + 1e-9) or weights < 0:
@@ -249,9 +255,10 @@ def tp_step_parts(base: CostModel, shape: ModelShape, n: int, link: Link, prefil
                          f"step, which does not hold a shrinking part of {weights:.4g} s for "
                          f"{shape.name}: it is not this model's cost model.")
     message = shape.hidden_size * (prefill_tokens + decode_rows) * shape.dtype_bytes
-    return {"fixed": base.step_overhead - weights, "weights": weights / n,
-            "compute": (base.prefill_token * prefill_tokens + base.decode_seq * decode_rows) / n,
-            "kv read": base.context_token * context_tokens / n,
+    share = 1 if one_machine else n
+    return {"fixed": base.step_overhead - weights, "weights": weights / share,
+            "compute": (base.prefill_token * prefill_tokens + base.decode_seq * decode_rows) / share,
+            "kv read": base.context_token * context_tokens / share,
             "all-reduce": 2 * shape.layers * allreduce(message, n, link) if n > 1 else 0.0}
 
 

@@ -62,6 +62,20 @@ def test_a_measured_fixed_part_replaces_the_peak_bandwidth_assumption():
         tp_step_parts(base, shape, 2, None, 0, 2, 0, fixed=11.0)
 
 
+def test_ranks_on_one_machine_split_nothing_but_add_their_all_reduces():
+    shape = ModelShape("cpu", params=10, layers=3, hidden_size=25, kv_heads=1, head_dim=1,
+                       dtype_bytes=4)
+    base = CostModel(step_overhead=10.0, prefill_token=0.5, decode_seq=0.25, context_token=0.125)
+    gloo = lambda b, n, link: gloo_allreduce_time(b, n, table=TABLE)
+    split = tp_step_parts(base, shape, 2, None, 4, 2, 8, allreduce=gloo, fixed=4.0)
+    shared = tp_step_parts(base, shape, 2, None, 4, 2, 8, allreduce=gloo, fixed=4.0,
+                           one_machine=True)
+    # two halves of one machine: the base's own terms stay whole, the all-reduces are the same
+    assert shared == {"fixed": 4.0, "weights": 6.0, "compute": 2.5, "kv read": 1.0,
+                      "all-reduce": split["all-reduce"]}
+    assert split["weights"] == 3.0 and split["compute"] == 1.25 and split["kv read"] == 0.5
+
+
 def test_plans_that_do_not_fit_their_kv_are_refused():
     holds = kv_tokens(LLAMA2_70B, 2)
     assert holds == 18_448                                  # 1,153 blocks of 16 tokens
