@@ -147,9 +147,13 @@ def render(record: dict) -> str:
     lines = [f"`python scripts/quant_peers.py` (results/quant-peers.json): {record['machine_line']}"
              f"; minicb and llama.cpp on {threads} thread(s), vLLM on its own binding; load "
              f"average (1 min) {min(loads):.1f}-{max(loads):.1f} around the runs."]
-    if max(loads) > 1.5:
-        lines.append("The machine was shared (load above 1.5 on 2 cores): these are not "
-                     "quiet-machine figures, and a rerun on a quiet machine is pending.")
+    busy = [name for name, part in record["parts"].items()
+            if max(load for s in part["systems"].values() for r in s["repeats"]
+                   for load in (r["load"][0][0], r["load"][1][0])) > 1.5]
+    if busy:
+        lines.append(f"Part{'s' if len(busy) > 1 else ''} {', '.join(busy)} ran with the load "
+                     "above 1.5 on 2 cores at some point (the per-system loads are in the tables): "
+                     "read those as a shared machine's figures; the other parts ran quiet.")
     for name, part in record["parts"].items():
         lines += ["", f"**{name}**: {PARTS[name]['model']}, {part['requests']} requests of "
                   f"{part['prompt_tokens']} + {part['output_tokens']} tokens, {part['at_once']} "

@@ -53,9 +53,9 @@ def test_the_page_states_the_load_and_is_rewritten_in_place(script, tmp_path, mo
     monkeypatch.setattr(script, "PAGE", page)
     script.write_page(record(4.0))
     first = page.read_text()
-    assert first.startswith("# Fewer bytes\n\nabove\n") and "a quiet machine is pending" in first
+    assert first.startswith("# Fewer bytes\n\nabove\n") and "Part many ran with the load" in first
     assert "| best minicb (minicb bfloat16) / vLLM bfloat16 | many | >= 1.3x | met |" in first
     assert "| minicb float32 / vLLM float32 | many | >= 1.5x | met |" in first
     script.write_page(record(1.0))             # a quiet rerun replaces the section, once
     second = page.read_text()
-    assert second.count(script.BEGIN) == 1 and "pending" not in second
+    assert second.count(script.BEGIN) == 1 and "ran with the load" not in second
