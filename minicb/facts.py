@@ -39,6 +39,10 @@ _CUSTOM_AR_TIMES = ("sgl-project/sglang pull request 2904 (2025-01-15), table 'v
 _GLOO_MEASURED = ("measured on this project's 2-core CPU machine by scripts/bench_tensor_parallel.py, "
                   "benchmarks/results/gloo_allreduce.json")
 
+_VLLM_CPU_TP = ("vllm-project/vllm pull request 32792 (2026-01-21), its benchmark table: "
+                "c8g.metal.48xlarge (Arm, two NUMA domains of 96 cores), baseline one NUMA domain "
+                "at tp=1, https://github.com/vllm-project/vllm/pull/32792")
+
 _HF_ASYNC = ("Ouazan Reboul, Cuenca, Roy Gosthipaty, Unlocking asynchronicity in continuous "
              "batching, Hugging Face blog (2026-05-14), the section 'Does it actually work?', "
              "https://huggingface.co/blog/continuous_async")
@@ -116,6 +120,13 @@ FACTS: dict[str, Fact] = {
                                  "1 MiB of float32 between two processes"),
     "gloo_allreduce_8mib": Fact(5802.8, "us", _GLOO_MEASURED + ": median all-reduce of "
                                  "8 MiB of float32 between two processes"),
+    # vLLM's CPU backend, tensor parallelism over two NUMA domains of one Arm server: median TPOT
+    # as a share of one rank on one NUMA domain, through torch.distributed and through vLLM's
+    # shared-memory communicator
+    "vllm_cpu_tp2_torch_distributed_tpot": Fact(196.4, "% of TP=1", _VLLM_CPU_TP + ": 2 NUMA, "
+                                                "tp=2 with thread binding, torch.distributed"),
+    "vllm_cpu_tp2_shared_memory_tpot": Fact(53.6, "% of TP=1", _VLLM_CPU_TP + ": 2 NUMA, tp=2, "
+                                            "vLLM's shared-memory communicator (the pull request)"),
     # --- models (the checkpoints' config.json on the Hugging Face hub) ---
     "qwen3_30b_a3b_layers": Fact(48, "layers", "Qwen/Qwen3-30B-A3B config.json: "
                                  "num_hidden_layers, https://huggingface.co/Qwen/Qwen3-30B-A3B"),
