@@ -21,6 +21,13 @@ LOCK       := constraints.txt
 # matplotlib's font cache lives with the environment that built it: a cache shared through ~/.cache
 # can name font files of a deleted environment, and its warnings would land in the notebooks
 export MPLCONFIGDIR := $(abspath $(VENV))/matplotlib
+# Setup installs without compiling every package's bytecode (--no-compile, below); Python then
+# compiles each module the first time it is imported and keeps the .pyc, unless the shell says
+# never to write bytecode (PYTHONDONTWRITEBYTECODE, set on some machines and CI images). Then
+# every process, and the test suite starts hundreds (servers, graders, notebook kernels), would
+# compile torch and transformers from source again at each import: the suite ran about 1.4 times
+# as long. So the targets here let Python keep what it compiles.
+unexport PYTHONDONTWRITEBYTECODE
 CH         ?=
 
 .PHONY: setup lock browser-setup test test-fast test-gpu lab demo lint grade env-check guidellm peer-vllm peer-llamacpp clean \

@@ -217,10 +217,11 @@ def stage(src: Path) -> None:
 
 def sphinx_args(src: Path, out: Path, quiet: bool = True) -> list[str]:
     """sphinx-build's arguments: every warning an error (all of them reported), a fresh
-    environment each time (so a warning is never hidden by a cached page)."""
+    environment each time (so a warning is never hidden by a cached page), pages read and
+    written on every core (the site's one extension and myst-nb are safe in parallel)."""
     return (["-q"] if quiet else []) + [
-        "-b", "html", "-W", "--keep-going", "-E", "-c", str(BOOK), "-d", str(out / "doctrees"),
-        str(src), str(out / "html")]
+        "-b", "html", "-W", "--keep-going", "-E", "-j", "auto", "-c", str(BOOK),
+        "-d", str(out / "doctrees"), str(src), str(out / "html")]
 
 
 def build(out: Path = DEFAULT_OUT, quiet: bool = True) -> Path:

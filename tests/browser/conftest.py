@@ -83,7 +83,10 @@ class Lab:
             [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--allow-root",
              "--ip=127.0.0.1", f"--port={self.port}", f"--IdentityProvider.token={self.token}",
              f"--ServerApp.root_dir={folder}", "--LabApp.news_url=",
-             "--ServerApp.open_browser=False"],
+             "--ServerApp.open_browser=False",
+             # window.jupyterapp: a chapter that is only looked at opens in the page already
+             # loaded (JupyterLab's own open command), not in a fresh load of the whole app
+             "--LabApp.expose_app_in_browser=True"],
             env=env, stdout=self.log.open("w"), stderr=subprocess.STDOUT)
         deadline = time.time() + 60
         while time.time() < deadline:

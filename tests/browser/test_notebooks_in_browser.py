@@ -178,16 +178,45 @@ UNDRAWN_IMAGES = """return Array.from(arguments[0].querySelectorAll('.jp-OutputA
     .filter(img => !img.complete || img.naturalWidth === 0).length;"""
 
 
+APP_READY = "return !!(window.jupyterapp && window.jupyterapp.commands);"
+CLOSE_ALL = """const done = arguments[arguments.length - 1];
+window.jupyterapp.commands.execute('application:close-all').then(() => done(true), () => done(false));"""
+OPEN = """const [path, done] = arguments;
+window.jupyterapp.commands.execute('docmanager:open', {path}).then(() => done(true), () => done(false));"""
+
+
+def close_all(driver) -> None:
+    """Close every tab of a page that JupyterLab has loaded (before its kernels are shut down,
+    so no open chapter is left with a dead kernel's dialog for the next one)."""
+    with contextlib.suppress(Exception):
+        if driver.execute_script(APP_READY):
+            driver.execute_async_script(CLOSE_ALL)
+            wait_for(lambda: not driver.find_elements(_by().CSS_SELECTOR, ".jp-NotebookPanel"),
+                     10, "every tab to close")
+
+
 def open_chapter(driver, lab, name: str, kernel: bool = True) -> list[str]:
-    """Open `name` in a fresh workspace and, with `kernel`, wait for its kernel to start; return
-    what went wrong. A chapter that is only looked at needs no live kernel: every chapter starts
-    the same one, and the chapters that are run below prove it starts."""
+    """Open `name` and, with `kernel`, wait for its kernel to start; return what went wrong. A
+    chapter that is run opens in a fresh load of JupyterLab with a fresh workspace. A chapter
+    that is only looked at opens in the JupyterLab page already loaded, once the last chapter's
+    tabs are closed (JupyterLab's own open command: a reader's double click in the file
+    browser), and needs no live kernel: every chapter starts the same one, and the chapters
+    that are run below prove it starts."""
     By = _by()
     problems = []
-    # ?reset: a fresh workspace, so no tab (or kernel) of an earlier chapter comes back
-    driver.get(f"{lab.url}/lab/tree/{name}?reset&token={lab.token}")
-    wait_for(lambda: driver.find_elements(By.CSS_SELECTOR, ".jp-NotebookPanel .jp-Cell"), 60,
+    reuse = (not kernel and driver.current_url.startswith(lab.url)
+             and driver.execute_script(APP_READY)
+             and not driver.find_elements(By.CSS_SELECTOR, ".jp-NotebookPanel, .jp-Dialog"))
+    if reuse:
+        driver.set_script_timeout(60)
+        if not driver.execute_async_script(OPEN, name):
+            problems.append("JupyterLab's open command failed")
+    else:
+        # ?reset: a fresh workspace, so no tab (or kernel) of an earlier chapter comes back
+        driver.get(f"{lab.url}/lab/tree/{name}?reset&token={lab.token}")
+    wait_for(lambda: driver.find_elements(By.CSS_SELECTOR, f"{PANEL} .jp-Cell"), 60,
              f"{name} to open")
+    wait_for(lambda: tab_classes(driver, name), 10, f"{name}'s tab")
     if kernel:
         wait_for(lambda: kernel_status(driver) == "idle", 60, "the kernel to start")
     else:   # its session exists, so the shutdown after the checks stops the kernel it starts
@@ -229,6 +258,7 @@ def checked_in_lab(browser, lab, name: str):
         browser.save_screenshot(str(failure))
         raise
     finally:
+        close_all(browser)
         lab.shut_down_kernels()
     assert not problems, f"{name} in JupyterLab (screenshot {failure}):\n  " + \
         "\n  ".join(problems)
