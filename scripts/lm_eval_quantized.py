@@ -78,17 +78,9 @@ def gate(results: dict[str, dict]) -> dict[str, dict]:
 
 
 def served(model: str, args: tuple[str, ...], work: Path) -> dict:
-    from minicb.bench.harness import minicb_serve_command, server_process
-    from minicb.bench.lm_eval import GENERATION, MULTIPLE_CHOICE, read_samples, run_lm_eval
-    from minicb.serving.cluster import free_port
+    from minicb.bench.lm_eval import GENERATION, MULTIPLE_CHOICE, read_samples, run_served
 
-    port = free_port()
-    command = minicb_serve_command(port, "--model", model, "--served-model-name", "minicb",
-                                   "--max-num-seqs", "8", *args)
-    with server_process("minicb-serve", command, port, ready="/health", timeout=120) as url:
-        run_lm_eval("local-completions", f"base_url={url}/v1/completions,model=minicb,"
-                    f"tokenizer={model},tokenizer_backend=huggingface,tokenized_requests=True,"
-                    "max_length=512", work)
+    run_served(model, work, *args)
     return scores(read_samples(work, MULTIPLE_CHOICE), read_samples(work, GENERATION))
 
 

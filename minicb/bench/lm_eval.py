@@ -105,17 +105,21 @@ def compare(served_dir: Path, hf_dir: Path) -> dict:
     return {MULTIPLE_CHOICE: multiple_choice, GENERATION: generation}
 
 
-def run_comparison(model: str, work_dir: Path) -> dict:
-    """Both runs and their comparison (the server's run first, then transformers')."""
+def run_served(model: str, out_dir: Path, *serve_args: str) -> None:
+    """One lm_eval run against `minicb serve --model model *serve_args`, samples under out_dir."""
     port = free_port()
     command = minicb_serve_command(port, "--model", str(model), "--served-model-name", "minicb",
-                                   "--max-num-seqs", "8")
+                                   "--max-num-seqs", "8", *serve_args)
     with server_process("minicb-serve", command, port, ready="/health", timeout=120) as url:
         # token ids in, as lm-eval sends them by default: both models score the same tokens
         run_lm_eval("local-completions", f"base_url={url}/v1/completions,model=minicb,"
                     f"tokenizer={model},tokenizer_backend=huggingface,tokenized_requests=True,"
-                    "max_length=512",
-                    work_dir / "served")
+                    "max_length=512", out_dir)
+
+
+def run_comparison(model: str, work_dir: Path) -> dict:
+    """Both runs and their comparison (the server's run first, then transformers')."""
+    run_served(model, work_dir / "served")
     run_lm_eval("hf", f"pretrained={model},dtype=float32", work_dir / "hf")
     return compare(work_dir / "served", work_dir / "hf")
 
