@@ -11,7 +11,11 @@ run is kept beside its figure):
   weights (float32 and bfloat16 activations), vLLM bfloat16 and float32, llama.cpp Q8_0;
 - one: the same model, the same requests one at a time: minicb in each format, llama.cpp F32,
   BF16 and Q8_0;
-- shipped: the shipped model, 24 requests at once: minicb and vLLM at float32 and bfloat16.
+- shipped: the shipped model, 24 requests at once: minicb and vLLM at float32 and bfloat16;
+- w8a8: the ~100M Llama, 24 requests at once: minicb bfloat16 with and without int8 weights,
+  vLLM bfloat16 and vLLM int8 (W8A8: the same weights written as compressed-tensors W8A8,
+  minicb.bench.vllm_peer.write_w8a8_checkpoint, which vLLM's CPU build runs with int8
+  activations quantized per token).
 
 Every system gets the same token-id prompts (64 tokens), the part's number of greedy tokens
 each (32 at 24 at once, 64 one at a time) with EOS ignored, --threads threads (vLLM binds its
@@ -46,7 +50,10 @@ PARTS = {"many": {"model": "llama-100m", "at_once": 24, "output_tokens": 32,
                  "systems": [*MINICB, "llama.cpp F32", "llama.cpp BF16", "llama.cpp Q8_0"]},
          "shipped": {"model": "shipped", "at_once": 24, "output_tokens": 32,
                      "systems": ["minicb float32", "minicb bfloat16", "vLLM bfloat16",
-                                 "vLLM float32"]}}
+                                 "vLLM float32"]},
+         "w8a8": {"model": "llama-100m", "at_once": 24, "output_tokens": 32,
+                  "systems": ["minicb bfloat16", "minicb bfloat16 + int8", "vLLM bfloat16",
+                              "vLLM int8 (W8A8)"]}}
 # (part, system, baseline, target): the ratios the page reads, system over baseline
 RATIOS = [("many", "best minicb", "vLLM bfloat16", 1.3),
           ("many", "minicb float32", "vLLM float32", 1.5),
@@ -56,6 +63,8 @@ RATIOS = [("many", "best minicb", "vLLM bfloat16", 1.3),
           ("one", "minicb int8", "minicb bfloat16", 1.6),
           ("one", "best minicb int8", "llama.cpp Q8_0", 1.0),
           ("many", "best minicb int8", "llama.cpp Q8_0", 2.0),
+          ("w8a8", "vLLM int8 (W8A8)", "vLLM bfloat16", None),
+          ("w8a8", "best minicb", "vLLM int8 (W8A8)", 1.3),
           ("one", "minicb float32", "llama.cpp F32", None),
           ("one", "minicb bfloat16", "llama.cpp BF16", None)]
 
@@ -83,6 +92,12 @@ def runner(system: str, model_path: str, at_once: int, threads: int):
                     {"attention": llm.llm_engine.config.attention, **MINICB[system]})
         serve(workload(1, seed=9), [2])       # warm-up: the kernels' first call builds them
         return serve
+    if system == "vLLM int8 (W8A8)":
+        from minicb.bench.vllm_peer import run_vllm, write_w8a8_checkpoint
+
+        w8a8 = str(write_w8a8_checkpoint(model_path, tempfile.mkdtemp(prefix="minicb-w8a8-")))
+        return lambda prompts, lens: unpack(run_vllm(w8a8, prompts, lens, 512, {
+            "max_num_seqs": at_once, "dtype": "bfloat16"}))
     if system.startswith("vLLM"):
         from minicb.bench.vllm_peer import run_vllm
 

@@ -142,6 +142,11 @@ def split_compressed(config: dict, state: dict[str, torch.Tensor], quantization:
                          f"quantization=None, not {quantization!r}, to run it as stored.")
     names = sorted(key.removesuffix(".weight_packed") for key in state
                    if key.endswith(".weight_packed"))
+    if not names:     # another format stores no weight_packed: say which, by its config
+        _scheme(qconfig, "model.layers.0.self_attn.q_proj", source)
+        raise ValueError(f"{source}: its quantization_config names compressed-tensors, but no "
+                         "tensor is stored as weight_packed; minicb reads the 'pack-quantized' "
+                         "format (W8A16, W4A16).")
     outside = [name for name in names if not re.fullmatch(
         r"model\.layers\.\d+\.(self_attn\.[qkvo]_proj|mlp\.(gate|up|down)_proj)", name)]
     if outside:
