@@ -99,3 +99,22 @@ def test_the_kv_pressure_figures_quant_md_quotes():
     assert verdict.split(";")[0].startswith("faster in every one of")
     size = verdict.split("the size, ")[1].split(", is")[0]
     assert f"| int8 | {record['int8 KV']['kv_blocks']} | 0 | " in page and size in page
+
+
+def test_the_w8a8_paragraph_quotes_the_peers_record():
+    """benchmarks/quant.md's paragraph on vLLM's W8A8 reads results/quant-peers.json's w8a8 part."""
+    part = json.loads((RESULTS / "quant-peers.json").read_text())["parts"]["w8a8"]["systems"]
+
+    def reading(system: str, baseline: str) -> Repeats:
+        return Repeats.of([a["tokens_per_s"] / b["tokens_per_s"] for a, b in
+                           zip(part[system]["repeats"], part[baseline]["repeats"])])
+
+    w8a8 = reading("vLLM int8 (W8A8)", "vLLM bfloat16")
+    best = reading("minicb bfloat16", "vLLM int8 (W8A8)")
+    assert w8a8.verdict("higher", "lower") == "higher" and best.verdict("higher", "lower") == "lower"
+    page = text("benchmarks/quant.md")
+    assert f"vLLM's W8A8 served {w8a8.median:.2f}x its own bfloat16 in every repeat" in page
+    assert f"minicb's best (bfloat16) {best.median:.2f}x of it, lower in every repeat" in page
+    rates = {s: part[s]["tokens_per_s"]["median"] for s in part}
+    assert (f"served {rates['minicb bfloat16 + int8']:.0f} tokens/s against its bfloat16's "
+            f"{rates['minicb bfloat16']:.0f} here") in page
