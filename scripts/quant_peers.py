@@ -155,6 +155,38 @@ def paired(part: dict, system: str, baseline: str) -> tuple[str, list[float]]:
     return system, [a / b for a, b in zip(rates, base)]
 
 
+# bytes a decoder weight takes in each format (Q8_0: 32 int8 values and one float16 scale per
+# block; minicb's int8: one byte, its float32 scale per output row left out)
+WEIGHT_BYTES = {"float32": 4, "F32": 4, "bfloat16": 2, "BF16": 2, "int8": 1, "Q8_0": 34 / 32}
+
+
+def decoder_weights(model: str) -> int:
+    """The decoder's matrices (attention and MLP of every layer): what a one-request decode step
+    reads whatever it caches; the embeddings (one row read) and the head are left out."""
+    from minicb.bench.common import RANDOM_MODELS
+
+    c = RANDOM_MODELS[model]
+    head_dim = c["hidden_size"] // c["num_attention_heads"]
+    attention = c["hidden_size"] * head_dim * 2 * (c["num_attention_heads"]
+                                                    + c["num_key_value_heads"])
+    return c["num_hidden_layers"] * (attention + 3 * c["hidden_size"] * c["intermediate_size"])
+
+
+def streamed(part: dict, model: str) -> list[str]:
+    """At one request a decode step is bound by the weights it reads: each system's tokens/s as
+    decoder-weight bytes read per second."""
+    weights = decoder_weights(model)
+    lines = ["", f"Weights read per second at one request ({weights / 1e6:.1f}M decoder weights "
+             "per token; embeddings and head left out):", "",
+             "| system | bytes per weight | GB/s |", "|---|---|---|"]
+    for system, row in part["systems"].items():
+        fmt = "int8" if "int8" in system else system.split()[-1]
+        size = WEIGHT_BYTES[fmt]
+        lines.append(f"| {system} | {size:g} | "
+                     f"{row['tokens_per_s']['median'] * weights * size / 1e9:.1f} |")
+    return lines
+
+
 def render(record: dict) -> str:
     threads = ", ".join(sorted({str(p.get("threads", 2)) for p in record["parts"].values()}))
     loads = [load for part in record["parts"].values() for s in part["systems"].values()
@@ -193,6 +225,8 @@ def render(record: dict) -> str:
         label = f"{system} ({used})" if system.startswith("best") else used
         lines.append(f"| {label} / {baseline} | {part_name} | {goal} | {met} | "
                      f"{reading.describe('higher', 'lower')} |")
+    if "one" in record["parts"]:
+        lines += streamed(record["parts"]["one"], PARTS["one"]["model"])
     return "\n".join(lines)
 
 

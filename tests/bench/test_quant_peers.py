@@ -59,3 +59,14 @@ def test_the_page_states_the_load_and_is_rewritten_in_place(script, tmp_path, mo
     script.write_page(record(1.0))             # a quiet rerun replaces the section, once
     second = page.read_text()
     assert second.count(script.BEGIN) == 1 and "ran with the load" not in second
+
+
+def test_one_requests_rates_are_read_as_weight_bytes_per_second(script):
+    """100M Llama: 8 layers of (1024 x 64 x 2 x (16 + 8)) attention and 3 x 1024 x 2816 MLP
+    weights; 10 tokens/s in float32 reads 10 x 94,371,840 x 4 bytes a second."""
+    assert script.decoder_weights("llama-100m") == 94_371_840
+    part = {"systems": {"minicb float32": system([10, 10, 10], 1.0),
+                        "llama.cpp Q8_0": system([32, 32, 32], 1.0)}}
+    lines = "\n".join(script.streamed(part, "llama-100m"))
+    assert "| minicb float32 | 4 | 3.8 |" in lines
+    assert "| llama.cpp Q8_0 | 1.0625 | 3.2 |" in lines

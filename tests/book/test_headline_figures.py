@@ -118,3 +118,24 @@ def test_the_w8a8_paragraph_quotes_the_peers_record():
     rates = {s: part[s]["tokens_per_s"]["median"] for s in part}
     assert (f"served {rates['minicb bfloat16 + int8']:.0f} tokens/s against its bfloat16's "
             f"{rates['minicb bfloat16']:.0f} here") in page
+
+
+def test_the_one_request_profile_quant_md_quotes():
+    """The llama.cpp paragraph's host and step times are the overhead run's; its GB/s ranges are
+    the rendered table's (scripts/quant_peers.py streamed)."""
+    summary = json.loads((RESULTS / "overhead-llama-100m-one-row.json").read_text())["summary"][0]
+    page = text("benchmarks/quant.md")
+    assert (f"measured {summary['host_us_median'] / 1e3:.2f} ms of host work" in page
+            and f"in a {summary['step_us_median'] / 1e3:.1f} ms step" in page)
+    lines = (ROOT / "benchmarks" / "quant.md").read_text().split("Weights read per second")[1]
+    rows = {}
+    for line in lines.split("<!-- quant-peers: end -->")[0].splitlines():
+        cells = [cell.strip() for cell in line.split("|")[1:-1]]
+        if len(cells) == 3 and cells[2] != "GB/s" and not cells[2].startswith("-"):
+            rows[cells[0]] = float(cells[2])
+    llama = [rows["llama.cpp F32"], rows["llama.cpp BF16"]]
+    ours = [rows["minicb float32"], rows["minicb bfloat16"]]
+    assert f"llama.cpp reads the decoder's weights at {min(llama):.1f}-{max(llama):.1f} GB/s" \
+        in page
+    assert f"minicb's kernels at {min(ours):.1f}-{max(ours):.1f} GB/s, and at " \
+           f"{rows['minicb int8']:.1f} GB/s in int8" in page
