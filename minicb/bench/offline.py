@@ -58,6 +58,8 @@ SYSTEMS = {
 PEERS = {"vllm": "vLLM's CPU build at --dtype (its own environment: make peer-vllm)",
          "vllm-bfloat16": "vLLM's CPU build, bfloat16 (make peer-vllm)",
          "vllm-float32": "vLLM's CPU build, float32 (make peer-vllm)",
+         "vllm-w8a8": "vLLM's CPU build, int8 weights and activations: the weights written as "
+                      "compressed-tensors W8A8, bfloat16 elsewhere (make peer-vllm)",
          "llamacpp-f32": "llama.cpp, F32 GGUF, batched API (make peer-llamacpp)",
          "llamacpp-bf16": "llama.cpp, BF16 GGUF, batched API (make peer-llamacpp)",
          "llamacpp-q8_0": "llama.cpp, Q8_0 GGUF, batched API (make peer-llamacpp)"}
@@ -166,9 +168,14 @@ def run_peer(name: str, model_path: str, args, prompts: list[list[int]],
              output_lens: list[int]) -> SystemRun:
     """A peer in its own environment, with minicb's request slots, context and step budget."""
     if name.startswith("vllm"):
-        from minicb.bench.vllm_peer import run_vllm
+        from minicb.bench.vllm_peer import run_vllm, write_w8a8_checkpoint
 
         dtype = args.dtype if name == "vllm" else name.removeprefix("vllm-")
+        if dtype == "w8a8":
+            import tempfile
+
+            model_path, dtype = str(write_w8a8_checkpoint(
+                model_path, tempfile.mkdtemp(prefix="minicb-w8a8-"))), "bfloat16"
         return run_vllm(model_path, prompts, output_lens, args.max_model_len,
                         {"max_num_seqs": args.max_num_seqs, "dtype": dtype})
     from minicb.bench.llamacpp_peer import run_llamacpp

@@ -43,3 +43,23 @@ def test_the_w8a8_checkpoint_is_compressed_tensors_int8_per_channel(tiny_llama, 
             assert torch.equal(written[name], weight), name
     with pytest.raises(ValueError, match="quantizes activations too"):
         LLM(str(target))
+
+
+def test_bench_offline_runs_vllm_w8a8_on_the_written_checkpoint(tiny_llama, monkeypatch):
+    """`bench offline --peers vllm-w8a8` hands vLLM the W8A8 copy of the model, in bfloat16."""
+    from types import SimpleNamespace
+
+    from minicb.bench import offline, vllm_peer
+
+    seen = {}
+
+    def fake_run_vllm(path, prompts, lens, max_model_len, settings):
+        seen.update(path=path, settings=settings)
+        return "ran"
+
+    monkeypatch.setattr(vllm_peer, "run_vllm", fake_run_vllm)
+    args = SimpleNamespace(dtype="float32", max_model_len=64, max_num_seqs=2)
+    assert offline.run_peer("vllm-w8a8", tiny_llama, args, [[3, 4]], [2]) == "ran"
+    config = json.loads((Path(seen["path"]) / "config.json").read_text())
+    assert config["quantization_config"]["format"] == "int-quantized"
+    assert seen["settings"] == {"max_num_seqs": 2, "dtype": "bfloat16"}
