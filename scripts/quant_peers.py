@@ -14,7 +14,7 @@ run is kept beside its figure):
 - shipped: the shipped model, 24 requests at once: minicb and vLLM at float32 and bfloat16;
 - w8a8: the ~100M Llama, 24 requests at once: minicb bfloat16 with and without int8 weights,
   vLLM bfloat16 and vLLM int8 (W8A8: the same weights written as compressed-tensors W8A8,
-  minicb.bench.vllm_peer.write_w8a8_checkpoint, which vLLM's CPU build runs with int8
+  minicb.model.compressed.write_w8a8_checkpoint, which vLLM's CPU build runs with int8
   activations quantized per token).
 
 Every system gets the same token-id prompts (64 tokens), the part's number of greedy tokens
@@ -93,7 +93,8 @@ def runner(system: str, model_path: str, at_once: int, threads: int):
         serve(workload(1, seed=9), [2])       # warm-up: the kernels' first call builds them
         return serve
     if system == "vLLM int8 (W8A8)":
-        from minicb.bench.vllm_peer import run_vllm, write_w8a8_checkpoint
+        from minicb.bench.vllm_peer import run_vllm
+        from minicb.model.compressed import write_w8a8_checkpoint
 
         w8a8 = str(write_w8a8_checkpoint(model_path, tempfile.mkdtemp(prefix="minicb-w8a8-")))
         return lambda prompts, lens: unpack(run_vllm(w8a8, prompts, lens, 512, {

@@ -55,7 +55,7 @@ BENCHMARKS = {
     "moe": ("minicb.bench.moe",
             "experts touched and weights read per decode step against batch size; MoE vs dense"),
     "quant": ("minicb.bench.quant",
-              "one linear and the engine in float32, bfloat16, int8 weights and int8 KV"),
+              "float32, bfloat16, int8 and int4 weights, and int8 KV, also under KV pressure"),
 }
 
 

@@ -54,8 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true",
                         help="shorter runs, and the SLO targets as given only")
     parser.add_argument("--duration", type=float, default=None,
-                        help="seconds of arrivals per simulated run (default 40, 15 with "
-                             "--quick)")
+                        help="seconds of arrivals per simulated run (default 40, 15 --quick)")
     add_flags(parser, "out_dir")
     parser.add_argument("--replot", action="store_true",
                         help="redraw the pictures from the results already written")

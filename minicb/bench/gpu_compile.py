@@ -124,4 +124,3 @@ def main(argv: list[str] | None = None) -> int:
         print("DEFECT:", line)
     print(f"{len(rows)} launches, {len(bad)} defects, {data['compile_seconds']} s -> {args.out}")
     return 1 if bad else 0
-

@@ -222,4 +222,3 @@ def write_payload(args: argparse.Namespace, device: str, cases: list[dict]) -> P
                    cases=cases)
     path, _ = write_results(args.out, "graphs-smoke" if args.smoke else "graphs", payload)
     return path
-

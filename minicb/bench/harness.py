@@ -207,4 +207,3 @@ def server_process(name: str, command: list[str], port: int, *, cpus: Iterable[i
         yield process.url
     finally:
         stop_processes([process], timeout=30)
-

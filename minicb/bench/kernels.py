@@ -250,4 +250,3 @@ def main(argv: list[str] | None = None) -> int:
     json_path, png_path = write_record(args.out_dir, f"kernels-{slug}", results, plot)
     print(f"wrote {json_path} and {png_path}")
     return 0
-

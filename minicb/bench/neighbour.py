@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import copy
 import functools
-import json
 import os
 import subprocess
 import sys
@@ -28,13 +27,7 @@ from pathlib import Path
 
 import torch
 
-from minicb.bench.common import (
-    display_path,
-    fit_to_context,
-    load_workload,
-    resolve_model,
-    workload_facts,
-)
+from minicb.bench.common import display_path, workload_facts
 from minicb.bench.harness import (
     add_flags,
     alternate,
@@ -45,7 +38,7 @@ from minicb.bench.harness import (
     turn_order,
     write_results,
 )
-from minicb.bench.offline import ENGINE_FLAGS, PEERS, SYSTEMS, load_hf_model, run_system
+from minicb.bench.offline import ENGINE_FLAGS, PEERS, SYSTEMS, load_hf_model, prepare, run_system
 from minicb.config import EngineConfig
 from minicb.metrics import summarize
 from minicb.runner.threads import usable_cores
@@ -158,16 +151,8 @@ def main(argv: list[str] | None = None) -> int:
 
         check_available()
     threads = torch.get_num_threads()
-    model_path, model_label = resolve_model(args.model, args.random_model, args.dtype)
-    config = json.loads((Path(model_path) / "config.json").read_text())
-    args.max_model_len = args.max_model_len or min(config.get("max_position_embeddings", 2048),
-                                                   2048)
-    workload, scale = fit_to_context(load_workload(args.workload, args.num_prompts),
-                                     args.max_model_len)
-    prompts = workload.prompt_token_ids(config["vocab_size"], seed=args.seed)
+    model_path, model_label, workload, scale, prompts = prepare(args)
     output_lens = workload.output_lens
-    args.max_num_batched_tokens = (args.max_num_batched_tokens
-                                   or args.max_num_seqs * max(workload.prompt_lens))
     announce(f"{model_label}: {workload.description}; {len(workload)} requests; "
              f"{usable_cores()} cores, torch threads {threads}")
     get_hf_model = functools.cache(lambda: load_hf_model(model_path, args.device, args.dtype))

@@ -44,6 +44,7 @@ from minicb.bench.harness import add_flags, announce, bench_parser, format_table
 from minicb.bench.peers import SystemRun, hf_continuous, hf_one_at_a_time, hf_static_batches
 from minicb.config import EngineConfig, blocks_for
 from minicb.metrics import summarize
+from minicb.sim.workload import Workload
 
 SYSTEMS = {
     "hf-generate": "transformers generate, one request at a time",
@@ -58,8 +59,7 @@ SYSTEMS = {
 PEERS = {"vllm": "vLLM's CPU build at --dtype (its own environment: make peer-vllm)",
          "vllm-bfloat16": "vLLM's CPU build, bfloat16 (make peer-vllm)",
          "vllm-float32": "vLLM's CPU build, float32 (make peer-vllm)",
-         "vllm-w8a8": "vLLM's CPU build, int8 weights and activations: the weights written as "
-                      "compressed-tensors W8A8, bfloat16 elsewhere (make peer-vllm)",
+         "vllm-w8a8": "vLLM's CPU build, the weights written as W8A8 (int8 activations)",
          "llamacpp-f32": "llama.cpp, F32 GGUF, batched API (make peer-llamacpp)",
          "llamacpp-bf16": "llama.cpp, BF16 GGUF, batched API (make peer-llamacpp)",
          "llamacpp-q8_0": "llama.cpp, Q8_0 GGUF, batched API (make peer-llamacpp)"}
@@ -87,14 +87,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="page size of transformers' paged cache")
     p.add_argument("--hf-max-batch-tokens", type=int, default=512,
                    help="tokens per step of transformers' continuous batching: on a CPU it builds "
-                        "a dense "
-                        "attention mask per step, so it runs best with small steps (512 was its "
-                        "best of 256-18432)")
+                        "a dense attention mask per step, so it runs best with small steps (512 "
+                        "was its best of 256-18432)")
     add_flags(p, "threads", "out_dir", seed=dict(help="seed of the prompts' token ids"))
     p.add_argument("--no-progress", action="store_true")
     # the engine knobs every minicb system shares (each system sets its own scheduler and KV
-    # layout);
-    # the default step budget is None here: enough for a full static batch's padded prefill
+    # layout); the default step budget is None here: enough for a full static batch's prefill
     EngineConfig.add_cli_args(p, only=ENGINE_FLAGS,
                               defaults={"max_num_seqs": 64, "max_num_batched_tokens": None})
     return p.parse_args(argv)
@@ -164,11 +162,27 @@ def run_system(name: str, model_path: str, hf_model, args, prompts: list[list[in
 PEER_MODULES = {"vllm": "minicb.bench.vllm_peer", "llamacpp": "minicb.bench.llamacpp_peer"}
 
 
+def prepare(args) -> tuple[str, str, Workload, float, list[list[int]]]:
+    """(model path, its label, the workload fitted to the context, its scale, the prompts' ids)
+    for bench offline and neighbour; fills in the context and step budget the workload needs."""
+    model_path, model_label = resolve_model(args.model, args.random_model, args.dtype)
+    config = json.loads((Path(model_path) / "config.json").read_text())
+    args.max_model_len = args.max_model_len or min(config.get("max_position_embeddings", 2048),
+                                                   2048)
+    workload, scale = fit_to_context(load_workload(args.workload, args.num_prompts),
+                                     args.max_model_len)
+    args.max_num_batched_tokens = (args.max_num_batched_tokens
+                                   or args.max_num_seqs * max(workload.prompt_lens))
+    return (model_path, model_label, workload, scale,
+            workload.prompt_token_ids(config["vocab_size"], seed=args.seed))
+
+
 def run_peer(name: str, model_path: str, args, prompts: list[list[int]],
              output_lens: list[int]) -> SystemRun:
     """A peer in its own environment, with minicb's request slots, context and step budget."""
     if name.startswith("vllm"):
-        from minicb.bench.vllm_peer import run_vllm, write_w8a8_checkpoint
+        from minicb.bench.vllm_peer import run_vllm
+        from minicb.model.compressed import write_w8a8_checkpoint
 
         dtype = args.dtype if name == "vllm" else name.removeprefix("vllm-")
         if dtype == "w8a8":
@@ -230,16 +244,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     progress = not args.no_progress
-    model_path, model_label = resolve_model(args.model, args.random_model, args.dtype)
-    config = json.loads((Path(model_path) / "config.json").read_text())
-    context = config.get("max_position_embeddings", 2048)
-    args.max_model_len = args.max_model_len or min(context, 2048)
-    workload, scale = fit_to_context(load_workload(args.workload, args.num_prompts),
-                                     args.max_model_len)
-    prompts = workload.prompt_token_ids(config["vocab_size"], seed=args.seed)
+    model_path, model_label, workload, scale, prompts = prepare(args)
     output_lens = workload.output_lens
-    args.max_num_batched_tokens = (args.max_num_batched_tokens
-                                   or args.max_num_seqs * max(workload.prompt_lens))
     announce(f"{model_label}: {workload.description}; {len(workload)} requests, "
              f"{sum(output_lens)} output tokens")
 

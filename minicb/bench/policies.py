@@ -164,8 +164,7 @@ def sweep(setup: Setup, model: str | None = None, progress: bool = True) -> list
 def format_rows(rows: list[dict], header: bool = True) -> str:
     """A markdown table, the form benchmarks/policies.md quotes."""
     lines = ["| runner | workload | load | policy | out tok/unit | TTFT p50 | TTFT p95 | TTFT p95 "
-             "(high) "
-             "| TPOT p95 | ITL p99 | longest wait | preempt |",
+             "(high) | TPOT p95 | ITL p99 | longest wait | preempt |",
              "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"] if header else []
     for r in rows:
         cells = [f"{r['runner']} ({r['unit']})", r["workload"], f"{r['load']:g}", r["policy"]]

@@ -1,11 +1,11 @@
 """`python -m minicb bench quant`: fewer bytes per token on a CPU, measured. One linear layer
 in float32, bfloat16, int8 and int4 (minicb's C kernels and torch's), then whole-engine tokens/s
 with float32, bfloat16, int8 or int4 weights and the int8 KV cache, each against float32 in
-alternated repeats; and one decode step's attention over a long context with the cache in each
-format.
+alternated repeats; one decode step's attention over a long context with the cache in each
+format; and the engine where float32's KV pool preempts and int8's, in the same bytes, does not.
 
     python -m minicb bench quant [--rows 1 16 48] [--requests 24] [--repeats 5]
-                                 [--parts linear engine attention]
+                                 [--parts linear engine attention pressure]
 
 The linear is the 100M Llama's MLP up-projection (1024 -> 2816); the engine runs the shipped
 model (or --model). The build of the C kernels (kernels/isa.py) is recorded with the load.
@@ -153,46 +153,40 @@ def attention_table(args) -> dict:
 
 def pressure_table(args) -> dict:
     """Where float32's KV pool is too small for the batch: `requests` requests of `prompt_len` +
-    `max_tokens` tokens on a pool that, in int8 (about 3.8x the tokens per byte), holds them all.
-    Float32 gets the same bytes, so it runs fewer requests at once and preempts, recomputing
-    the preempted prompts; tokens/s and preemptions of each, alternated, int8 read against
-    float32."""
-    from minicb import LLM, SamplingParams
-    from minicb.config import blocks_for
+    `max_tokens` tokens on a pool that holds them all in int8 (about 3.8x the tokens per byte).
+    Float32 gets the same bytes, so it runs fewer requests at once and preempts (recomputing
+    prompts); tokens/s and preemptions of each, alternated, int8 read against float32."""
     import torch
 
+    from minicb import LLM, SamplingParams
+    from minicb.config import blocks_for
     from minicb.model.loader import load_model, resolve_model_path
     from minicb.model.quant import kv_cache_layout
 
-    model_args = load_model(resolve_model_path(args.model)).args
-    row32, dtype32 = kv_cache_layout(model_args.num_kv_heads, model_args.head_dim,
-                                     torch.float32, "auto")
-    row8, dtype8 = kv_cache_layout(model_args.num_kv_heads, model_args.head_dim,
-                                   torch.float32, "int8")
-    ratio = (row32[0] * row32[1] * dtype32.itemsize) / (row8[0] * row8[1] * dtype8.itemsize)
-    block_size, tokens = 16, args.prompt_len + args.max_tokens
-    needed = args.requests * blocks_for(tokens, block_size)
-    float32_blocks = max(blocks_for(tokens, block_size), -(-needed * 1000 // round(ratio * 1000)))
-    pools = {"float32": float32_blocks, "int8 KV": int(float32_blocks * ratio)}
+    shape = load_model(resolve_model_path(args.model)).args
+    row = {kind: (lambda dims, dtype: dims[0] * dims[1] * dtype.itemsize)(*kv_cache_layout(
+        shape.num_kv_heads, shape.head_dim, torch.float32, kind)) for kind in ("auto", "int8")}
+    ratio, tokens = row["auto"] / row["int8"], args.prompt_len + args.max_tokens
+    needed = args.requests * blocks_for(tokens, 16)
+    float32 = max(blocks_for(tokens, 16), -(-needed * row["int8"] // row["auto"]))
+    pools = {"float32": ("auto", float32), "int8 KV": ("int8", int(float32 * ratio))}
     prompts = [[3 + (11 * i + 7 * j) % 4000 for j in range(args.prompt_len)]
                for i in range(args.requests)]
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0, ignore_eos=True)
     engines = {name: LLM(args.model, max_num_seqs=args.requests, max_model_len=tokens,
-                         block_size=block_size, num_kv_blocks=pools[name],
-                         kv_cache_dtype="int8" if name == "int8 KV" else "auto")
-               for name in pools}
+                         block_size=16, num_kv_blocks=blocks, kv_cache_dtype=kind)
+               for name, (kind, blocks) in pools.items()}
     rates, preempted = {name: [] for name in engines}, {name: [] for name in engines}
     for _, name in alternate(args.repeats, list(engines), rotate=True):
-        scheduler = engines[name].llm_engine.scheduler
+        scheduler, start = engines[name].llm_engine.scheduler, time.perf_counter()
         before = scheduler.num_preemptions
-        start = time.perf_counter()
         outputs = engines[name].generate(prompts, params, use_tqdm=False)
-        tokens_out = sum(len(out.outputs[0].token_ids) for out in outputs)
-        rates[name].append(tokens_out / (time.perf_counter() - start))
+        rates[name].append(sum(len(o.outputs[0].token_ids) for o in outputs)
+                           / (time.perf_counter() - start))
         preempted[name].append(scheduler.num_preemptions - before)
     return {"requests": args.requests, "tokens_per_request": tokens, "blocks_needed": needed,
             "bytes_ratio": ratio, **{name: {
-                "kv_blocks": pools[name], "preemptions": spread(preempted[name]),
+                "kv_blocks": pools[name][1], "preemptions": spread(preempted[name]),
                 "tokens_per_s": spread(rates[name]), "vs float32": reading(
                     [r / b for r, b in zip(rates[name], rates["float32"])], "faster", "slower")}
                 for name in engines}}
@@ -217,16 +211,11 @@ def main(argv: list[str]) -> int:
                "linear_shape": {"in_features": args.in_features,
                                 "out_features": args.out_features},
                **{part: PARTS[part](args) for part in args.parts}, "load_after": load_average()}
-    for name, row in payload.get("engine", {}).items():
-        print(f"{name:>24}: {row['tokens_per_s']['median']:.0f} tok/s, {row['vs float32']}")
-    for name, row in payload.get("pressure", {}).items():
-        if isinstance(row, dict):
-            print(f"KV pressure, {name}: {row['kv_blocks']} blocks, "
-                  f"{row['preemptions']['median']:.0f} preemptions, "
-                  f"{row['tokens_per_s']['median']:.0f} tok/s, {row['vs float32']}")
-    for name, row in payload.get("attention", {}).items():
-        if isinstance(row, dict):
-            print(f"attention, {name} cache: {row['us']['median']:.0f} µs, {row['vs float32']}")
+    for part, name, row in ((p, n, r) for p in ("engine", "pressure", "attention")
+                            for n, r in payload.get(p, {}).items() if isinstance(r, dict)):
+        figure = f"{row['us']['median']:.0f} µs" if "us" in row else \
+            f"{row['tokens_per_s']['median']:.0f} tok/s"
+        print(f"{part}, {name}: {figure}, {row['vs float32']}")
     stem = "quant" if set(args.parts) == set(PARTS) else "-".join(["quant", *args.parts])
     write_results(args.out_dir, stem, payload)
     return 0

@@ -285,4 +285,3 @@ def main(argv: list[str] | None = None) -> int:
     print(report(payload))
     print(f"results: {json_path}, {png_path}")
     return 0
-

@@ -266,4 +266,3 @@ def main(argv: list[str] | None = None) -> int:
         plot_timeline)
     print(f"results: {json_path}, {png_path}")
     return 0
-

@@ -31,6 +31,7 @@ the rest, and quantize_model puts these layers where the float ones were.
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -162,3 +163,52 @@ def split_compressed(config: dict, state: dict[str, torch.Tensor], quantization:
     quantized = {f"{name}.{suffix}" for name in names for suffix in SUFFIXES}
     rest = {key: t for key, t in state.items() if key not in quantized}
     return rest, Prequantized(layers, "int4" if kinds.pop()[0] is Int4Linear else "int8")
+
+
+W8A8_LAYERS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def write_w8a8_checkpoint(source: str | Path, target: str | Path) -> Path:
+    """A copy of the Llama checkpoint at `source` with its decoder matrices as compressed-tensors
+    W8A8 (format "int-quantized", what llm-compressor's W8A8 preset writes): each matrix int8
+    with one float32 scale per output channel (max|w| / 127, symmetric), activations quantized
+    per token at run time, the embeddings and the head as they are. minicb refuses to run it
+    (split_compressed names the activation scheme); it is written for the peers' benchmarks:
+    vLLM's CPU build runs it on its int8 path (CompressedTensorsW8A8Int8)."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    source, target = Path(source), Path(target)
+    target.mkdir(parents=True, exist_ok=True)
+    state: dict[str, torch.Tensor] = {}
+    for shard in sorted(source.glob("*.safetensors")):
+        state.update(load_file(str(shard)))
+    out: dict[str, torch.Tensor] = {}
+    for name, tensor in state.items():
+        if name.endswith(".weight") and name.split(".")[-2] in W8A8_LAYERS:
+            w = tensor.float()
+            scale = (w.abs().amax(dim=1, keepdim=True) / 127.0).clamp(min=1e-12)
+            out[name] = torch.round(w / scale).clamp(-127, 127).to(torch.int8).contiguous()
+            out[name[:-len("weight")] + "weight_scale"] = scale.contiguous()
+        else:
+            out[name] = tensor.contiguous()
+    save_file(out, str(target / "model.safetensors"), metadata={"format": "pt"})
+    for extra in source.iterdir():
+        if extra.is_file() and not extra.name.endswith(".safetensors") \
+                and extra.name != "model.safetensors.index.json":
+            shutil.copy(extra, target / extra.name)
+    config = json.loads((source / "config.json").read_text())
+    quant = {"num_bits": 8, "type": "int", "symmetric": True, "group_size": None,
+             "block_structure": None, "actorder": None, "observer_kwargs": {}}
+    config["quantization_config"] = {
+        "quant_method": "compressed-tensors", "format": "int-quantized",
+        "quantization_status": "compressed", "ignore": ["lm_head"], "kv_cache_scheme": None,
+        "config_groups": {"group_0": {
+            "targets": ["Linear"], "output_activations": None,
+            "weights": {**quant, "strategy": "channel", "dynamic": False, "observer": "minmax"},
+            "input_activations": {**quant, "strategy": "token", "dynamic": True,
+                                  "observer": None}}}}
+    (target / "config.json").write_text(json.dumps(config, indent=2))
+    return target

@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 from minicb import LLM
-from minicb.bench.vllm_peer import W8A8_LAYERS, write_w8a8_checkpoint
+from minicb.model.compressed import W8A8_LAYERS, write_w8a8_checkpoint
 
 
 def test_the_w8a8_checkpoint_is_compressed_tensors_int8_per_channel(tiny_llama, tmp_path):

@@ -46,8 +46,8 @@ def test_prompt_lookups_batch_1_loss_is_quoted_with_its_spread_and_direction(spe
         "prompt lookup's batch-1 ratio no longer costs in every repeat beyond its spread: README, "
         "ARCHITECTURE and benchmarks/speculative.md say it does")
     assert len(lookup.values) == 5, "README says five repeats"
-    assert f"{lookup.median:.2f}× the tokens per second (five repeats, {low:.2f}× to {high:.2f}×, " \
-           "every one slower)" in text("README.md")
+    assert (f"{lookup.median:.2f}× the tokens per second (five repeats, {low:.2f}× to "
+            f"{high:.2f}×, every one slower)") in text("README.md")
     assert f"{lookup.median:.2f}× (repeats {low:.2f}–{high:.2f}×, every one slower)" \
         in text("docs/ARCHITECTURE.md")
     assert f"{lookup.median:.2f}× ({low:.2f}–{high:.2f}) on code" \
@@ -111,7 +111,8 @@ def test_the_w8a8_paragraph_quotes_the_peers_record():
 
     w8a8 = reading("vLLM int8 (W8A8)", "vLLM bfloat16")
     best = reading("minicb bfloat16", "vLLM int8 (W8A8)")
-    assert w8a8.verdict("higher", "lower") == "higher" and best.verdict("higher", "lower") == "lower"
+    assert w8a8.verdict("higher", "lower") == "higher"
+    assert best.verdict("higher", "lower") == "lower"
     page = text("benchmarks/quant.md")
     assert f"vLLM's W8A8 served {w8a8.median:.2f}x its own bfloat16 in every repeat" in page
     assert f"minicb's best (bfloat16) {best.median:.2f}x of it, lower in every repeat" in page
