@@ -73,15 +73,18 @@ browser-setup:
 
 # Every core runs tests (pytest-xdist; TEST_WORKERS=1 for one process). A worker takes a whole
 # module, test class or notebook at a time (--dist loadscope): a notebook's cells share one
-# kernel, and a module's fixtures are built once. The browser tests run after, alone: JupyterLab
-# and Chromium beside busy workers would only time out.
+# kernel, and a module's fixtures are built once. The browser tests run after, without the other
+# tests: JupyterLab and Chromium beside busy workers would only time out. Their two files run
+# side by side (--dist loadfile), the site (its Sphinx build, then pages in one Chromium) and the
+# chapters in JupyterLab (another Chromium): each waits on its browser much of the time.
 TEST_WORKERS ?= auto
 XDIST := -n $(TEST_WORKERS) --dist loadscope
+BROWSER_XDIST := $(if $(filter 1,$(TEST_WORKERS)),,-n 2 --dist loadfile)
 test: setup browser-setup
 	@status=0; \
 	TRITON_INTERPRET=1 $(BIN)/python -m pytest $(XDIST) --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg \
 	  notebooks tests --ignore=tests/browser || status=$$?; \
-	TRITON_INTERPRET=1 $(BIN)/python -m pytest tests/browser || status=$$?; \
+	TRITON_INTERPRET=1 $(BIN)/python -m pytest $(BROWSER_XDIST) tests/browser || status=$$?; \
 	exit $$status
 
 # The edit loop: what `make test` runs minus the long families (their own files) and minus the
