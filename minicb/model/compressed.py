@@ -25,7 +25,9 @@ A group of G values becomes G / 32 of minicb's groups with the same scale, and t
 (activation quantization, floating-point formats, other bit widths) is refused by name.
 
 The loader (minicb/model/loader.py) takes the quantized tensors out of the state before it loads
-the rest, and quantize_model puts these layers where the float ones were.
+the rest, and quantize_model puts these layers where the float ones were. The other way,
+``write_w8a8_checkpoint`` writes a checkpoint in the format's W8A8 scheme (int8 weights and
+activations) for the peers' benchmarks, which minicb itself refuses to run.
 """
 
 from __future__ import annotations
