@@ -23,6 +23,7 @@ import functools
 import importlib
 import json
 import math
+import tempfile
 import time
 from pathlib import Path
 
@@ -186,8 +187,6 @@ def run_peer(name: str, model_path: str, args, prompts: list[list[int]],
 
         dtype = args.dtype if name == "vllm" else name.removeprefix("vllm-")
         if dtype == "w8a8":
-            import tempfile
-
             model_path, dtype = str(write_w8a8_checkpoint(
                 model_path, tempfile.mkdtemp(prefix="minicb-w8a8-"))), "bfloat16"
         return run_vllm(model_path, prompts, output_lens, args.max_model_len,

@@ -14,6 +14,7 @@ model (or --model). The build of the C kernels (kernels/isa.py) is recorded with
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
 
@@ -104,11 +105,9 @@ def engine_table(args, engine: dict[str, dict] = ENGINE, base: str = "float32",
                  **common) -> dict:
     """Tokens/s of each of `engine`'s LLM settings (over `common`), alternated and rotated, each
     read against `base`'s by the book's rule; scripts/bench_gpu_quant.py runs it on a GPU."""
-    from minicb import LLM, SamplingParams
+    from minicb import LLM
 
-    prompts = [[3 + (11 * i + 7 * j) % 4000 for j in range(args.prompt_len)]
-               for i in range(args.requests)]
-    params = SamplingParams(max_tokens=args.max_tokens, temperature=0, ignore_eos=True)
+    prompts, params = workload(args)
     engines = {name: LLM(args.model, max_num_seqs=args.requests, **{**common, **knobs})
                for name, knobs in engine.items()}
     rates = {name: [] for name in engines}
@@ -152,29 +151,27 @@ def attention_table(args) -> dict:
 
 
 def pressure_table(args) -> dict:
-    """Where float32's KV pool is too small for the batch: `requests` requests of `prompt_len` +
-    `max_tokens` tokens on a pool that holds them all in int8 (about 3.8x the tokens per byte).
-    Float32 gets the same bytes, so it runs fewer requests at once and preempts (recomputing
-    prompts); tokens/s and preemptions of each, alternated, int8 read against float32."""
+    """Where float32's KV pool is too small: `requests` requests of `prompt_len` + `max_tokens`
+    tokens on a pool that holds them all in int8 (about 3.8x the tokens per byte), and float32 in
+    the same bytes, which runs fewer at once and preempts; tokens/s and preemptions, alternated."""
     import torch
 
-    from minicb import LLM, SamplingParams
+    from minicb import LLM
     from minicb.config import blocks_for
-    from minicb.model.loader import load_model, resolve_model_path
-    from minicb.model.quant import kv_cache_layout
+    from minicb.model.loader import model_args_from_config, resolve_model_path
+    from minicb.model.quant import kv_bytes_per_token
 
-    shape = load_model(resolve_model_path(args.model)).args
-    row = {kind: (lambda dims, dtype: dims[0] * dims[1] * dtype.itemsize)(*kv_cache_layout(
-        shape.num_kv_heads, shape.head_dim, torch.float32, kind)) for kind in ("auto", "int8")}
-    ratio, tokens = row["auto"] / row["int8"], args.prompt_len + args.max_tokens
-    needed = args.requests * blocks_for(tokens, 16)
-    float32 = max(blocks_for(tokens, 16), -(-needed * row["int8"] // row["auto"]))
-    pools = {"float32": ("auto", float32), "int8 KV": ("int8", int(float32 * ratio))}
-    prompts = [[3 + (11 * i + 7 * j) % 4000 for j in range(args.prompt_len)]
-               for i in range(args.requests)]
-    params = SamplingParams(max_tokens=args.max_tokens, temperature=0, ignore_eos=True)
+    config = resolve_model_path(args.model) / "config.json"
+    shape = model_args_from_config(json.loads(config.read_text()), str(config))
+    per_token = {kind: kv_bytes_per_token(shape, torch.float32, kind) for kind in ("auto", "int8")}
+    tokens, block = args.prompt_len + args.max_tokens, 16
+    needed = args.requests * blocks_for(tokens, block)
+    float32 = max(blocks_for(tokens, block), -(-needed * per_token["int8"] // per_token["auto"]))
+    pools = {"float32": ("auto", float32),
+             "int8 KV": ("int8", float32 * per_token["auto"] // per_token["int8"])}
+    prompts, params = workload(args)
     engines = {name: LLM(args.model, max_num_seqs=args.requests, max_model_len=tokens,
-                         block_size=16, num_kv_blocks=blocks, kv_cache_dtype=kind)
+                         block_size=block, num_kv_blocks=blocks, kv_cache_dtype=kind)
                for name, (kind, blocks) in pools.items()}
     rates, preempted = {name: [] for name in engines}, {name: [] for name in engines}
     for _, name in alternate(args.repeats, list(engines), rotate=True):
@@ -185,11 +182,20 @@ def pressure_table(args) -> dict:
                            / (time.perf_counter() - start))
         preempted[name].append(scheduler.num_preemptions - before)
     return {"requests": args.requests, "tokens_per_request": tokens, "blocks_needed": needed,
-            "bytes_ratio": ratio, **{name: {
+            "bytes_ratio": per_token["auto"] / per_token["int8"], **{name: {
                 "kv_blocks": pools[name][1], "preemptions": spread(preempted[name]),
                 "tokens_per_s": spread(rates[name]), "vs float32": reading(
                     [r / b for r, b in zip(rates[name], rates["float32"])], "faster", "slower")}
                 for name in engines}}
+
+
+def workload(args) -> tuple:
+    """The same work for every engine: `requests` prompts, `max_tokens` greedy tokens each."""
+    from minicb import SamplingParams
+
+    prompts = [[3 + (11 * i + 7 * j) % 4000 for j in range(args.prompt_len)]
+               for i in range(args.requests)]
+    return prompts, SamplingParams(max_tokens=args.max_tokens, temperature=0, ignore_eos=True)
 
 
 PARTS = {"linear": linear_table, "engine": engine_table, "attention": attention_table,

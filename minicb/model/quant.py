@@ -86,6 +86,13 @@ def kv_cache_layout(num_kv_heads: int, head_dim: int, dtype: torch.dtype,
     return (num_kv_heads, head_dim), dtype
 
 
+def kv_bytes_per_token(args, dtype: torch.dtype, kv_cache_dtype: str) -> int:
+    """The bytes one token's K and V take in a model's pool, every layer, as stored (int8 rows
+    with their scales): what sizes a pool in memory."""
+    row, stored = kv_cache_layout(args.num_kv_heads, args.head_dim, dtype, kv_cache_dtype)
+    return 2 * args.num_layers * row[0] * row[1] * stored.itemsize
+
+
 def pack_kv_int8(x: torch.Tensor) -> torch.Tensor:
     """Keys or values x [..., head_dim] as int8 cache rows [..., head_dim + 4]: one scale per
     token and KV head, max|x| / 127 (1 for an all-zero head), its 4 bytes stored right after

@@ -23,7 +23,7 @@ from minicb.model.fused_cpu import FusedCpuDecoder, use_small_batch_linear
 from minicb.model.llama import LlamaForCausalLM
 from minicb.model.loader import DTYPES
 from minicb.model.moe import use_cpu_moe
-from minicb.model.quant import kv_cache_layout
+from minicb.model.quant import kv_bytes_per_token, kv_cache_layout
 from minicb.plan import Logprob, ModelRunnerOutput, ScheduledSeq, SchedulerOutput
 from minicb.runner.input_batch import DecodeInputs, InputBatch
 from minicb.runner.packing import PackedStep, pack, pack_decodes
@@ -45,11 +45,8 @@ def check_kv_fits(config: ResolvedConfig, *models_args) -> None:
     behind it. Each block holds every model's KV (the target's, and a draft model's); the target's
     CUDA graphs, captured after the pool, need their memory too (graph_memory_bytes)."""
     device = torch.device(config.device)
-    per_token = 0
-    for args in models_args:      # the bytes of each model's K and V rows, as stored
-        row, dtype = kv_cache_layout(args.num_kv_heads, args.head_dim, DTYPES[config.dtype],
-                                     config.kv_cache_dtype)
-        per_token += 2 * args.num_layers * row[0] * row[1] * dtype.itemsize
+    per_token = sum(kv_bytes_per_token(args, DTYPES[config.dtype], config.kv_cache_dtype)
+                    for args in models_args)
     kv_bytes = per_token * config.num_kv_blocks * config.block_size
     graph_bytes = graph_memory_bytes(models_args[0], config)
     available = free_memory(device) - graph_bytes
