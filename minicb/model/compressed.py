@@ -40,7 +40,7 @@ from torch import nn
 
 from minicb.kernels.cpu import I4_GROUP
 from minicb.model.int4 import Int4Linear, pack_int4
-from minicb.model.quant import Int8Linear, _c_kernel
+from minicb.model.quant import Int8Linear, _c_kernel, quantize_int8
 
 PARTS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
 SUFFIXES = ("weight_packed", "weight_scale", "weight_zero_point", "weight_shape")
@@ -173,10 +173,11 @@ W8A8_LAYERS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "
 def write_w8a8_checkpoint(source: str | Path, target: str | Path) -> Path:
     """A copy of the Llama checkpoint at `source` with its decoder matrices as compressed-tensors
     W8A8 (format "int-quantized", what llm-compressor's W8A8 preset writes): each matrix int8
-    with one float32 scale per output channel (max|w| / 127, symmetric), activations quantized
-    per token at run time, the embeddings and the head as they are. minicb refuses to run it
-    (split_compressed names the activation scheme); it is written for the peers' benchmarks:
-    vLLM's CPU build runs it on its int8 path (CompressedTensorsW8A8Int8)."""
+    with one float32 scale per output channel (quantize_int8: symmetric, max|w| / 127.5, the
+    scale compressed-tensors computes for this scheme), activations quantized per token at run
+    time, the embeddings and the head as they are. minicb refuses to run it (split_compressed
+    names the activation scheme); it is written for the peers' benchmarks: vLLM's CPU build
+    runs it on its int8 path (CompressedTensorsW8A8Int8)."""
     import json
     import shutil
 
@@ -190,10 +191,8 @@ def write_w8a8_checkpoint(source: str | Path, target: str | Path) -> Path:
     out: dict[str, torch.Tensor] = {}
     for name, tensor in state.items():
         if name.endswith(".weight") and name.split(".")[-2] in W8A8_LAYERS:
-            w = tensor.float()
-            scale = (w.abs().amax(dim=1, keepdim=True) / 127.0).clamp(min=1e-12)
-            out[name] = torch.round(w / scale).clamp(-127, 127).to(torch.int8).contiguous()
-            out[name[:-len("weight")] + "weight_scale"] = scale.contiguous()
+            out[name], scale = quantize_int8(tensor)
+            out[name[:-len("weight")] + "weight_scale"] = scale[:, None].contiguous()
         else:
             out[name] = tensor.contiguous()
     save_file(out, str(target / "model.safetensors"), metadata={"format": "pt"})
