@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import ast
 import json
-import os
 import tempfile
 import textwrap
 from pathlib import Path
@@ -117,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     from minicb import default_model_path
     from minicb.bench.harness import machine_info
     from minicb.bench.lm_eval import LMEVAL_VENV, installed_version
+    from minicb.bench.machine import load_average
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--page-only", action="store_true",
@@ -126,13 +126,13 @@ def main(argv: list[str] | None = None) -> int:
         write_page(json.loads(RESULTS.read_text()))
         return 0
     model = str(default_model_path())
-    before = os.getloadavg()[0]
+    before = load_average()[0]
     with tempfile.TemporaryDirectory() as work:
         results = {name: served(model, flags, Path(work) / f"format{i}")
                    for i, (name, flags) in enumerate(FORMATS.items())}
     machine = machine_info()
     record = {"lm_eval": installed_version(LMEVAL_VENV, "lm_eval"), "date": machine["date"],
-              "machine": machine, "load": [before, os.getloadavg()[0]],
+              "machine": machine, "load": [before, load_average()[0]],
               "gate_points": GATE_POINTS, "formats": gate(results)}
     RESULTS.write_text(json.dumps(record, indent=1) + "\n")
     write_page(record)

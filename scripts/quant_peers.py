@@ -92,19 +92,14 @@ def runner(system: str, model_path: str, at_once: int, threads: int):
                     {"attention": llm.llm_engine.config.attention, **MINICB[system]})
         serve(workload(1, seed=9), [2])       # warm-up: the kernels' first call builds them
         return serve
-    if system == "vLLM int8 (W8A8)":
-        from minicb.bench.vllm_peer import run_vllm
-        from minicb.model.compressed import write_w8a8_checkpoint
+    if system.startswith("vLLM"):      # bench offline's peers: vllm-bfloat16, -float32, -w8a8
+        from types import SimpleNamespace
 
-        w8a8 = str(write_w8a8_checkpoint(model_path, tempfile.mkdtemp(prefix="minicb-w8a8-")))
-        return lambda prompts, lens: unpack(run_vllm(w8a8, prompts, lens, 512, {
-            "max_num_seqs": at_once, "dtype": "bfloat16"}))
-    if system.startswith("vLLM"):
-        from minicb.bench.vllm_peer import run_vllm
+        from minicb.bench.offline import run_peer
 
-        dtype = system.split()[-1]
-        return lambda prompts, lens: unpack(run_vllm(model_path, prompts, lens, 512, {
-            "max_num_seqs": at_once, "dtype": dtype}))
+        peer = "vllm-w8a8" if "W8A8" in system else f"vllm-{system.split()[-1]}"
+        knobs = SimpleNamespace(dtype=None, max_model_len=512, max_num_seqs=at_once)
+        return lambda prompts, lens: unpack(run_peer(peer, model_path, knobs, prompts, lens))
     from minicb.bench.llamacpp_peer import run_llamacpp
 
     settings = {"parallel": at_once, "n_ctx_seq": 512, "n_batch": 2048, "threads": threads}

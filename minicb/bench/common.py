@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from minicb.sim.workload import Workload, WorkloadRequest, get_workload
+from minicb.sim.workload import WORKLOADS, Workload, WorkloadRequest, get_workload
 
 # Shapes of public checkpoints, built with random weights: the GPU numbers need a real model's
 # size, not its knowledge, and nothing has to be downloaded.
@@ -114,8 +114,6 @@ def load_workload(name: str, num_prompts: int | None = None) -> Workload:
     """
     if num_prompts is not None and num_prompts < 1:
         raise ValueError(f"--num-prompts must be >= 1 (got {num_prompts}).")
-    from minicb.sim.workload import WORKLOADS
-
     if (name in WORKLOADS and num_prompts is not None and "n"
         in inspect.signature(WORKLOADS[name]).parameters):
         return get_workload(name, n=num_prompts)

@@ -164,8 +164,7 @@ PEER_MODULES = {"vllm": "minicb.bench.vllm_peer", "llamacpp": "minicb.bench.llam
 
 
 def prepare(args) -> tuple[str, str, Workload, float, list[list[int]]]:
-    """(model path, its label, the workload fitted to the context, its scale, the prompts' ids)
-    for bench offline and neighbour; fills in the context and step budget the workload needs."""
+    """(model path, label, workload fitted to the context, its scale, prompt ids); sets knobs."""
     model_path, model_label = resolve_model(args.model, args.random_model, args.dtype)
     config = json.loads((Path(model_path) / "config.json").read_text())
     args.max_model_len = args.max_model_len or min(config.get("max_position_embeddings", 2048),
@@ -183,18 +182,24 @@ def run_peer(name: str, model_path: str, args, prompts: list[list[int]],
     """A peer in its own environment, with minicb's request slots, context and step budget."""
     if name.startswith("vllm"):
         from minicb.bench.vllm_peer import run_vllm
-        from minicb.model.compressed import write_w8a8_checkpoint
 
         dtype = args.dtype if name == "vllm" else name.removeprefix("vllm-")
         if dtype == "w8a8":
-            model_path, dtype = str(write_w8a8_checkpoint(
-                model_path, tempfile.mkdtemp(prefix="minicb-w8a8-"))), "bfloat16"
+            model_path, dtype = w8a8_copy(model_path), "bfloat16"
         return run_vllm(model_path, prompts, output_lens, args.max_model_len,
                         {"max_num_seqs": args.max_num_seqs, "dtype": dtype})
     from minicb.bench.llamacpp_peer import run_llamacpp
 
     return run_llamacpp(model_path, prompts, output_lens, name.removeprefix("llamacpp-"),
                         llamacpp_settings(args))
+
+
+@functools.cache
+def w8a8_copy(model_path: str) -> str:
+    """The model written once per process as compressed-tensors W8A8, for vLLM's int8 path."""
+    from minicb.model.compressed import write_w8a8_checkpoint
+
+    return str(write_w8a8_checkpoint(model_path, tempfile.mkdtemp(prefix="minicb-w8a8-")))
 
 
 def llamacpp_settings(args) -> dict:

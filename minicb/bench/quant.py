@@ -219,9 +219,8 @@ def main(argv: list[str]) -> int:
                **{part: PARTS[part](args) for part in args.parts}, "load_after": load_average()}
     for part, name, row in ((p, n, r) for p in ("engine", "pressure", "attention")
                             for n, r in payload.get(p, {}).items() if isinstance(r, dict)):
-        figure = f"{row['us']['median']:.0f} µs" if "us" in row else \
-            f"{row['tokens_per_s']['median']:.0f} tok/s"
-        print(f"{part}, {name}: {figure}, {row['vs float32']}")
+        value, unit = (row["us"], "µs") if "us" in row else (row["tokens_per_s"], "tok/s")
+        print(f"{part}, {name}: {value['median']:.0f} {unit}, {row['vs float32']}")
     stem = "quant" if set(args.parts) == set(PARTS) else "-".join(["quant", *args.parts])
     write_results(args.out_dir, stem, payload)
     return 0

@@ -41,7 +41,7 @@ from minicb.bench.harness import (
     verdict,
     write_results,
 )
-from minicb.viz.lanes import busy_fraction
+from minicb.viz.lanes import busy_fraction, lane_chart
 
 OVERHEAD_JSON = RESULTS_DIR / "overhead.json"
 
@@ -205,8 +205,6 @@ def summarise(runs: list[dict]) -> list[dict]:
 def plot_timeline(payload: dict):
     """The lanes of the largest batch: the simulator's (virtual time) when no engine ran, else
     the engine's median-speed run of each loop."""
-    from minicb.viz.lanes import lane_chart
-
     timelines = {}
     if payload.get("runs"):
         batch = max(r["batch"] for r in payload["runs"])
