@@ -91,7 +91,8 @@ def render(record: dict) -> str:
             "parse rate counts the line completions Python's parser accepts, among the items "
             "whose own reference line it accepts.", "",
             "| format | stdlib_mc acc | points vs float32 | stdlib_gen exact match | points "
-            "vs float32 | items changed | gate | lines that parse |", "|---|---|---|---|---|---|---|---|"]
+            "vs float32 | items changed | gate | lines that parse |",
+            "|---|---|---|---|---|---|---|---|"]
     for name, r in record["formats"].items():
         rows.append(f"| {name} | {r['acc']:.4f} | {r['acc_points']:+.1f} | {r['exact_match']:.4f} "
                     f"| {r['exact_match_points']:+.1f} | {r['items_changed']} | "
