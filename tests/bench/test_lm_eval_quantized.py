@@ -4,21 +4,15 @@ lm-eval run here: that needs .venv-lmeval and minutes)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "lm_eval_quantized.py"
+from project_scripts import load_script
 
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("lm_eval_quantized", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("lm_eval_quantized")
 
 
 def test_a_line_parses_alone_dedented_and_with_its_block_given_a_body(script):
@@ -53,10 +47,10 @@ def test_the_committed_record_agrees_with_its_own_items(script):
     record = json.loads(script.RESULTS.read_text())
     base = record["formats"]["float32"]
     for name, r in record["formats"].items():
-        assert r["acc"] == pytest.approx(sum(r["acc_items"]) / len(r["acc_items"]))
-        assert r["acc_points"] == pytest.approx(100 * (r["acc"] - base["acc"]))
+        assert r["acc"] == pytest.approx(sum(r["acc_items"]) / len(r["acc_items"])), name
+        assert r["acc_points"] == pytest.approx(100 * (r["acc"] - base["acc"])), name
         assert r["within_gate"] == (abs(r["acc_points"]) <= record["gate_points"]
-                                    and abs(r["exact_match_points"]) <= record["gate_points"])
+                                    and abs(r["exact_match_points"]) <= record["gate_points"]), name
     assert script.render(record) in script.PAGE.read_text()
 
 

@@ -3,20 +3,13 @@ the load stated, and the page section replaced between its markers (no peer runs
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "quant_peers.py"
+from project_scripts import load_script
 
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("quant_peers", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("quant_peers")
 
 
 def system(rates: list[float], load: float) -> dict:
