@@ -2,12 +2,12 @@
 a headless Chromium over http://127.0.0.1, as a reader on a static host reads it.
 
 Every page loads with no console error and no broken image (the source pages, one template
-for hundreds of files, are read for missing files and a few of them opened); the sidebar lists every chapter in
-order and each chapter links the previous and next; the search finds "block table" on chapter
-04; a folded interview answer opens on click; a widget's place shows its stand-in line and the
-static picture after it; each "Read the real thing" heading links to its source page, whose
-highlighted first line is the listing's first line; each chapter's download link serves the
-committed notebook, byte for byte.
+for hundreds of files, are read for missing files and a few of them opened); the sidebar lists
+every chapter in order and each chapter links the previous and next; the search finds "block
+table" on chapter 04; a folded interview answer opens on click; a widget's place shows its
+stand-in line and the static picture after it; each "Read the real thing" heading links to its
+source page, whose highlighted first line is the listing's first line; each chapter's download
+link serves the committed notebook, byte for byte.
 """
 
 from __future__ import annotations

@@ -180,9 +180,11 @@ UNDRAWN_IMAGES = """return Array.from(arguments[0].querySelectorAll('.jp-OutputA
 
 APP_READY = "return !!(window.jupyterapp && window.jupyterapp.commands);"
 CLOSE_ALL = """const done = arguments[arguments.length - 1];
-window.jupyterapp.commands.execute('application:close-all').then(() => done(true), () => done(false));"""
+window.jupyterapp.commands.execute('application:close-all')
+    .then(() => done(true), () => done(false));"""
 OPEN = """const [path, done] = arguments;
-window.jupyterapp.commands.execute('docmanager:open', {path}).then(() => done(true), () => done(false));"""
+window.jupyterapp.commands.execute('docmanager:open', {path})
+    .then(() => done(true), () => done(false));"""
 
 
 def close_all(driver) -> None:
