@@ -30,7 +30,7 @@ export MPLCONFIGDIR := $(abspath $(VENV))/matplotlib
 unexport PYTHONDONTWRITEBYTECODE
 CH         ?=
 
-.PHONY: setup lock browser-setup test test-fast test-gpu lab demo lint grade env-check guidellm peer-vllm peer-llamacpp clean \
+.PHONY: setup lock browser-setup test test-envs test-fast test-gpu lab demo lint grade env-check guidellm peer-vllm peer-llamacpp clean \
 	book notebooks router-setup cluster schemathesis-setup schemathesis guidellm-cluster \
 	lm-eval-setup lm-eval
 
@@ -80,7 +80,11 @@ browser-setup:
 TEST_WORKERS ?= auto
 XDIST := -n $(TEST_WORKERS) --dist loadscope
 BROWSER_XDIST := $(if $(filter 1,$(TEST_WORKERS)),,-n 2 --dist loadfile)
-test: setup browser-setup
+# The set-up runs beside the tools' own environments (the routers and schemathesis, which the
+# cluster and OpenAPI tests would otherwise install in the middle of the run): pip installing
+# minicb's environment keeps one core busy, the tools' installs take the other.
+test:
+	@$(MAKE) --no-print-directory -j4 setup test-envs browser-setup
 	@status=0; \
 	TRITON_INTERPRET=1 $(BIN)/python -m pytest $(XDIST) --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg \
 	  notebooks tests --ignore=tests/browser || status=$$?; \
@@ -247,6 +251,13 @@ EXAMPLES ?= 100
 schemathesis-setup:
 	@test -x .venv-schemathesis/bin/st || { echo "setup: $(SCHEMATHESIS_SPEC) in .venv-schemathesis"; \
 	  $(PYTHON) -m venv .venv-schemathesis && .venv-schemathesis/bin/pip install --quiet $(SCHEMATHESIS_SPEC); }
+# What the tests drive from environments of their own: both routers (test_cluster) and
+# schemathesis (test_openapi_contract). A test installs a missing one itself; make test installs
+# them beside the set-up.
+test-envs:
+	-@$(MAKE) --no-print-directory router-setup ROUTER=vllm
+	-@$(MAKE) --no-print-directory router-setup ROUTER=sglang
+	-@$(MAKE) --no-print-directory schemathesis-setup
 schemathesis: setup schemathesis-setup
 	@$(BIN)/python -m minicb serve --port 8767 --served-model-name minicb --max-num-seqs 8 --log-level error & \
 	  server=$$!; trap "kill $$server" EXIT; \

@@ -155,9 +155,14 @@ def source_page(path: Path) -> str:
                                                         cssclass="highlight minicb-source"))
     body = re.sub(r'<span id="L-(\d+)">', r'<span id="L\1">', body)
     lines = code.count("\n") + (not code.endswith("\n"))
-    return (f"---\norphan: true\n---\n\n# {relative}\n\n`{relative}`, {lines} lines, as this "
-            "site was built. The chapters' *Read the real thing* sections link here to the lines "
-            "they show.\n\n"
+    # A source page is kept out of the search index (`nosearch`: a search for a word should
+    # land in the chapters that explain it, not in the code's every use of it) and has no
+    # sidebar (book/conf.py): its listing gets the page's width, and the links below lead back.
+    # Both roughly halve the site's build, most of whose pages are these.
+    return (f"---\norphan: true\nnosearch: true\n---\n\n# {relative}\n\n`{relative}`, {lines} "
+            "lines, as this site was built. The chapters' *Read the real thing* sections link here "
+            "to the lines they show. Back to {doc}`the book </index>` or to "
+            "{doc}`every source file </source>`.\n\n"
             f"```{{raw}} html\n{body}\n```\n")
 
 

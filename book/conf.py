@@ -49,6 +49,9 @@ html_theme_options = {
 # light: the recorded figures are drawn on white (an empty mode is a console error)
 html_context = {"default_mode": "light"}
 html_last_updated_fmt = None
+# the source pages (book/build.py) have no sidebar: the listing gets the width, and the
+# chapters' table of contents is not rendered again for each of them
+html_sidebars = {"source/**": []}
 html_show_sourcelink = False
 
 SHOWN_SOURCE = re.compile(r"((?:minicb|kernels)/[\w/.-]+\.(?:py|c|h)), lines (\d+)-(\d+)")

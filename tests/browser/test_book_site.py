@@ -191,6 +191,9 @@ def test_search_finds_block_table_on_the_chapter_04_page(site, console_browser):
         By.CSS_SELECTOR, "#search-results ul.search li a"), 30, "search results")
     hrefs = [a.get_attribute("href") for a in results]
     assert any("notebooks/04_paged_kv_cache.html" in href for href in hrefs), hrefs
+    # the source pages are left out of the index: the code's every use of a word would bury the
+    # chapters that explain it
+    assert not any("/source/" in href for href in hrefs), hrefs
 
 
 def test_a_folded_answer_stays_folded_until_clicked(site, console_browser):
@@ -252,6 +255,10 @@ def test_read_the_real_thing_links_land_on_the_lines_they_show(console_browser, 
                 "line.querySelectorAll('.linenos').forEach(n => n.remove());"
                 "return line.textContent;", shown[0]).strip()
             assert line == code, f"{notebook.name}: {text} shows {code!r}, the page has {line!r}"
+            # a source page has no sidebar; its opening lines lead back to the book
+            assert {"index.html", "source.html"} <= {
+                a.get_attribute("href").rsplit("/", 1)[-1].split("#")[0] for a in
+                console_browser.find_elements(By.CSS_SELECTOR, "article a.reference.internal")}
             checked.append(text)
     assert len(checked) >= 10, checked
     assert any(".c, lines" in text for text in checked), "no C kernel listing was linked"
