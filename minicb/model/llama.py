@@ -78,9 +78,9 @@ class RotaryEmbedding(nn.Module):
 
 
 def rope_inv_freq(args: ModelArgs) -> torch.Tensor:
-    """One rotation frequency per channel pair, computed exactly as the reference does."""
-    dim = args.head_dim
-    inv_freq = 1.0 / (args.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    """One rotation frequency per channel pair, made on the CPU exactly as the reference does."""
+    steps = torch.arange(0, args.head_dim, 2, dtype=torch.int64, device="cpu").float()
+    inv_freq = 1.0 / (args.rope_theta ** (steps / args.head_dim))
     if args.rope_scaling and args.rope_scaling.get("rope_type", "default") == "llama3":
         inv_freq = _llama3_scaled(inv_freq, args.rope_scaling)
     return inv_freq

@@ -165,6 +165,25 @@ def model_args_from_config(config: dict, source: str = "config.json") -> ModelAr
     )
 
 
+class _Skeleton(torch.overrides.TorchFunctionMode):
+    """The model is made on the meta device and then given memory, every value to come from the
+    checkpoint. Two of the meta device's paths run torch's Python reference kernels, whose first
+    use imports torch's compiler and sympy (about 2.5 s of CPU in every process that loads a
+    model): random initialisation (torch.nn.init.*), skipped, since the checkpoint overwrites
+    it; and empty_like, which to_empty calls, replaced by a plain empty. A function mode is this
+    thread's alone."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if getattr(func, "__module__", None) == "torch.nn.init":
+            return args[0] if args else kwargs["tensor"]
+        if func is torch.empty_like and args[0].is_meta:
+            like = args[0]
+            return torch.empty(like.shape, dtype=kwargs.get("dtype") or like.dtype,
+                               device=kwargs.get("device") or like.device)
+        return func(*args, **kwargs)
+
+
 def load_model(path: Path, device: str = "cpu", dtype: str = "float32",
                attention: str = "torch", quantization: str | None = None) -> LlamaForCausalLM:
     """The checkpoint at `path` as minicb's decoder, its projections fused; with
@@ -202,9 +221,11 @@ def load_model(path: Path, device: str = "cpu", dtype: str = "float32",
 
         state, prequantized = split_compressed(config, state, quantization, str(config_file))
     state = stack_expert_weights(state, args.moe)
-    with torch.device("meta"):
+    with torch.device("meta"), _Skeleton():
         model = LlamaForCausalLM(args, attention)
-    model = model.to_empty(device=device).to(DTYPES[dtype])
+    with _Skeleton():
+        model = model.to_empty(device=device)
+    model = model.to(DTYPES[dtype])
     # the rotary frequencies are not in the checkpoint: compute them for real after to_empty
     model.model.rotary_emb.inv_freq = rope_inv_freq(args).to(device)
     expected = model.state_dict()
@@ -244,4 +265,30 @@ def load_tokenizer(path: Path):
         return None
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(path))
+    return AutoTokenizer.from_pretrained(str(path), **_light_config(path))
+
+
+def _light_config(path: Path) -> dict:
+    """AutoTokenizer's `config`, read without the model's own configuration class, when the
+    checkpoint names its tokenizer class and brings no code of its own.
+
+    Left to itself, AutoTokenizer loads the model's configuration class (LlamaConfig, ...),
+    whose imports pull in torch's compiler and distributed tensors: about 2.5 s of CPU in every
+    process that starts an engine (a server, a replica, a notebook's kernel). With the tokenizer
+    class named, AutoTokenizer reads only the config's model_type, name and tokenizer_class, which
+    the generic config holds the same, so the tokenizer it picks is the same (tested). Without a
+    named class it picks by the config's type, so that case keeps the full config."""
+    config_file = path / "tokenizer_config.json"
+    if not (path / "config.json").exists() or not config_file.exists():
+        return {}
+    tokenizer_config = json.loads(config_file.read_text())
+    if not tokenizer_config.get("tokenizer_class") or "auto_map" in tokenizer_config:
+        return {}
+    from transformers import PreTrainedConfig
+
+    config_dict = PreTrainedConfig.get_config_dict(str(path))[0]
+    if "auto_map" in config_dict:
+        return {}
+    config = PreTrainedConfig.from_dict(config_dict)
+    config._name_or_path = str(path)
+    return {"config": config}
