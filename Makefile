@@ -252,12 +252,13 @@ schemathesis-setup:
 	@test -x .venv-schemathesis/bin/st || { echo "setup: $(SCHEMATHESIS_SPEC) in .venv-schemathesis"; \
 	  $(PYTHON) -m venv .venv-schemathesis && .venv-schemathesis/bin/pip install --quiet $(SCHEMATHESIS_SPEC); }
 # What the tests drive from environments of their own: both routers (test_cluster) and
-# schemathesis (test_openapi_contract). A test installs a missing one itself; make test installs
-# them beside the set-up.
+# schemathesis (test_openapi_contract). make test installs them beside the set-up, quietly (pip
+# warns about this machine's index locations); one that fails to install is installed again by
+# the test that needs it, which reports pip's error.
 test-envs:
-	-@$(MAKE) --no-print-directory router-setup ROUTER=vllm
-	-@$(MAKE) --no-print-directory router-setup ROUTER=sglang
-	-@$(MAKE) --no-print-directory schemathesis-setup
+	-@$(MAKE) --no-print-directory router-setup ROUTER=vllm 2>/dev/null
+	-@$(MAKE) --no-print-directory router-setup ROUTER=sglang 2>/dev/null
+	-@$(MAKE) --no-print-directory schemathesis-setup 2>/dev/null
 schemathesis: setup schemathesis-setup
 	@$(BIN)/python -m minicb serve --port 8767 --served-model-name minicb --max-num-seqs 8 --log-level error & \
 	  server=$$!; trap "kill $$server" EXIT; \
