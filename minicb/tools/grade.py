@@ -67,9 +67,12 @@ def find_chapters(path: Path, scratch: Path) -> Path:
 
 # Plugins a grading run never uses (notebooks, property-based and schema testing): pytest loads
 # every installed plugin at start-up, and these three cost seconds a run; each mutant and each
-# `grade` pays them again.
+# `grade` pays them again. And the one that reports exceptions raised where nothing can catch
+# them (in __del__, say): at the end of every session it runs the garbage collector over the
+# whole heap, torch and transformers included, several times (a quarter of a second of CPU a
+# session, over a third of grading many mutants in one process).
 LEAN_PYTEST = ["-p", "no:cacheprovider", "-p", "no:nbval", "-p", "no:hypothesispytest",
-               "-p", "no:schemathesis"]
+               "-p", "no:schemathesis", "-p", "no:unraisableexception"]
 
 
 def run_checks(folder: Path, chapters: list[str] | None = None) -> tuple[list[Check], str]:
