@@ -30,7 +30,7 @@ from minicb.serving.openai_protocol import ERROR_SCHEMA
 from minicb.serving.server import ServerThread, build_app
 
 REPO = Path(__file__).resolve().parents[2]
-MAX_MODEL_LEN = 256
+MAX_MODEL_LEN = 128
 CASES = 60                # per endpoint and kind
 KEY = "contract-test-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -40,8 +40,10 @@ AUTH = {"Authorization": f"Bearer {KEY}"}
 def served():
     app = build_app(None, served_model_name="minicb", max_model_len=MAX_MODEL_LEN, max_num_seqs=8,
                     api_keys=[KEY])
-    with ServerThread(app) as server:
-        yield server, httpx.get(server.url + "/openapi.json", headers=AUTH).json()
+    # one client for every request (an httpx.post each would build a TLS context each time)
+    with ServerThread(app) as server, httpx.Client(base_url=server.url, headers=AUTH,
+                                                   timeout=60) as client:
+        yield client, client.get("/openapi.json").json()
 
 
 def body_schema(openapi: dict, path: str) -> dict:
@@ -132,7 +134,7 @@ BROKEN_BY_PATH = {"/v1/completions": [("logprobs", True)],
 @pytest.mark.slow   # hypothesis over both schemas, about a minute: make test runs it
 @pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
 def test_what_the_schema_allows_is_served_and_what_it_forbids_is_refused(served, path):
-    server, openapi = served
+    client, openapi = served
     schema = body_schema(openapi, path)
     documented = set(openapi["paths"][path]["post"]["responses"])
 
@@ -142,7 +144,7 @@ def test_what_the_schema_allows_is_served_and_what_it_forbids_is_refused(served,
     def allowed(body):
         if not _fits(body):
             return
-        response = httpx.post(server.url + path, json=body, timeout=60, headers=AUTH)
+        response = client.post(path, json=body)
         assert response.status_code == 200, f"{body!r} refused: {response.text[:300]}"
 
     allowed()
@@ -151,13 +153,12 @@ def test_what_the_schema_allows_is_served_and_what_it_forbids_is_refused(served,
     for field, value in BROKEN + BROKEN_BY_PATH[path]:
         body = base | {field: value}
         assert not jsonschema.Draft202012Validator(schema).is_valid(body), (field, value)
-        response = httpx.post(server.url + path, json=body, timeout=60, headers=AUTH)
+        response = client.post(path, json=body)
         assert 400 <= response.status_code < 500, f"{field}={value!r}: {response.status_code}"
         assert str(response.status_code) in documented
         jsonschema.validate(response.json(), ERROR_SCHEMA)
     # unknown fields are allowed by the schema and ignored by the server
-    assert httpx.post(server.url + path, json=base | {"no_such_field": 1},
-                      headers=AUTH).status_code == 200
+    assert client.post(path, json=base | {"no_such_field": 1}).status_code == 200
 
 
 def schemathesis_executable() -> Path:
@@ -177,11 +178,12 @@ def schemathesis_executable() -> Path:
 
 @pytest.mark.slow
 def test_schemathesis_with_every_check_finds_no_failure(served):
-    server, _ = served
+    client, _ = served
     st_bin = schemathesis_executable()
     env = {**os.environ, "PYTHONPATH": str(REPO / "tests"),
            "SCHEMATHESIS_HOOKS": "schemathesis_hooks", "MINICB_MAX_MODEL_LEN": str(MAX_MODEL_LEN)}
-    run = subprocess.run([str(st_bin), "run", server.url + "/openapi.json", "--checks", "all",
+    schema_url = str(client.base_url.join("/openapi.json"))
+    run = subprocess.run([str(st_bin), "run", schema_url, "--checks", "all",
                           "--max-examples", "25", "--request-timeout", "60", "--seed", "1",
                           "--header", f"Authorization: Bearer {KEY}"],
                          capture_output=True, text=True, env=env, timeout=900)
