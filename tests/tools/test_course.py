@@ -101,14 +101,14 @@ def _measures_of(chapter: str) -> set[str]:
             "07": {"prefix_cache_request_us"}, "08": {"proposer_call_us"}}[chapter]
 
 
-def test_two_gradings_give_the_same_verdicts(slow_build, graded):
-    """A second grading of the speculative track's timed bar, on the reference and on the slow
-    build, gives the verdicts the first gave."""
+def test_two_gradings_give_the_same_verdicts(graded):
+    """A second grading of the speculative track's timed bar gives the verdict the first gave.
+    Graded on the reference against itself: its ratios sit nearest a bar (1 against 0.67), so
+    that is where a verdict could flip; a slow build's sit far below theirs."""
     for bar in [bar for bar in MILESTONES["4"].bars if bar.timed]:
-        for folder, expected in ((REFERENCE, "full"), (slow_build, "zero")):
-            first, second = graded(bar, folder), measure_bar(bar, folder)
-            assert first.verdict == second.verdict == expected, (
-                bar.name, folder, first.ratio_text(), second.ratio_text())
+        first, second = graded(bar, REFERENCE), measure_bar(bar, REFERENCE)
+        assert first.verdict == second.verdict == "full", (
+            bar.name, first.ratio_text(), second.ratio_text())
 
 
 def test_a_verdict_needs_the_repeats_on_one_side_of_the_bar():
