@@ -284,8 +284,10 @@ def _light_config(path: Path) -> dict:
     tokenizer_config = json.loads(config_file.read_text())
     if not tokenizer_config.get("tokenizer_class") or "auto_map" in tokenizer_config:
         return {}
-    from transformers import PreTrainedConfig
-
+    try:
+        from transformers import PreTrainedConfig
+    except ImportError:                   # transformers 4 (PretrainedConfig): its default path
+        return {}
     config_dict = PreTrainedConfig.get_config_dict(str(path))[0]
     if "auto_map" in config_dict:
         return {}
