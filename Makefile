@@ -252,17 +252,13 @@ schemathesis-setup:
 	@test -x .venv-schemathesis/bin/st || { echo "setup: $(SCHEMATHESIS_SPEC) in .venv-schemathesis"; \
 	  $(PYTHON) -m venv .venv-schemathesis && .venv-schemathesis/bin/pip install --quiet $(SCHEMATHESIS_SPEC); }
 # What the tests drive from environments of their own: both routers (test_cluster) and
-# schemathesis (test_openapi_contract). make test installs them beside the set-up, in one line
-# (pip's own output would interleave with the set-up's); one that fails to install is installed
-# again by the test that needs it, which reports pip's error.
-TEST_ENVS := .venv-router/bin/vllm-router .venv-router-sglang/bin/sglang-router .venv-schemathesis/bin/st
+# schemathesis (test_openapi_contract). make test installs them beside the set-up, showing only
+# their `setup:` lines (pip's own output would interleave with the set-up's); one that fails to
+# install is installed again by the test that needs it, which reports pip's error.
 test-envs:
-	@for tool in $(TEST_ENVS); do test -x $$tool || { echo "setup: the routers and schemathesis," \
-	  "each in an environment of its own (.venv-router, .venv-router-sglang, .venv-schemathesis)"; \
-	  break; }; done
-	-@$(MAKE) --no-print-directory router-setup ROUTER=vllm >/dev/null 2>&1
-	-@$(MAKE) --no-print-directory router-setup ROUTER=sglang >/dev/null 2>&1
-	-@$(MAKE) --no-print-directory schemathesis-setup >/dev/null 2>&1
+	-@$(MAKE) --no-print-directory router-setup ROUTER=vllm 2>&1 | grep '^setup:' || true
+	-@$(MAKE) --no-print-directory router-setup ROUTER=sglang 2>&1 | grep '^setup:' || true
+	-@$(MAKE) --no-print-directory schemathesis-setup 2>&1 | grep '^setup:' || true
 schemathesis: setup schemathesis-setup
 	@$(BIN)/python -m minicb serve --port 8767 --served-model-name minicb --max-num-seqs 8 --log-level error & \
 	  server=$$!; trap "kill $$server" EXIT; \

@@ -158,7 +158,7 @@ def source_page(path: Path) -> str:
     # A source page is kept out of the search index (`nosearch`: a search for a word should
     # land in the chapters that explain it, not in the code's every use of it) and has no
     # sidebar (book/conf.py): its listing gets the page's width, and the links below lead back.
-    # Both roughly halve the site's build, most of whose pages are these.
+    # Together they take about a third off the site's build, most of whose pages are these.
     return (f"---\norphan: true\nnosearch: true\n---\n\n# {relative}\n\n`{relative}`, {lines} "
             "lines, as this site was built. The chapters' *Read the real thing* sections link here "
             "to the lines they show. Back to {doc}`the book </index>` or to "
