@@ -168,8 +168,8 @@ def model_args_from_config(config: dict, source: str = "config.json") -> ModelAr
 class _Skeleton(torch.overrides.TorchFunctionMode):
     """The model is made on the meta device and then given memory, every value to come from the
     checkpoint. Two of the meta device's paths run torch's Python reference kernels, whose first
-    use imports torch's compiler and sympy (about 2.5 s of CPU in every process that loads a
-    model): random initialisation (torch.nn.init.*), skipped, since the checkpoint overwrites
+    use imports torch's compiler and sympy (seconds of CPU in every process that loads a
+    model, shared with the tokenizer's import of the same compiler): random initialisation (torch.nn.init.*), skipped, since the checkpoint overwrites
     it; and empty_like, which to_empty calls, replaced by a plain empty. A function mode is this
     thread's alone."""
 
@@ -273,7 +273,7 @@ def _light_config(path: Path) -> dict:
     checkpoint names its tokenizer class and brings no code of its own.
 
     Left to itself, AutoTokenizer loads the model's configuration class (LlamaConfig, ...),
-    whose imports pull in torch's compiler and distributed tensors: about 2.5 s of CPU in every
+    whose imports pull in torch's compiler and distributed tensors: seconds of CPU in every
     process that starts an engine (a server, a replica, a notebook's kernel). With the tokenizer
     class named, AutoTokenizer reads only the config's model_type, name and tokenizer_class, which
     the generic config holds the same, so the tokenizer it picks is the same (tested). Without a
