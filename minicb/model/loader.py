@@ -168,10 +168,10 @@ def model_args_from_config(config: dict, source: str = "config.json") -> ModelAr
 class _Skeleton(torch.overrides.TorchFunctionMode):
     """The model is made on the meta device and then given memory, every value to come from the
     checkpoint. Two of the meta device's paths run torch's Python reference kernels, whose first
-    use imports torch's compiler and sympy (seconds of CPU in every process that loads a
-    model, shared with the tokenizer's import of the same compiler): random initialisation (torch.nn.init.*), skipped, since the checkpoint overwrites
-    it; and empty_like, which to_empty calls, replaced by a plain empty. A function mode is this
-    thread's alone."""
+    use imports torch's compiler and sympy (seconds of CPU in every process that loads a model,
+    shared with the tokenizer's import of the same compiler): random initialisation
+    (torch.nn.init.*), skipped, since the checkpoint overwrites it; and empty_like, which
+    to_empty calls, replaced by a plain empty. A function mode is this thread's alone."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
