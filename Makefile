@@ -29,6 +29,15 @@ export MPLCONFIGDIR := $(abspath $(VENV))/matplotlib
 # as long. So the targets here let Python keep what it compiles.
 unexport PYTHONDONTWRITEBYTECODE
 CH         ?=
+# $(call install,ENV,ARGS): install ARGS into the environment ENV with uv, a faster installer with
+# pip's command line. uv is itself pip-installed into ENV first. On a 2-core machine it installs
+# minicb's environment (identical, package for package) in a third of pip's time, a router's in a
+# quarter. uv reads the package index from its own settings (UV_INDEX_URL, default PyPI), not from
+# pip's configuration: where uv cannot be had or cannot reach the packages, pip installs them.
+# Torch is never installed this way: pip's configuration is what picks its build (CPU or CUDA).
+install = { $(1)/bin/python -m pip install --quiet uv >/dev/null 2>&1 && \
+	  $(1)/bin/python -m uv pip install --quiet --python $(1)/bin/python $(2); } || \
+	  $(1)/bin/python -m pip install --quiet --no-compile $(2)
 
 .PHONY: setup lock browser-setup test test-envs test-fast test-gpu lab demo lint grade env-check guidellm peer-vllm peer-llamacpp clean \
 	book notebooks router-setup cluster schemathesis-setup schemathesis guidellm-cluster \
@@ -45,9 +54,10 @@ $(STAMP): pyproject.toml $(LOCK)
 	@echo "setup: minicb and what it needs (transformers, triton, jupyterlab, jupytext, sphinx, ...) at the versions in $(LOCK)"
 	@# setuptools warns at length about every editable install; nothing in it concerns a reader.
 	@# jupytext's wheel carries its JupyterLab extension: the chapters' .md and .ipynb stay paired.
-	@# --no-compile: Python compiles a module's bytecode when it is first imported; compiling all
-	@# of every package at install time (most of torch is never imported) doubles the set-up
-	@PYTHONWARNINGS=ignore $(BIN)/python -m pip install --quiet --no-compile -c $(LOCK) -e ".[dev,book]"
+	@# No bytecode is compiled at install time (uv's default, pip's --no-compile): Python compiles a
+	@# module's bytecode when it is first imported; compiling all of every package at install time
+	@# (most of torch is never imported) doubles the set-up
+	@PYTHONWARNINGS=ignore $(call install,$(VENV),-c $(LOCK) -e ".[dev,book]")
 	@$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
 	@$(BIN)/python -c "import matplotlib.font_manager" 2>/dev/null   # build the font cache now
 	@echo "setup: checking the environment (python -m minicb env-check prints every line)"
@@ -56,7 +66,7 @@ $(STAMP): pyproject.toml $(LOCK)
 
 # After upgrading packages in .venv and a green make test: record the versions as the new lock.
 lock: setup
-	@{ sed -n '/^#/p' $(LOCK); $(BIN)/python -m pip freeze --exclude-editable | grep -v -i '^minicb' \
+	@{ sed -n '/^#/p' $(LOCK); $(BIN)/python -m pip freeze --exclude-editable | grep -v -i -e '^minicb' -e '^uv==' \
 	  | sed -e 's/+cpu//' -e 's/$$/ ; python_version >= "3.11"/'; } > $(LOCK).new && mv $(LOCK).new $(LOCK)
 	@echo "lock: $$(grep -c '==' $(LOCK)) packages pinned in $(LOCK)"
 
@@ -234,7 +244,7 @@ ROUTER_SPEC ?= $(shell sed -n 's/.*"$(ROUTER)": "\([^"]*\)".*/\1/p' minicb/servi
 ROUTER_ENV  := $(if $(filter sglang,$(ROUTER)),.venv-router-sglang,.venv-router)
 router-setup:
 	@test -x $(ROUTER_ENV)/bin/$(ROUTER)-router || { echo "setup: $(ROUTER_SPEC) in $(ROUTER_ENV)"; \
-	  $(PYTHON) -m venv $(ROUTER_ENV) && $(ROUTER_ENV)/bin/pip install --quiet $(ROUTER_SPEC); }
+	  $(PYTHON) -m venv $(ROUTER_ENV) && $(call install,$(ROUTER_ENV),$(ROUTER_SPEC)); }
 
 # make cluster REPLICAS=2 POLICY=cache_aware PORT=8000: replicas on 127.0.0.1, one URL; Ctrl-C stops all
 REPLICAS ?= 2
@@ -250,7 +260,7 @@ SCHEMATHESIS_SPEC ?= schemathesis==4.32.5
 EXAMPLES ?= 100
 schemathesis-setup:
 	@test -x .venv-schemathesis/bin/st || { echo "setup: $(SCHEMATHESIS_SPEC) in .venv-schemathesis"; \
-	  $(PYTHON) -m venv .venv-schemathesis && .venv-schemathesis/bin/pip install --quiet $(SCHEMATHESIS_SPEC); }
+	  $(PYTHON) -m venv .venv-schemathesis && $(call install,.venv-schemathesis,$(SCHEMATHESIS_SPEC)); }
 # What the tests drive from environments of their own: both routers (test_cluster) and
 # schemathesis (test_openapi_contract). make test installs them beside the set-up, showing only
 # their `setup:` lines (pip's own output would interleave with the set-up's); one that fails to

@@ -162,7 +162,11 @@ def test_the_lock_pins_torch_as_the_makefile_installs_it():
 
 def test_setup_installs_through_the_lock():
     makefile = (ROOT / "Makefile").read_text()
-    assert re.search(r"pip install .*-c \$\(LOCK\) -e", makefile)
+    assert re.search(r"\$\(call install,\$\(VENV\),-c \$\(LOCK\) -e", makefile)
+    # both of the install macro's installers (uv, and pip when uv cannot) get the arguments
+    macro = re.search(r"^install = (.*?)\n(?!\t)", makefile, re.M | re.S).group(1)
+    assert re.search(r"uv pip install .*\$\(2\)", macro) and re.search(
+        r"\|\|\s*\\?\s*\$\(1\)/bin/python -m pip install .*\$\(2\)", macro), macro
     assert re.search(r"^\$\(STAMP\):.*\$\(LOCK\)", makefile, re.M), "a new lock must re-run setup"
 
 
