@@ -57,7 +57,7 @@ $(STAMP): pyproject.toml $(LOCK)
 	@# No bytecode is compiled at install time (uv's default, pip's --no-compile): Python compiles a
 	@# module's bytecode when it is first imported; compiling all of every package at install time
 	@# (most of torch is never imported) doubles the set-up
-	@PYTHONWARNINGS=ignore $(call install,$(VENV),-c $(LOCK) -e ".[dev,book]")
+	@export PYTHONWARNINGS=ignore; $(call install,$(VENV),-c $(LOCK) -e ".[dev,book]")
 	@$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
 	@$(BIN)/python -c "import matplotlib.font_manager" 2>/dev/null   # build the font cache now
 	@echo "setup: checking the environment (python -m minicb env-check prints every line)"
