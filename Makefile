@@ -35,6 +35,8 @@ CH         ?=
 # quarter. uv reads the package index from its own settings (UV_INDEX_URL, default PyPI), not from
 # pip's configuration: where uv cannot be had or cannot reach the packages, pip installs them.
 # Torch is never installed this way: pip's configuration is what picks its build (CPU or CUDA).
+# (An argument holding a comma goes in through a variable: call splits its arguments at commas.)
+EXTRAS  := .[dev,book]
 install = { $(1)/bin/python -m pip install --quiet uv >/dev/null 2>&1 && \
 	  $(1)/bin/python -m uv pip install --quiet --python $(1)/bin/python $(2); } || \
 	  $(1)/bin/python -m pip install --quiet --no-compile $(2)
@@ -57,7 +59,7 @@ $(STAMP): pyproject.toml $(LOCK)
 	@# No bytecode is compiled at install time (uv's default, pip's --no-compile): Python compiles a
 	@# module's bytecode when it is first imported; compiling all of every package at install time
 	@# (most of torch is never imported) doubles the set-up
-	@export PYTHONWARNINGS=ignore; $(call install,$(VENV),-c $(LOCK) -e ".[dev,book]")
+	@export PYTHONWARNINGS=ignore; $(call install,$(VENV),-c $(LOCK) -e "$(EXTRAS)")
 	@$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
 	@$(BIN)/python -c "import matplotlib.font_manager" 2>/dev/null   # build the font cache now
 	@echo "setup: checking the environment (python -m minicb env-check prints every line)"
