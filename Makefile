@@ -32,14 +32,16 @@ CH         ?=
 # $(call install,ENV,ARGS): install ARGS into the environment ENV with uv, a faster installer with
 # pip's command line. uv is itself pip-installed into ENV first. On a 2-core machine it installs
 # minicb's environment (identical, package for package) in a third of pip's time, a router's in a
-# quarter. uv reads the package index from its own settings (UV_INDEX_URL, default PyPI), not from
-# pip's configuration: where uv cannot be had or cannot reach the packages, pip installs them.
+# quarter. uv reads the package index from its own settings (UV_DEFAULT_INDEX, default PyPI),
+# not from pip's configuration: where uv cannot be had or cannot reach the packages, pip installs
+# them.
 # Torch is never installed this way: pip's configuration is what picks its build (CPU or CUDA).
 # (An argument holding a comma goes in through a variable: call splits its arguments at commas.)
 EXTRAS  := .[dev,book]
 install = { $(1)/bin/python -m pip install --quiet uv >/dev/null 2>&1 && \
-	  $(1)/bin/python -m uv pip install --quiet --python $(1)/bin/python $(2); } || \
-	  $(1)/bin/python -m pip install --quiet --no-compile $(2)
+	  $(1)/bin/python -m uv pip install --quiet --python $(1)/bin/python $(2) 2>/dev/null; } || \
+	  { echo "setup: uv could not install into $(1); pip installs instead"; \
+	  $(1)/bin/python -m pip install --quiet --no-compile $(2); }
 
 .PHONY: setup lock browser-setup test test-envs test-fast test-gpu lab demo lint grade env-check guidellm peer-vllm peer-llamacpp clean \
 	book notebooks router-setup cluster schemathesis-setup schemathesis guidellm-cluster \
@@ -85,23 +87,20 @@ browser-setup:
 
 # Every core runs tests (pytest-xdist; TEST_WORKERS=1 for one process). A worker takes a whole
 # module, test class or notebook at a time (--dist loadscope): a notebook's cells share one
-# kernel, and a module's fixtures are built once. The browser tests run after, without the other
-# tests: JupyterLab and Chromium beside busy workers would only time out. Their two files run
-# side by side (--dist loadfile), the site (its Sphinx build, then pages in one Chromium) and the
-# chapters in JupyterLab (another Chromium): each waits on its browser much of the time.
+# kernel, and a module's fixtures are built once. The browser tests are two such modules in the
+# same run: the site (its Sphinx build, then its pages in one Chromium) and the chapters in
+# JupyterLab (another Chromium). Each waits on its browser much of the time, which the other
+# worker's tests fill; one session instead of a browser phase after the rest also starts and
+# collects once.
 TEST_WORKERS ?= auto
 XDIST := -n $(TEST_WORKERS) --dist loadscope
-BROWSER_XDIST := $(if $(filter 1,$(TEST_WORKERS)),,-n 2 --dist loadfile)
 # The set-up runs beside the tools' own environments (the routers and schemathesis, which the
-# cluster and OpenAPI tests would otherwise install in the middle of the run): pip installing
+# cluster and OpenAPI tests would otherwise install in the middle of the run): installing
 # minicb's environment keeps one core busy, the tools' installs take the other.
 test:
 	@$(MAKE) --no-print-directory -j4 setup test-envs browser-setup
-	@status=0; \
-	TRITON_INTERPRET=1 $(BIN)/python -m pytest $(XDIST) --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg \
-	  notebooks tests --ignore=tests/browser || status=$$?; \
-	TRITON_INTERPRET=1 $(BIN)/python -m pytest $(BROWSER_XDIST) tests/browser || status=$$?; \
-	exit $$status
+	@TRITON_INTERPRET=1 $(BIN)/python -m pytest $(XDIST) --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg \
+	  notebooks tests
 
 # The edit loop: what `make test` runs minus the long families (their own files) and minus the
 # tests marked @pytest.mark.slow. A new test file joins it unless it is marked slow.
