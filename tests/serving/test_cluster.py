@@ -304,7 +304,7 @@ def test_make_router_setup_installs_the_release_the_launcher_names(kind):
                              cwd=cluster_module.REPO, capture_output=True, text=True, check=True)
     # uv installs the pinned release, and pip the same one where uv cannot
     spec = re.escape(ROUTER_SPECS[kind])
-    assert re.search(rf"uv pip install --quiet [^;|]*{spec};", dry_run.stdout), dry_run.stdout
-    assert re.search(rf"\|\| \S+ -m pip install --quiet [^;|]*{spec}", dry_run.stdout), \
-        dry_run.stdout
+    assert re.search(rf"uv pip install --quiet [^;|]*{spec}[ ;]", dry_run.stdout), dry_run.stdout
+    assert re.search(rf'\|\| {{ echo "[^"]*"; \S+ -m pip install --quiet [^;|]*{spec}',
+                     dry_run.stdout), dry_run.stdout
     assert ROUTERS[kind][3] in dry_run.stdout
