@@ -215,9 +215,12 @@ def test_a_split_the_heads_cannot_take_names_the_sizes_that_work(tiny_llama):
 
 
 SCRIPT = """
-import sys, torch
+import signal, sys, torch
 from minicb import LLM, SamplingParams
 if __name__ == "__main__":
+    # Ctrl-C raises KeyboardInterrupt, as in a terminal, even where the test runs as a background
+    # job (a shell starts those with SIGINT ignored, and Python then leaves it ignored)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     torch.set_num_threads(1)
     llm = LLM(sys.argv[1], tensor_parallel_size=2, max_model_len=64, max_num_seqs=2)
     print(llm.llm_engine.runner.workers.processes[0].pid, flush=True)
@@ -240,10 +243,13 @@ def test_ctrl_c_leaves_no_worker_running(tiny_llama, tmp_path):
     script.write_text(textwrap.dedent(SCRIPT))
     process = subprocess.Popen([sys.executable, str(script), tiny_llama], stdout=subprocess.PIPE,
                                stderr=subprocess.DEVNULL, text=True)
-    worker = int(process.stdout.readline())
-    time.sleep(0.5)                  # mid-generate
-    process.send_signal(signal.SIGINT)
-    process.communicate(timeout=60)
+    try:
+        worker = int(process.stdout.readline())
+        time.sleep(0.5)                  # mid-generate
+        process.send_signal(signal.SIGINT)
+        process.communicate(timeout=60)
+    finally:
+        process.kill()                   # a process that outlived the test would spin forever
     deadline = time.monotonic() + 10
     while _alive(worker) and time.monotonic() < deadline:
         time.sleep(0.1)
