@@ -88,8 +88,30 @@ def console_errors(driver) -> list[str]:
     return [entry["message"] for entry in driver.get_log("browser") if entry["level"] == "SEVERE"]
 
 
-BROKEN_IMAGES = """return Array.from(document.images)
-    .filter(img => !img.complete || img.naturalWidth === 0).map(img => img.src);"""
+# What the tests read of an opened page, in one round trip to the browser (one WebDriver call
+# per element took longer than loading the pages: a chapter links a dozen listings). `text` is
+# the article's rendered text (innerText: what a reader sees, hidden elements left out).
+READ_PAGE = """
+const hrefs = selector => Array.from(document.querySelectorAll(selector), a => a.href);
+const found = {
+    broken: Array.from(document.images).filter(img => !img.complete || img.naturalWidth === 0)
+        .map(img => img.src),
+    images: document.images.length};
+const article = document.querySelector('article');
+if (arguments[0] && article) {
+    const download = article.querySelector('a.download');
+    Object.assign(found, {
+        previous: hrefs('a.left-prev'),
+        next: hrefs('a.right-next'),
+        sources: Array.from(document.querySelectorAll('a.minicb-source-link'), a => {
+            const listing = document.evaluate('following::pre[1]', a, null,
+                XPathResult.FIRST_ORDERED_NODE_TYPE, null).singleNodeValue;
+            return [a.href, a.textContent.trim(), listing ? listing.textContent : ''];
+        }),
+        download: download ? download.href : null,
+        text: article.innerText});
+}
+return found;"""
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +120,6 @@ def read_pages(site, console_browser) -> dict[str, dict]:
     images, its image count and console errors; on a chapter's page, also its neighbours' links,
     its "Read the real thing" links with the first line each listing shows, and its download
     link and text (a chapter page is large: opening each once instead of once a test)."""
-    By = _by()
     console_browser.get_log("browser")                       # start from an empty log
     read = {}
     pages = site.pages()
@@ -114,23 +135,11 @@ def read_pages(site, console_browser) -> dict[str, dict]:
             read[page] = {"broken": missing_files(site.folder, page), "images": 0, "errors": []}
     for page in opened + sampled:
         open_page(console_browser, site, page)
-        found = {"broken": console_browser.execute_script(BROKEN_IMAGES),
-                 "images": console_browser.execute_script("return document.images.length;"),
-                 "errors": console_errors(console_browser)}
-        if page.startswith("notebooks/"):
-            article = console_browser.find_element(By.CSS_SELECTOR, "article")
-            downloads = article.find_elements(By.CSS_SELECTOR, "a.download")
-            found |= {
-                "previous": [a.get_attribute("href") for a in
-                             console_browser.find_elements(By.CSS_SELECTOR, "a.left-prev")],
-                "next": [a.get_attribute("href") for a in
-                         console_browser.find_elements(By.CSS_SELECTOR, "a.right-next")],
-                "sources": [(a.get_attribute("href"), a.get_attribute("textContent").strip(),
-                             _shown_first_line(a)) for a in
-                            console_browser.find_elements(By.CSS_SELECTOR,
-                                                          "a.minicb-source-link")],
-                "download": downloads[0].get_attribute("href") if downloads else None,
-                "text": article.text}
+        found = console_browser.execute_script(READ_PAGE, page.startswith("notebooks/"))
+        found["errors"] = console_errors(console_browser)
+        if "sources" in found:
+            found["sources"] = [(href, text, _first_line(listing))
+                                for href, text, listing in found["sources"]]
         read[page] = found
     return read
 
@@ -229,16 +238,24 @@ def test_a_widget_shows_its_static_stand_in(site, console_browser, page):
         assert picture > 100
 
 
-def _shown_first_line(link) -> tuple[int, str]:
-    """The first line of the listing under a "Read the real thing" heading: (number, code).
-    textContent, not .text: a full source folded under <details> is not displayed."""
-    listing = link.find_element(_by().XPATH, "following::pre[1]").get_attribute("textContent")
+def _first_line(listing: str) -> tuple[int, str]:
+    """The first line of the listing under a "Read the real thing" heading, (number, code), from
+    the listing's textContent (not its rendered text: a full source folded under <details> is not
+    displayed)."""
     number, _, code = listing.splitlines()[0].strip().partition(" ")
     return int(number), code.strip()
 
 
+# A source page's highlighted lines (the first without its line number) and its links back
+SHOWN = """const shown = document.querySelectorAll('.minicb-shown');
+if (!shown.length) return null;
+const line = shown[0].cloneNode(true);
+line.querySelectorAll('.linenos').forEach(n => n.remove());
+const links = document.querySelectorAll('article a.reference.internal');
+return {count: shown.length, first: line.textContent, links: Array.from(links, a => a.href)};"""
+
+
 def test_read_the_real_thing_links_land_on_the_lines_they_show(console_browser, read_pages):
-    By = _by()
     checked = []
     for notebook in NOTEBOOKS:
         for href, text, (number, code) in read_pages[f"notebooks/{notebook.stem}.html"]["sources"]:
@@ -246,19 +263,14 @@ def test_read_the_real_thing_links_land_on_the_lines_they_show(console_browser, 
             assert href.endswith(f"{book_build.source_docname(path)}.html#L{first}-L{last}")
             assert int(first) == number
             console_browser.get(href)
-            wait_for(lambda: console_browser.find_elements(By.CSS_SELECTOR, ".minicb-shown"), 10,
-                     f"the lines of {text} to be highlighted")
-            shown = console_browser.find_elements(By.CSS_SELECTOR, ".minicb-shown")
-            assert len(shown) == int(last) - int(first) + 1
-            line = console_browser.execute_script(
-                "const line = arguments[0].cloneNode(true);"
-                "line.querySelectorAll('.linenos').forEach(n => n.remove());"
-                "return line.textContent;", shown[0]).strip()
+            shown = wait_for(lambda: console_browser.execute_script(SHOWN), 10,
+                             f"the lines of {text} to be highlighted")
+            assert shown["count"] == int(last) - int(first) + 1
+            line = shown["first"].strip()
             assert line == code, f"{notebook.name}: {text} shows {code!r}, the page has {line!r}"
             # a source page has no sidebar; its opening lines lead back to the book
             assert {"index.html", "source.html"} <= {
-                a.get_attribute("href").rsplit("/", 1)[-1].split("#")[0] for a in
-                console_browser.find_elements(By.CSS_SELECTOR, "article a.reference.internal")}
+                link.rsplit("/", 1)[-1].split("#")[0] for link in shown["links"]}
             checked.append(text)
     assert len(checked) >= 10, checked
     assert any(".c, lines" in text for text in checked), "no C kernel listing was linked"
