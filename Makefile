@@ -28,6 +28,9 @@ export MPLCONFIGDIR := $(abspath $(VENV))/matplotlib
 # compile torch and transformers from source again at each import: the suite ran about 1.4 times
 # as long. So the targets here let Python keep what it compiles.
 unexport PYTHONDONTWRITEBYTECODE
+# The set-up uses the pip that venv brings as it is, not upgraded first: it installs torch and uv,
+# and uv the rest. pip's check for a newer pip would only print a notice.
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
 CH         ?=
 # $(call install,ENV,ARGS): install ARGS into the environment ENV with uv, a faster installer with
 # pip's command line. uv is itself pip-installed into ENV first. On a 2-core machine it installs
@@ -38,10 +41,10 @@ CH         ?=
 # Torch is never installed this way: pip's configuration is what picks its build (CPU or CUDA).
 # (An argument holding a comma goes in through a variable: call splits its arguments at commas.)
 EXTRAS  := .[dev,book]
-install = { $(1)/bin/python -m pip install --quiet --disable-pip-version-check uv >/dev/null 2>&1 && \
+install = { $(1)/bin/python -m pip install --quiet uv >/dev/null 2>&1 && \
 	  $(1)/bin/python -m uv pip install --quiet --python $(1)/bin/python $(2) 2>/dev/null; } || \
 	  { echo "setup: uv could not install into $(1); pip installs instead"; \
-	  $(1)/bin/python -m pip install --quiet --disable-pip-version-check --no-compile $(2); }
+	  $(1)/bin/python -m pip install --quiet --no-compile $(2); }
 
 .PHONY: setup lock browser-setup test test-envs test-fast test-gpu lab demo lint grade env-check guidellm peer-vllm peer-llamacpp clean \
 	book notebooks router-setup cluster schemathesis-setup schemathesis guidellm-cluster \
@@ -51,11 +54,9 @@ setup: $(STAMP)
 
 $(STAMP): pyproject.toml $(LOCK)
 	@echo "setup: a virtual environment in $(VENV)"
-	@# The pip that venv brings is used as it is (not upgraded first, nor its version checked):
-	@# it installs torch and uv, and uv the rest
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@echo "setup: torch ($(TORCH_SPEC))"
-	@$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-compile $(TORCH_SPEC)
+	@$(BIN)/python -m pip install --quiet --no-compile $(TORCH_SPEC)
 	@echo "setup: minicb and what it needs (transformers, triton, jupyterlab, jupytext, sphinx, ...) at the versions in $(LOCK)"
 	@# setuptools warns at length about every editable install; nothing in it concerns a reader.
 	@# jupytext's wheel carries its JupyterLab extension: the chapters' .md and .ipynb stay paired.
